@@ -1,0 +1,32 @@
+"""Training data: samples, packing into fixed-shape batches, mini-batch splitting."""
+
+from jaxrl_agentic.data.minibatch import pack_minibatches, split_minibatches, updates_per_step
+from jaxrl_agentic.data.packing import (
+    PackedBatch,
+    bucket_rows,
+    dynamic_batches,
+    first_fit_decreasing,
+    pack_samples,
+    pad_rows,
+    pad_samples,
+    round_up_to_bucket,
+    token_stats,
+)
+from jaxrl_agentic.data.types import Sample, truncate_sample
+
+__all__ = [
+    "PackedBatch",
+    "Sample",
+    "bucket_rows",
+    "dynamic_batches",
+    "first_fit_decreasing",
+    "pack_minibatches",
+    "pack_samples",
+    "pad_rows",
+    "pad_samples",
+    "round_up_to_bucket",
+    "split_minibatches",
+    "token_stats",
+    "truncate_sample",
+    "updates_per_step",
+]

@@ -1,0 +1,216 @@
+"""Load and save Hugging Face checkpoint directories (config.json + safetensors + tokenizer).
+
+Only local files are read (no hub access, no remote code) and weights only from
+safetensors, never pickle. Every failure is one `CheckpointError` line naming the file and key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxrl_agentic.models.config import (
+    ModelConfig,
+    UnsupportedModelError,
+    from_hf_config,
+    to_hf_config,
+)
+from jaxrl_agentic.models.transformer import Transformer
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory is missing something or does not fit the architecture."""
+
+
+def _hf_name(path: tuple) -> tuple[str, bool]:
+    """Our parameter path → (HF tensor name, stored transposed)."""
+    if path == ("embed", "embedding"):
+        return "model.embed_tokens.weight", False
+    if path == ("final_norm", "scale"):
+        return "model.norm.weight", False
+    if path == ("lm_head", "kernel"):
+        return "lm_head.weight", True
+    _, i, part, *rest = path
+    prefix = f"model.layers.{i}"
+    if part == "input_norm":
+        return f"{prefix}.input_layernorm.weight", False
+    if part == "post_attn_norm":
+        return f"{prefix}.post_attention_layernorm.weight", False
+    module = "self_attn" if part == "attn" else "mlp"
+    if rest[-1] == "scale":  # q_norm / k_norm
+        return f"{prefix}.{module}.{rest[0]}.weight", False
+    leaf = "weight" if rest[-1] == "kernel" else "bias"
+    return f"{prefix}.{module}.{rest[0]}.{leaf}", leaf == "weight"
+
+
+def _flatten(tree, prefix=()):
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            yield from _flatten(value, prefix + (key,))
+        else:
+            yield prefix + (key,), value
+
+
+def _set_path(tree: dict, path: tuple, value) -> None:
+    for key in path[:-1]:
+        tree = tree.setdefault(key, {})
+    tree[path[-1]] = value
+
+
+def _weight_files(path: str) -> dict[str, str]:
+    """HF tensor name → safetensors file holding it (single file or sharded index)."""
+    index = os.path.join(path, "model.safetensors.index.json")
+    single = os.path.join(path, "model.safetensors")
+    if os.path.exists(index):
+        with open(index) as f:
+            weight_map = json.load(f).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index}: no 'weight_map' object")
+        return {name: os.path.join(path, file) for name, file in weight_map.items()}
+    if os.path.exists(single):
+        from safetensors import safe_open
+
+        with safe_open(single, framework="flax") as f:
+            return {name: single for name in f.keys()}
+    if any(n.endswith(".bin") for n in os.listdir(path)):
+        raise CheckpointError(
+            f"{path}: only pickle (.bin) weights found; convert them to safetensors first"
+        )
+    raise CheckpointError(f"{path}: no model.safetensors or model.safetensors.index.json")
+
+
+def _read_config(path: str, dtype: str, param_dtype: str | None) -> ModelConfig:
+    import transformers
+
+    if not os.path.isdir(path):
+        raise CheckpointError(f"model directory not found: {path}")
+    config_file = os.path.join(path, "config.json")
+    if not os.path.exists(config_file):
+        raise CheckpointError(f"{config_file}: missing (not a Hugging Face model directory)")
+    with open(config_file) as f:
+        model_type = json.load(f).get("model_type")
+    try:
+        hf_config = transformers.AutoConfig.from_pretrained(
+            path, local_files_only=True, trust_remote_code=False
+        )
+    except (ValueError, KeyError, OSError) as e:
+        raise CheckpointError(
+            f"{config_file}: cannot read config (model_type {model_type!r}): {e}".splitlines()[0]
+        ) from None
+    try:
+        return from_hf_config(hf_config, dtype=dtype, param_dtype=param_dtype)
+    except UnsupportedModelError as e:
+        raise CheckpointError(f"{config_file}: {e}") from None
+
+
+def load_tokenizer(path: str):
+    import transformers
+
+    if not any(os.path.exists(os.path.join(path, n)) for n in _TOKENIZER_FILES):
+        raise CheckpointError(
+            f"{path}: no tokenizer files (expected one of {', '.join(_TOKENIZER_FILES)})"
+        )
+    try:
+        return transformers.AutoTokenizer.from_pretrained(
+            path, local_files_only=True, trust_remote_code=False
+        )
+    except (ValueError, OSError) as e:
+        raise CheckpointError(f"{path}: cannot load tokenizer: {e}".splitlines()[0]) from None
+
+
+def load_params(path: str, cfg: ModelConfig):
+    """(graphdef, params state) with the checkpoint's tensors, cast to cfg.param_dtype."""
+    from safetensors import safe_open
+
+    abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    graphdef, abstract_state = nnx.split(abstract)
+    files = _weight_files(path)
+    handles: dict[str, object] = {}
+    pure: dict = {}
+    used = set()
+    try:
+        for p, leaf in _flatten(nnx.to_pure_dict(abstract_state)):
+            name, transposed = _hf_name(p)
+            used.add(name)
+            if name not in files:
+                where = os.path.join(path, "model.safetensors[.index.json]")
+                raise CheckpointError(f"{where}: missing tensor {name!r}")
+            file = files[name]
+            if file not in handles:
+                if not os.path.exists(file):
+                    raise CheckpointError(f"{file}: shard listed in the index is missing")
+                handles[file] = safe_open(file, framework="flax").__enter__()
+            tensor = handles[file].get_tensor(name)
+            tensor = tensor.T if transposed else tensor
+            if tuple(tensor.shape) != tuple(leaf.shape):
+                raise CheckpointError(
+                    f"{file}: tensor {name!r} has shape {tuple(tensor.shape)}, "
+                    f"expected {tuple(leaf.shape)} for this config"
+                )
+            _set_path(pure, p, jnp.asarray(tensor, dtype=leaf.dtype))
+    finally:
+        for h in handles.values():
+            h.__exit__(None, None, None)
+    # A tensor this architecture does not use means the config and weights disagree; loading
+    # anyway would silently drop it. (Tied checkpoints may still carry lm_head.weight.)
+    ignorable = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
+    unused = sorted(n for n in files if n not in used and n not in ignorable
+                    and not n.endswith("rotary_emb.inv_freq"))
+    if unused:
+        raise CheckpointError(
+            f"{files[unused[0]]}: unexpected tensor {unused[0]!r} ({len(unused)} unused in all); "
+            "the config does not describe these weights"
+        )
+    nnx.replace_by_pure_dict(abstract_state, pure)
+    return graphdef, abstract_state
+
+
+def load_pretrained(path: str, dtype: str = "float32", param_dtype: str | None = None):
+    """Reads a local HF directory → (Transformer, tokenizer).
+
+    `dtype` is the compute dtype; parameters are stored in `param_dtype` (default: dtype).
+    """
+    path = os.path.expanduser(str(path))
+    cfg = _read_config(path, dtype, param_dtype)
+    tokenizer = load_tokenizer(path)
+    graphdef, state = load_params(path, cfg)
+    return nnx.merge(graphdef, state), tokenizer
+
+
+def save_pretrained(model: Transformer, tokenizer, path: str) -> None:
+    """Writes config.json, model.safetensors and the tokenizer so `transformers` loads it.
+
+    The directory is assembled beside its target and renamed into place, so a crash never
+    leaves a half-written checkpoint under `path`.
+    """
+    from safetensors.flax import save_file  # handles bfloat16, which numpy cannot
+
+    path = os.path.abspath(os.path.expanduser(str(path)))
+    parent = os.path.dirname(path)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".tmp-save-", dir=parent)
+    try:
+        to_hf_config(model.cfg).save_pretrained(tmp)
+        state = nnx.state(model, nnx.Param)
+        tensors = {}
+        for p, value in _flatten(nnx.to_pure_dict(state)):
+            name, transposed = _hf_name(p)
+            value = jax.device_get(value)
+            tensors[name] = jnp.asarray(value.T if transposed else value)
+        save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        if os.path.exists(path):
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

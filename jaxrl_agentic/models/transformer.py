@@ -1,0 +1,223 @@
+"""Decoder-only transformer (Qwen2/Qwen2.5, Qwen3, Llama 3) in Flax NNX.
+
+    h_0 = embed(tokens)
+    h_l = h_{l-1} + Attn(RMSNorm(h_{l-1}));  h_l = h_l + MLP(RMSNorm(h_l))
+    logits = RMSNorm(h_L) · W_out          (W_out = embedᵀ when tied)
+
+Attention is grouped-query with RoPE (optionally q/k RMSNorm per head, Qwen3), the MLP is
+SwiGLU: down(silu(gate(x)) · up(x)). Two entry points share every layer:
+
+* `__call__` / `hidden_states`: the training forward over packed rows. `segment_ids`
+  (0 = padding) make attention causal within a segment and blind across segments;
+  `positions` restart at 0 per segment, so a packed row equals each sequence run alone.
+* `forward_with_cache`: the sampler's forward. New keys/values are written into a static
+  `KVCache` at slot = position and each query attends to the slots ≤ its position; that is
+  what lets a trajectory's cache be extended turn after turn without re-prefilling.
+
+Norms, softmax and logits are computed in float32 whatever the compute dtype.
+"""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxrl_agentic.models.config import ModelConfig
+from jaxrl_agentic.models.rope import apply_rope, rope_cos_sin, rope_frequencies
+
+_INIT = nnx.initializers.normal(0.02)
+
+
+@flax.struct.dataclass
+class KVCache:
+    """Per-layer keys and values, each [batch, max_len, num_kv_heads, head_dim].
+
+    Slot s of row b holds the token at position s of that row's stream.
+    """
+
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
+
+    @classmethod
+    def zeros(cls, cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache:
+        shape = (batch, max_len, cfg.num_key_value_heads, cfg.head_dim)
+        dtype = dtype or jnp.dtype(cfg.dtype)
+        layers = range(cfg.num_hidden_layers)
+        return cls(
+            k=tuple(jnp.zeros(shape, dtype) for _ in layers),
+            v=tuple(jnp.zeros(shape, dtype) for _ in layers),
+        )
+
+    @property
+    def max_len(self) -> int:
+        return self.k[0].shape[1]
+
+
+class RMSNorm(nnx.Module):
+    """y = w · x / sqrt(mean(x²) + ε), statistics in float32 (as in HF checkpoints)."""
+
+    def __init__(self, dim: int, eps: float, *, dtype, param_dtype):
+        self.scale = nnx.Param(jnp.ones((dim,), param_dtype))
+        self.eps, self.dtype = eps, dtype
+
+    def __call__(self, x):
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return self.scale[...].astype(self.dtype) * normed.astype(self.dtype)
+
+
+def _linear(cfg: ModelConfig, n_in: int, n_out: int, bias: bool, rngs: nnx.Rngs) -> nnx.Linear:
+    return nnx.Linear(
+        n_in,
+        n_out,
+        use_bias=bias,
+        dtype=jnp.dtype(cfg.dtype),
+        param_dtype=jnp.dtype(cfg.param_dtype),
+        kernel_init=_INIT,
+        rngs=rngs,
+    )
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        d, h = cfg.hidden_size, cfg.head_dim
+        self.cfg = cfg
+        self.q_proj = _linear(cfg, d, cfg.num_attention_heads * h, cfg.attention_bias, rngs)
+        self.k_proj = _linear(cfg, d, cfg.num_key_value_heads * h, cfg.attention_bias, rngs)
+        self.v_proj = _linear(cfg, d, cfg.num_key_value_heads * h, cfg.attention_bias, rngs)
+        # Llama/Qwen3 put attention_bias on the output projection too; Qwen2 never does.
+        o_bias = cfg.attention_bias and cfg.model_type != "qwen2"
+        self.o_proj = _linear(cfg, cfg.num_attention_heads * h, d, o_bias, rngs)
+        if cfg.qk_norm:
+            dt, pdt = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
+            self.q_norm = RMSNorm(h, cfg.rms_norm_eps, dtype=dt, param_dtype=pdt)
+            self.k_norm = RMSNorm(h, cfg.rms_norm_eps, dtype=dt, param_dtype=pdt)
+
+    def __call__(self, x, cos, sin, mask, cache_kv=None, write_slots=None):
+        """x [B, T, D]; mask broadcastable to [B, heads, T, keys]. Returns (out, (k, v)).
+
+        With `cache_kv` ([B, S, K, H] each), new keys/values are scattered to `write_slots`
+        [B, T] (slots ≥ S are dropped: padding) and attention runs over the whole cache.
+        """
+        b, t, _ = x.shape
+        cfg = self.cfg
+        q = self.q_proj(x).reshape(b, t, cfg.num_attention_heads, cfg.head_dim)
+        k = self.k_proj(x).reshape(b, t, cfg.num_key_value_heads, cfg.head_dim)
+        v = self.v_proj(x).reshape(b, t, cfg.num_key_value_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache_kv is not None:
+            k_cache, v_cache = cache_kv
+            rows = jnp.arange(b)[:, None]
+            k = k_cache.at[rows, write_slots].set(k.astype(k_cache.dtype), mode="drop")
+            v = v_cache.at[rows, write_slots].set(v.astype(v_cache.dtype), mode="drop")
+        out = jax.nn.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask=mask)
+        return self.o_proj(out.reshape(b, t, -1)), (k, v)
+
+
+class MLP(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        d, f = cfg.hidden_size, cfg.intermediate_size
+        self.gate_proj = _linear(cfg, d, f, cfg.mlp_bias, rngs)
+        self.up_proj = _linear(cfg, d, f, cfg.mlp_bias, rngs)
+        self.down_proj = _linear(cfg, f, d, cfg.mlp_bias, rngs)
+
+    def __call__(self, x):
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        dt, pdt = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
+        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dt, param_dtype=pdt)
+        self.attn = Attention(cfg, rngs)
+        self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dt, param_dtype=pdt)
+        self.mlp = MLP(cfg, rngs)
+
+    def __call__(self, x, cos, sin, mask, cache_kv=None, write_slots=None):
+        attn_out, kv = self.attn(self.input_norm(x), cos, sin, mask, cache_kv, write_slots)
+        x = x + attn_out
+        return x + self.mlp(self.post_attn_norm(x)), kv
+
+
+def packed_causal_mask(segment_ids: jax.Array | None, length: int) -> jax.Array:
+    """[B or 1, 1, T, T]: query t sees key s iff s ≤ t and both lie in the same segment.
+
+    Padding (segment 0) attends to padding only, so its rows stay finite and are ignored.
+    """
+    idx = jnp.arange(length)
+    causal = (idx[:, None] >= idx[None, :])[None, None]
+    if segment_ids is None:
+        return causal
+    same = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
+    return causal & same
+
+
+class Transformer(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.embed = nnx.Embed(
+            cfg.vocab_size,
+            cfg.hidden_size,
+            dtype=jnp.dtype(cfg.dtype),
+            param_dtype=jnp.dtype(cfg.param_dtype),
+            embedding_init=_INIT,
+            rngs=rngs,
+        )
+        self.layers = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_hidden_layers)])
+        dt, pdt = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
+        self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dt, param_dtype=pdt)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = _linear(cfg, cfg.hidden_size, cfg.vocab_size, False, rngs)
+        inv_freq, scale = rope_frequencies(cfg)
+        # Static python floats: NNX keeps them in the graph definition, not in the params.
+        self._inv_freq, self._rope_scale = tuple(float(f) for f in inv_freq), scale
+
+    # ---- shared pieces -------------------------------------------------------------------
+    def lm_head_weight(self) -> jax.Array:
+        """The output projection as [D, V] (the embedding transposed when tied)."""
+        if self.cfg.tie_word_embeddings:
+            return self.embed.embedding[...].T
+        return self.lm_head.kernel[...]
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """float32 logits [..., V] from final hidden states [..., D]."""
+        w = self.lm_head_weight().astype(hidden.dtype)
+        return jnp.dot(hidden, w, preferred_element_type=jnp.float32)
+
+    def _run_layers(self, tokens, positions, mask, cache=None, write_slots=None):
+        x = self.embed(tokens)
+        cos, sin = rope_cos_sin(positions, self._inv_freq, self._rope_scale)
+        new_k, new_v = [], []
+        for i, layer in enumerate(self.layers):
+            cache_kv = None if cache is None else (cache.k[i], cache.v[i])
+            x, (k, v) = layer(x, cos, sin, mask, cache_kv, write_slots)
+            new_k.append(k)
+            new_v.append(v)
+        new_cache = None if cache is None else KVCache(k=tuple(new_k), v=tuple(new_v))
+        return self.final_norm(x), new_cache
+
+    # ---- training forward ----------------------------------------------------------------
+    def hidden_states(self, tokens, positions, segment_ids=None) -> jax.Array:
+        """Final-normed hidden states [B, T, D] (the input of the LM head)."""
+        mask = packed_causal_mask(segment_ids, tokens.shape[1])
+        return self._run_layers(tokens, positions, mask)[0]
+
+    def __call__(self, tokens, positions, segment_ids=None) -> jax.Array:
+        """logits [B, T, V] in float32."""
+        return self.logits(self.hidden_states(tokens, positions, segment_ids))
+
+    # ---- sampler forward -----------------------------------------------------------------
+    def forward_with_cache(self, tokens, positions, cache: KVCache, valid) -> tuple:
+        """Runs `tokens` [B, T] at `positions` [B, T] against `cache`.
+
+        Tokens with `valid` False (padding of ragged rows) are not written to the cache.
+        Returns (hidden [B, T, D], updated cache).
+        """
+        slots = jnp.where(valid, positions, cache.max_len)  # out-of-range slots are dropped
+        key_slots = jnp.arange(cache.max_len)
+        mask = (key_slots[None, None, None, :] <= positions[:, None, :, None])
+        return self._run_layers(tokens, positions, mask, cache, slots)

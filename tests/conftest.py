@@ -1,0 +1,17 @@
+"""Test-wide setup: CPU only, a persistent XLA compilation cache, small thread pools.
+
+The compilation cache lives in the user cache dir so repeated CI runs on one machine
+skip most XLA compile time (the suite must stay under 15 minutes on 2 cores).
+"""
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+
+_CACHE_HOME = os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache"))
+_CACHE = os.path.join(_CACHE_HOME, "jaxrl_agentic", "jax_test_cache")
+jax.config.update("jax_compilation_cache_dir", _CACHE)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
