@@ -1,0 +1,83 @@
+"""Splitting one pipeline step's samples into PPO mini-batches, and packing them.
+
+One mini-batch = one optimizer update. A step with ``n`` samples therefore makes
+
+    updates_per_step(n) = ppo_epochs · ceil(n / mini_batch_size)
+
+updates; this is the count the LR schedule's progress and ``optim/num_updates`` use.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from jaxrl_agentic.data.packing import PackedBatch, bucket_rows, pack_samples, pad_rows
+from jaxrl_agentic.data.types import Sample
+
+
+def updates_per_step(num_samples: int, mini_batch_size: int, ppo_epochs: int) -> int:
+    """``ppo_epochs · ceil(num_samples / mini_batch_size)``: optimizer updates in one step."""
+    if mini_batch_size < 1 or ppo_epochs < 1 or num_samples < 0:
+        raise ValueError(
+            f"need mini_batch_size >= 1, ppo_epochs >= 1, num_samples >= 0; got "
+            f"{mini_batch_size}, {ppo_epochs}, {num_samples}"
+        )
+    return ppo_epochs * math.ceil(num_samples / mini_batch_size)
+
+
+def split_minibatches(
+    samples: Sequence[Sample], mini_batch_size: int, ppo_epochs: int, rng: np.random.Generator
+) -> list[list[Sample]]:
+    """Shuffles the samples once per epoch and cuts each epoch into mini-batches.
+
+    Returns ``ppo_epochs · ceil(n / mini_batch_size)`` lists; within an epoch every sample
+    appears exactly once and only the last mini-batch may be smaller. The reductions
+    normalise per mini-batch, so a short last mini-batch is still an unbiased update.
+    """
+    updates_per_step(len(samples), mini_batch_size, ppo_epochs)  # validates arguments
+    minibatches = []
+    for _ in range(ppo_epochs):
+        order = rng.permutation(len(samples))
+        for start in range(0, len(samples), mini_batch_size):
+            minibatches.append([samples[i] for i in order[start : start + mini_batch_size]])
+    return minibatches
+
+
+def pack_minibatches(
+    minibatches: Sequence[Sequence[Sample]],
+    *,
+    micro_batch_max_tokens: int,
+    sequence_length: int,
+    rows_bucket: int = 0,
+    num_micro_batches: int | None = None,
+    pad_token_id: int = 0,
+) -> list[PackedBatch]:
+    """Packs each mini-batch and pads them all to one shape for the learner's ``lax.scan``.
+
+    The common micro-batch count is ``num_micro_batches`` if given (an error if a
+    mini-batch needs more), else ``bucket_rows(max rows needed, rows_bucket)``; the
+    segment-metadata width is likewise the largest one. Padding micro-batches have segment
+    ids 0 everywhere, so they add nothing to any loss sum or denominator.
+    """
+    packed = [
+        pack_samples(
+            mb,
+            micro_batch_max_tokens=micro_batch_max_tokens,
+            sequence_length=sequence_length,
+            rows_bucket=1,  # exact row count here; the common bucket is applied below
+            pad_token_id=pad_token_id,
+        )
+        for mb in minibatches
+    ]
+    needed = max((b.num_micro_batches for b in packed), default=0)
+    if num_micro_batches is None:
+        num_micro_batches = bucket_rows(needed, rows_bucket)
+    elif needed > num_micro_batches:
+        raise ValueError(
+            f"a mini-batch needs {needed} micro-batches but num_micro_batches={num_micro_batches}"
+        )
+    width = max((b.sample_index.shape[1] for b in packed), default=1)
+    return [pad_rows(b, num_micro_batches, width, pad_token_id) for b in packed]

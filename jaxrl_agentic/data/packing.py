@@ -1,0 +1,407 @@
+"""Packing samples into the learner's fixed-shape batches.
+
+Three layouts, one contract (:class:`PackedBatch`, arrays of shape ``[rows, row_len]``):
+
+* :func:`pack_samples` — padding-free. Samples are placed first-fit-decreasing into rows of
+  ``micro_batch_max_tokens`` tokens; each row is one micro-batch. Several samples share a
+  row, told apart by ``segment_ids`` (attention must not cross segments) and with
+  ``positions`` restarting at 0 for each.
+* :func:`pad_samples` — the classic padded layout, one sample per row, row length bucketed
+  from the longest sample. Each row is one micro-batch (the baseline to compare against).
+* :func:`dynamic_batches` — padded rows grouped by similar length; each returned
+  ``PackedBatch`` is one micro-batch of ``rows × row_len <= max_tokens_per_micro_batch``.
+
+Row counts and row lengths are rounded up to buckets so that a run compiles a handful of
+programs rather than one per step. Every sample is first cut to ``sequence_length`` tokens
+from the right (see :func:`~jaxrl_agentic.data.types.truncate_sample`); the number of
+truncated samples is kept on the batch.
+
+A segment never straddles two rows, which is what makes the per-segment loss reductions
+(``algos/reductions.py``) exact when micro-batches are accumulated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from jaxrl_agentic.data.types import Sample, truncate_sample
+
+# Per-token fields copied from each Sample into the batch; the optional ones stay None in
+# the batch unless every sample has them.
+_REQUIRED_TOKEN_FIELDS = ("loss_mask", "advantages", "old_logprobs")
+_OPTIONAL_TOKEN_FIELDS = ("ref_logprobs", "returns", "values")
+
+
+@dataclasses.dataclass
+class PackedBatch:
+    """Fixed-shape batch: ``[n_micro, row_len]`` token arrays plus per-segment metadata.
+
+    Token arrays (``[n_micro, row_len]``): ``tokens`` (int32), ``positions`` (int32, 0 at
+    each segment start), ``segment_ids`` (int32, 0 = padding, 1.. = samples within the row),
+    ``loss_mask``, ``advantages``, ``old_logprobs`` (float32) and the optional
+    ``ref_logprobs``, ``returns``, ``values`` (float32 or None). Padding slots are 0
+    everywhere.
+
+    Segment arrays (``[n_micro, max_segments]`` int32, indexed by ``segment_id - 1``, -1 where
+    unused): ``seg_traj_id``, ``seg_turn``, ``seg_prompt_len``, ``seg_response_len`` (after
+    truncation) and ``sample_index`` (position of the sample in the input list).
+
+    ``num_truncated``: how many input samples were cut to ``sequence_length``.
+    """
+
+    tokens: np.ndarray
+    positions: np.ndarray
+    segment_ids: np.ndarray
+    loss_mask: np.ndarray
+    advantages: np.ndarray
+    old_logprobs: np.ndarray
+    ref_logprobs: np.ndarray | None
+    returns: np.ndarray | None
+    values: np.ndarray | None
+    seg_traj_id: np.ndarray
+    seg_turn: np.ndarray
+    seg_prompt_len: np.ndarray
+    seg_response_len: np.ndarray
+    sample_index: np.ndarray
+    num_truncated: int = 0
+
+    @property
+    def num_micro_batches(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def row_len(self) -> int:
+        return int(self.tokens.shape[1])
+
+    def token_arrays(self) -> dict[str, np.ndarray]:
+        """The ``[n_micro, row_len]`` arrays the train step consumes (None fields left out)."""
+        names = ("tokens", "positions", "segment_ids", *_REQUIRED_TOKEN_FIELDS)
+        names += tuple(n for n in _OPTIONAL_TOKEN_FIELDS if getattr(self, n) is not None)
+        return {name: getattr(self, name) for name in names}
+
+
+def round_up_to_bucket(n: int, bucket: int = 0) -> int:
+    """Smallest bucket value ``>= n``: the next power of two if ``bucket == 0``, otherwise
+    the next multiple of ``bucket``. ``round_up_to_bucket(0) == 0``."""
+    if n < 0 or bucket < 0:
+        raise ValueError(f"round_up_to_bucket needs n >= 0 and bucket >= 0, got {n}, {bucket}")
+    if n == 0:
+        return 0
+    if bucket == 0:
+        return 1 << (n - 1).bit_length()
+    return -(-n // bucket) * bucket
+
+
+def bucket_rows(n: int, rows_bucket: int = 0) -> int:
+    """Number of rows to allocate for ``n`` needed rows.
+
+    ``rows_bucket == 0``: next power of two (at most 2× waste, ``log2`` distinct shapes);
+    ``rows_bucket > 0``: next multiple of ``rows_bucket`` (waste < ``rows_bucket`` rows).
+    """
+    return round_up_to_bucket(n, rows_bucket)
+
+
+def _truncate_all(samples: Sequence[Sample], sequence_length: int | None):
+    if sequence_length is None:
+        return list(samples), 0
+    pairs = [truncate_sample(s, sequence_length) for s in samples]
+    return [s for s, _ in pairs], sum(cut for _, cut in pairs)
+
+
+def _check_optional_fields(samples: Sequence[Sample]) -> tuple[str, ...]:
+    """Optional fields present in all samples; a field present in only some is an error."""
+    present = []
+    for name in _OPTIONAL_TOKEN_FIELDS:
+        have = sum(getattr(s, name) is not None for s in samples)
+        if 0 < have < len(samples):
+            raise ValueError(f"Sample.{name} is set on {have} of {len(samples)} samples")
+        if samples and have == len(samples):
+            present.append(name)
+    return tuple(present)
+
+
+def _assemble(
+    samples: Sequence[Sample],
+    rows: Sequence[Sequence[int]],
+    *,
+    num_rows: int,
+    row_len: int,
+    max_segments: int,
+    num_truncated: int,
+    pad_token_id: int,
+    optional_fields: tuple[str, ...],
+) -> PackedBatch:
+    """Writes ``samples`` into a batch; ``rows[r]`` lists the sample indices of row ``r``."""
+    shape, seg_shape = (num_rows, row_len), (num_rows, max_segments)
+    tokens = np.full(shape, pad_token_id, np.int32)
+    positions = np.zeros(shape, np.int32)
+    segment_ids = np.zeros(shape, np.int32)
+    floats = {n: np.zeros(shape, np.float32) for n in _REQUIRED_TOKEN_FIELDS + optional_fields}
+    seg = {
+        n: np.full(seg_shape, -1, np.int32)
+        for n in ("seg_traj_id", "seg_turn", "seg_prompt_len", "seg_response_len")
+    }
+    sample_index = np.full(seg_shape, -1, np.int32)
+    for r, members in enumerate(rows):
+        start = 0
+        for k, i in enumerate(members):
+            s, end = samples[i], start + len(samples[i])
+            tokens[r, start:end] = s.tokens
+            positions[r, start:end] = np.arange(len(s), dtype=np.int32)
+            segment_ids[r, start:end] = k + 1
+            for name, array in floats.items():
+                array[r, start:end] = getattr(s, name)
+            seg["seg_traj_id"][r, k] = s.traj_id
+            seg["seg_turn"][r, k] = s.turn
+            seg["seg_prompt_len"][r, k] = s.prompt_len
+            seg["seg_response_len"][r, k] = s.response_len
+            sample_index[r, k] = i
+            start = end
+    optional = {n: floats.get(n) for n in _OPTIONAL_TOKEN_FIELDS}
+    return PackedBatch(
+        tokens=tokens,
+        positions=positions,
+        segment_ids=segment_ids,
+        loss_mask=floats["loss_mask"],
+        advantages=floats["advantages"],
+        old_logprobs=floats["old_logprobs"],
+        **optional,
+        **seg,
+        sample_index=sample_index,
+        num_truncated=num_truncated,
+    )
+
+
+def _resolve_num_rows(needed: int, num_rows: int | None, rows_bucket: int, what: str) -> int:
+    if num_rows is None:
+        return bucket_rows(needed, rows_bucket)
+    if num_rows < needed:
+        raise ValueError(f"{what} needs {needed} rows but num_rows={num_rows}")
+    return num_rows
+
+
+def first_fit_decreasing(
+    lengths: Sequence[int], capacity: int, max_items_per_bin: int | None = None
+) -> list[list[int]]:
+    """Bins of item indices: items by decreasing length, each into the first bin with room.
+
+    FFD uses at most ``11/9·OPT + 6/9`` bins. Ties keep input order, so the result is
+    deterministic. Each bin's indices are returned in increasing order.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if np.any(lengths > capacity):
+        raise ValueError(f"an item of length {lengths.max()} exceeds bin capacity {capacity}")
+    n = len(lengths)
+    room = np.zeros(n, np.int64)  # at most one bin per item
+    count = np.zeros(n, np.int64)
+    cap_items = n if max_items_per_bin is None else max_items_per_bin
+    bins: list[list[int]] = []
+    for i in np.argsort(-lengths, kind="stable"):
+        fits = (room[: len(bins)] >= lengths[i]) & (count[: len(bins)] < cap_items)
+        b = int(np.argmax(fits)) if fits.any() else len(bins)
+        if b == len(bins):
+            bins.append([])
+            room[b] = capacity
+        bins[b].append(int(i))
+        room[b] -= lengths[i]
+        count[b] += 1
+    return [sorted(members) for members in bins]
+
+
+def pack_samples(
+    samples: Sequence[Sample],
+    *,
+    micro_batch_max_tokens: int,
+    sequence_length: int,
+    rows_bucket: int = 0,
+    num_rows: int | None = None,
+    max_segments: int | None = None,
+    pad_token_id: int = 0,
+) -> PackedBatch:
+    """Packs samples padding-free into ``[n_micro, micro_batch_max_tokens]`` rows.
+
+    Each sample is cut to ``sequence_length`` tokens, then placed by first-fit-decreasing
+    into rows of capacity ``micro_batch_max_tokens``. The row count is
+    ``bucket_rows(rows_needed, rows_bucket)``, or exactly ``num_rows`` when given (so all
+    mini-batches of a run share one shape); extra rows are all padding.
+
+    Args:
+      max_segments: cap on samples per row; also the width of the segment arrays. Default:
+        the most used by any row, rounded up to a power of two.
+    """
+    if micro_batch_max_tokens < sequence_length:
+        raise ValueError(
+            f"micro_batch_max_tokens={micro_batch_max_tokens} must be >= "
+            f"sequence_length={sequence_length} so that any sample fits in one row"
+        )
+    if not samples and num_rows is None:
+        raise ValueError("pack_samples got no samples (pass num_rows for an all-padding batch)")
+    if max_segments is not None and max_segments < 1:
+        raise ValueError(f"max_segments={max_segments} must be >= 1")
+    cut, num_truncated = _truncate_all(samples, sequence_length)
+    optional = _check_optional_fields(cut)
+    rows = first_fit_decreasing([len(s) for s in cut], micro_batch_max_tokens, max_segments)
+    width = max_segments or round_up_to_bucket(max((len(r) for r in rows), default=1))
+    return _assemble(
+        cut,
+        rows,
+        num_rows=_resolve_num_rows(len(rows), num_rows, rows_bucket, "pack_samples"),
+        row_len=micro_batch_max_tokens,
+        max_segments=width,
+        num_truncated=num_truncated,
+        pad_token_id=pad_token_id,
+        optional_fields=optional,
+    )
+
+
+def _padded_row_len(longest: int, length_bucket: int, limit: int | None) -> int:
+    row_len = round_up_to_bucket(longest, length_bucket)
+    return row_len if limit is None else max(longest, min(row_len, limit))
+
+
+def pad_samples(
+    samples: Sequence[Sample],
+    *,
+    sequence_length: int,
+    length_bucket: int = 0,
+    rows_bucket: int = 0,
+    num_rows: int | None = None,
+    pad_token_id: int = 0,
+) -> PackedBatch:
+    """Padded layout: one sample per row (segment id 1), right-padded.
+
+    Row length is the longest (truncated) sample rounded up by ``length_bucket`` (0 = power
+    of two), capped at ``sequence_length``. Row count is bucketed like :func:`pack_samples`.
+    """
+    if not samples:
+        raise ValueError("pad_samples got no samples")
+    cut, num_truncated = _truncate_all(samples, sequence_length)
+    longest = max(len(s) for s in cut)
+    return _assemble(
+        cut,
+        [[i] for i in range(len(cut))],
+        num_rows=_resolve_num_rows(len(cut), num_rows, rows_bucket, "pad_samples"),
+        row_len=_padded_row_len(longest, length_bucket, sequence_length),
+        max_segments=1,
+        num_truncated=num_truncated,
+        pad_token_id=pad_token_id,
+        optional_fields=_check_optional_fields(cut),
+    )
+
+
+def dynamic_batches(
+    samples: Sequence[Sample],
+    max_tokens_per_micro_batch: int,
+    *,
+    sequence_length: int | None = None,
+    length_bucket: int = 0,
+    rows_bucket: int = 0,
+    pad_token_id: int = 0,
+) -> list[PackedBatch]:
+    """Padded micro-batches of similar-length samples, each within a token budget.
+
+    Samples are sorted by decreasing length. A micro-batch opened by a sample of length
+    ``l`` gets rows of ``row_len = bucket(l)`` and room for ``C = max_tokens // row_len``
+    rows; it takes the next ``C`` samples in order (all no longer than ``l``). So every
+    micro-batch but the last is full, and a sample sits in a row longer than its own bucket
+    only at the ``< C`` boundary places per length bucket. The last micro-batch's row count
+    is bucketed (``min(C, bucket_rows(k))``). Shapes are ``[rows, row_len]`` with few distinct
+    values: one per (length bucket, row bucket).
+
+    Each returned batch is one micro-batch (its rows are processed together), unlike
+    :func:`pack_samples` / :func:`pad_samples` where each row is a micro-batch.
+    """
+    if sequence_length is not None and max_tokens_per_micro_batch < sequence_length:
+        raise ValueError(
+            f"max_tokens_per_micro_batch={max_tokens_per_micro_batch} must be >= "
+            f"sequence_length={sequence_length} so that any sample fits in one micro-batch"
+        )
+    cut, num_truncated = _truncate_all(samples, sequence_length)
+    lengths = np.array([len(s) for s in cut], dtype=np.int64)
+    if np.any(lengths > max_tokens_per_micro_batch):
+        raise ValueError(
+            f"a sample of {lengths.max()} tokens exceeds "
+            f"max_tokens_per_micro_batch={max_tokens_per_micro_batch}; set sequence_length"
+        )
+    optional = _check_optional_fields(cut)
+    limit = max_tokens_per_micro_batch if sequence_length is None else sequence_length
+    order = np.argsort(-lengths, kind="stable")
+    batches, start = [], 0
+    while start < len(order):
+        row_len = _padded_row_len(int(lengths[order[start]]), length_bucket, limit)
+        capacity = max_tokens_per_micro_batch // row_len
+        members = order[start : start + capacity]
+        start += len(members)
+        batch = _assemble(
+            cut,
+            [[int(i)] for i in members],
+            num_rows=min(capacity, bucket_rows(len(members), rows_bucket)),
+            row_len=row_len,
+            max_segments=1,
+            num_truncated=0,
+            pad_token_id=pad_token_id,
+            optional_fields=optional,
+        )
+        batches.append(batch)
+    if batches:
+        # Counted once for the whole call so summing over micro-batches is right.
+        batches[0].num_truncated = num_truncated
+    return batches
+
+
+def pad_rows(
+    batch: PackedBatch, num_rows: int, max_segments: int | None = None, pad_token_id: int = 0
+) -> PackedBatch:
+    """Appends all-padding rows (and unused segment columns, -1) to reach the given shape."""
+    if num_rows < batch.num_micro_batches:
+        raise ValueError(f"pad_rows: batch has {batch.num_micro_batches} rows > {num_rows}")
+    width = batch.sample_index.shape[1] if max_segments is None else max_segments
+    if width < batch.sample_index.shape[1]:
+        raise ValueError(f"pad_rows: batch has {batch.sample_index.shape[1]} segment columns")
+    extra_rows = num_rows - batch.num_micro_batches
+    extra_cols = width - batch.sample_index.shape[1]
+    changes: dict[str, np.ndarray | None] = {}
+    for field in dataclasses.fields(batch):
+        value = getattr(batch, field.name)
+        if not isinstance(value, np.ndarray):
+            continue
+        if field.name.startswith("seg_") or field.name == "sample_index":
+            value = np.pad(value, ((0, extra_rows), (0, extra_cols)), constant_values=-1)
+        else:
+            fill = pad_token_id if field.name == "tokens" else 0
+            value = np.pad(value, ((0, extra_rows), (0, 0)), constant_values=fill)
+        changes[field.name] = value
+    return dataclasses.replace(batch, **changes)
+
+
+def token_stats(batches: PackedBatch | Sequence[PackedBatch]) -> dict[str, float]:
+    """Token accounting: what was computed versus what was real.
+
+    Accepts one ``PackedBatch`` (each row is a micro-batch) or a list of them (each batch is
+    a micro-batch, as from :func:`dynamic_batches`). Returns ``real_tokens`` (segment id >
+    0), ``loss_tokens`` (Σ loss_mask), ``computed_slots`` (Σ rows × row_len, padding
+    included), ``efficiency = real_tokens / computed_slots``, ``max_micro_batch_real_tokens``,
+    ``padded_seq_len`` (longest row), ``num_micro_batches``, ``num_segments`` and
+    ``num_truncated``.
+    """
+    if isinstance(batches, PackedBatch):
+        per_micro = [int(n) for n in (batches.segment_ids > 0).sum(axis=1)]
+        batches = [batches]
+    else:
+        per_micro = [int((b.segment_ids > 0).sum()) for b in batches]
+    real = sum(per_micro)
+    slots = sum(b.tokens.size for b in batches)
+    return {
+        "real_tokens": float(real),
+        "loss_tokens": float(sum(b.loss_mask.sum() for b in batches)),
+        "computed_slots": float(slots),
+        "efficiency": real / slots if slots else 0.0,
+        "max_micro_batch_real_tokens": float(max(per_micro, default=0)),
+        "padded_seq_len": float(max((b.row_len for b in batches), default=0)),
+        "num_micro_batches": float(len(per_micro)),
+        "num_segments": float(sum((b.sample_index >= 0).sum() for b in batches)),
+        "num_truncated": float(sum(b.num_truncated for b in batches)),
+    }
