@@ -1,0 +1,357 @@
+"""In-process batched generation with a static KV cache and prefix reuse across turns.
+
+    sampler = Sampler(model, tokenizer, max_total_len=1024)
+    out = sampler.generate(prompts, max_new_tokens=64, temperature=1.0, seed=0)
+    out.tokens[i], out.logprobs[i], out.stop_reasons[i]        # "eos" | "stop" | "length"
+
+Multi-turn use keeps one `Session` per batch of trajectories. Each row holds its whole token
+stream on the host and remembers how much of it is already in the cache; `extend(rows, ids)`
+appends tokens, and the next `generate` prefills only the part that is not cached yet. Turn
+t+1 therefore costs prefill of (observation + the last sampled token), never the history:
+total prefill work per trajectory is linear in its final length.
+
+Programs are compiled per bucket — rows (powers of two), prefill length (powers of two,
+≥ 16) and new-token budget (powers of two) — and the parameters are an argument, so a new
+policy is used without copying or recompiling.
+
+Logprobs. Each returned logprob is log softmax(logits / temperature) at the sampled token:
+the distribution the learner recomputes. Top-k / top-p only restrict *which* tokens can be
+drawn (the sampling distribution is the temperature distribution renormalised over the kept
+set); the logprob reported is still that of the untruncated temperature distribution, so the
+importance ratio against the learner is exact. Greedy decoding takes the argmax and reports
+its logprob the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrl_agentic.models.transformer import KVCache, Transformer
+
+STOP_REASONS = ("none", "eos", "stop", "length")
+_EOS, _STOP, _LENGTH = 1, 2, 3
+_MAX_STOP_IDS = 8
+
+
+def next_power_of_two(n: int, minimum: int = 1) -> int:
+    return max(minimum, 1 << max(0, int(n) - 1).bit_length())
+
+
+@dataclasses.dataclass
+class GenerationResult:
+    tokens: list[list[int]]
+    logprobs: list[np.ndarray]
+    stop_reasons: list[str]
+
+
+def _filter_logits(z: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+    """Masks z [B, V] to the top-k tokens and then the smallest top-p mass (−inf elsewhere)."""
+    sorted_z = jnp.sort(z, axis=-1)[:, ::-1]
+    vocab = z.shape[-1]
+    k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
+    kth = jnp.take_along_axis(sorted_z, jnp.full((z.shape[0], 1), k - 1), axis=-1)
+    z = jnp.where(z < kth, -jnp.inf, z)
+    # top-p over what top-k kept: keep a token if the mass strictly before it is < p.
+    sorted_z = jnp.where(jnp.arange(vocab)[None] < k, sorted_z, -jnp.inf)
+    probs = jax.nn.softmax(sorted_z, axis=-1)
+    before = jnp.cumsum(probs, axis=-1) - probs
+    keep_sorted = before < top_p
+    # The smallest kept value is the threshold (ties at the threshold are kept).
+    threshold = jnp.min(jnp.where(keep_sorted, sorted_z, jnp.inf), axis=-1, keepdims=True)
+    return jnp.where(z < threshold, -jnp.inf, z)
+
+
+def _sample(logits, key, temperature, top_k, top_p, greedy):
+    """(token [B], logprob [B]) with logprob under the untruncated temperature distribution."""
+    z = logits.astype(jnp.float32) / temperature
+    logp = jax.nn.log_softmax(z, axis=-1)
+    needs_filter = (top_k > 0) | (top_p < 1.0)
+    filtered = jax.lax.cond(needs_filter, lambda: _filter_logits(z, top_k, top_p), lambda: z)
+    drawn = jax.random.categorical(key, filtered, axis=-1)
+    token = jnp.where(greedy, jnp.argmax(z, axis=-1), drawn).astype(jnp.int32)
+    return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
+
+
+class Sampler:
+    """Generates with `model`'s architecture and any params pytree of the same structure."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        tokenizer=None,
+        *,
+        max_total_len: int = 1024,
+        min_prefill_bucket: int = 16,
+        eos_token_id: int | None = None,
+        cache_dtype=None,
+    ):
+        self.graphdef, self.params = nnx.split(model)
+        self.cfg = model.cfg
+        self.tokenizer = tokenizer
+        self.max_total_len = int(max_total_len)
+        self.min_prefill_bucket = min_prefill_bucket
+        if eos_token_id is None:
+            eos_token_id = getattr(tokenizer, "eos_token_id", None)
+        if eos_token_id is None:
+            eos_token_id = self.cfg.eos_token_id
+        self.eos_token_id = -1 if eos_token_id is None else int(eos_token_id)
+        self.cache_dtype = cache_dtype or jnp.dtype(self.cfg.dtype)
+        self.stats = {"prefill_tokens": 0, "prefill_calls": 0, "decode_steps": 0}
+        # jit once per Sampler; the graphdef is static, everything else is an argument.
+        self._prefill = jax.jit(functools.partial(_prefill, self.graphdef), donate_argnums=(1,))
+        self._decode = jax.jit(
+            functools.partial(_decode, self.graphdef, self.eos_token_id),
+            static_argnames=("max_new_bucket",),
+            donate_argnums=(1,),
+        )
+
+    def set_params(self, params) -> None:
+        """Uses a new policy from now on (a reference, not a copy)."""
+        self.params = params
+
+    def compilation_count(self) -> int:
+        """Number of distinct programs compiled so far (prefill + decode)."""
+        return self._prefill._cache_size() + self._decode._cache_size()
+
+    def new_session(self, num_rows: int) -> Session:
+        return Session(self, num_rows)
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        greedy: bool = False,
+        seed: int = 0,
+        num_return_sequences: int = 1,
+        stop_token_ids: Sequence[int] | None = None,
+        params=None,
+    ) -> GenerationResult:
+        """Generates for each prompt (× num_return_sequences, grouped per prompt)."""
+        rows = [list(p) for p in prompts for _ in range(num_return_sequences)]
+        session = self.new_session(len(rows))
+        session.extend(range(len(rows)), rows)
+        return session.generate(
+            range(len(rows)),
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            greedy=greedy,
+            seed=seed,
+            stop_token_ids=stop_token_ids,
+            params=params,
+        )
+
+
+class Session:
+    """A batch of token streams sharing one KV cache; rows are extended turn by turn."""
+
+    def __init__(self, sampler: Sampler, num_rows: int):
+        self.sampler = sampler
+        self.num_rows = num_rows
+        self.capacity = next_power_of_two(num_rows)
+        self.streams: list[list[int]] = [[] for _ in range(num_rows)]
+        self.cached = np.zeros(num_rows, np.int64)  # tokens of each stream already in cache
+        cfg = sampler.cfg
+        self.cache = KVCache.zeros(cfg, self.capacity, sampler.max_total_len, sampler.cache_dtype)
+
+    def length(self, row: int) -> int:
+        return len(self.streams[row])
+
+    def extend(self, rows: Sequence[int], new_ids: Sequence[Sequence[int]]) -> None:
+        """Appends tokens to rows' streams (prefilled lazily by the next `generate`)."""
+        for row, ids in zip(rows, new_ids, strict=True):
+            if len(self.streams[row]) + len(ids) > self.sampler.max_total_len:
+                raise ValueError(
+                    f"row {row}: {len(self.streams[row]) + len(ids)} tokens exceed "
+                    f"max_total_len={self.sampler.max_total_len}"
+                )
+            self.streams[row].extend(int(t) for t in ids)
+
+    def _prefill(self, rows: Sequence[int], params) -> jax.Array:
+        """Feeds each row's uncached tail; returns the logits at each row's last token."""
+        tails = {}
+        for row in rows:
+            if not self.streams[row]:
+                raise ValueError(f"row {row}: cannot generate from an empty stream")
+            if self.cached[row] == len(self.streams[row]):
+                self.cached[row] -= 1  # re-feed the last token to get its logits
+            tails[row] = self.streams[row][self.cached[row] :]
+        t_bucket = next_power_of_two(max(len(t) for t in tails.values()),
+                                     self.sampler.min_prefill_bucket)
+        tokens = np.zeros((self.capacity, t_bucket), np.int32)
+        valid = np.zeros((self.capacity, t_bucket), bool)
+        positions = np.zeros((self.capacity, t_bucket), np.int32)
+        for row, tail in tails.items():
+            n = len(tail)
+            tokens[row, :n] = tail
+            valid[row, :n] = True
+            positions[row] = self.cached[row] + np.arange(t_bucket)
+            self.cached[row] += n
+        self.sampler.stats["prefill_tokens"] += sum(len(t) for t in tails.values())
+        self.sampler.stats["prefill_calls"] += 1
+        self.cache, logits = self.sampler._prefill(
+            params, self.cache, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(valid)
+        )
+        return logits
+
+    def generate(
+        self,
+        rows: Sequence[int],
+        *,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        greedy: bool = False,
+        seed: int = 0,
+        stop_token_ids: Sequence[int] | None = None,
+        params=None,
+    ) -> GenerationResult:
+        """Continues each of `rows` from the end of its stream; appends what it generates."""
+        rows = list(rows)
+        if temperature <= 0:
+            raise ValueError("temperature must be > 0 (use greedy=True for argmax decoding)")
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        stop_token_ids = list(stop_token_ids or [])
+        if len(stop_token_ids) > _MAX_STOP_IDS:
+            raise ValueError(f"at most {_MAX_STOP_IDS} stop_token_ids are supported")
+        params = self.sampler.params if params is None else params
+        logits = self._prefill(rows, params)
+
+        active = np.zeros(self.capacity, bool)
+        active[rows] = True
+        budget = np.zeros(self.capacity, np.int32)
+        for row in rows:  # a row never writes past the cache
+            budget[row] = min(max_new_tokens, self.sampler.max_total_len - len(self.streams[row]))
+        stops = np.full(_MAX_STOP_IDS, -1, np.int32)
+        stops[: len(stop_token_ids)] = stop_token_ids
+        positions = np.array([len(s) for s in self.streams] + [0] * (self.capacity - self.num_rows))
+        max_new_bucket = next_power_of_two(max(1, int(budget.max())))
+        self.cache, out_tokens, out_logprobs, n_gen, reasons, steps = self.sampler._decode(
+            params,
+            self.cache,
+            logits,
+            jnp.asarray(positions, jnp.int32),
+            jnp.asarray(active & (budget > 0)),
+            jnp.asarray(budget),
+            jax.random.PRNGKey(seed),
+            jnp.float32(temperature),
+            jnp.int32(top_k),
+            jnp.float32(top_p),
+            jnp.bool_(greedy),
+            jnp.asarray(stops),
+            max_new_bucket=max_new_bucket,
+        )
+        out_tokens, out_logprobs, n_gen, reasons = jax.device_get(
+            (out_tokens, out_logprobs, n_gen, reasons)
+        )
+        self.sampler.stats["decode_steps"] += int(steps)
+        result = GenerationResult([], [], [])
+        for row in rows:
+            n = int(n_gen[row])
+            ids = out_tokens[row, :n].tolist()
+            result.tokens.append(ids)
+            result.logprobs.append(np.asarray(out_logprobs[row, :n], np.float32))
+            result.stop_reasons.append(STOP_REASONS[max(int(reasons[row]), _LENGTH * (n == 0))])
+            # Every generated token but the last was fed back, so it is cached already.
+            self.cached[row] += max(0, n - 1)
+            self.streams[row].extend(ids)
+        return result
+
+
+def _prefill(graphdef, params, cache, tokens, positions, valid):
+    model = nnx.merge(graphdef, params)
+    hidden, cache = model.forward_with_cache(tokens, positions, cache, valid)
+    last = jnp.maximum(jnp.sum(valid, axis=1) - 1, 0)
+    last_hidden = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
+    return cache, model.logits(last_hidden)
+
+
+def _decode(
+    graphdef,
+    eos_id,
+    params,
+    cache,
+    logits,
+    positions,
+    active,
+    budget,
+    key,
+    temperature,
+    top_k,
+    top_p,
+    greedy,
+    stop_ids,
+    *,
+    max_new_bucket,
+):
+    """Samples until every row hit EOS / a stop id / its budget; one forward per step.
+
+    A row's final token is not fed back (nothing needs its logits yet); the session feeds it
+    with the next turn's prefill.
+    """
+    model = nnx.merge(graphdef, params)
+    batch = logits.shape[0]
+    out_tokens = jnp.zeros((batch, max_new_bucket), jnp.int32)
+    out_logprobs = jnp.zeros((batch, max_new_bucket), jnp.float32)
+    carry = (
+        jnp.int32(0),
+        cache,
+        logits,
+        positions,
+        ~active,
+        jnp.zeros((batch,), jnp.int32),
+        jnp.zeros((batch,), jnp.int32),
+        out_tokens,
+        out_logprobs,
+    )
+
+    def cond(c):
+        step, _, _, _, done, *_ = c
+        return (step < max_new_bucket) & ~jnp.all(done)
+
+    def body(c):
+        step, cache, logits, pos, done, n_gen, reason, toks, lps = c
+        token, logprob = _sample(
+            logits, jax.random.fold_in(key, step), temperature, top_k, top_p, greedy
+        )
+        live = ~done
+        toks = toks.at[:, step].set(jnp.where(live, token, 0))
+        lps = lps.at[:, step].set(jnp.where(live, logprob, 0.0))
+        n_gen = n_gen + live
+        is_eos = token == eos_id
+        is_stop = jnp.any(token[:, None] == stop_ids[None, :], axis=-1)
+        at_budget = n_gen >= budget
+        new_reason = jnp.where(is_eos, _EOS, jnp.where(is_stop, _STOP, _LENGTH))
+        finishing = live & (is_eos | is_stop | at_budget)
+        reason = jnp.where(finishing, new_reason, reason)
+        done = done | finishing
+        feed = ~done
+
+        def forward(args):
+            cache, _ = args
+            hidden, cache = model.forward_with_cache(
+                token[:, None], pos[:, None], cache, feed[:, None]
+            )
+            return cache, model.logits(hidden[:, 0])
+
+        cache, logits = jax.lax.cond(
+            jnp.any(feed), forward, lambda args: args, (cache, logits)
+        )
+        return step + 1, cache, logits, pos + feed, done, n_gen, reason, toks, lps
+
+    step, cache, _, _, _, n_gen, reason, toks, lps = jax.lax.while_loop(cond, body, carry)
+    return cache, toks, lps, n_gen, reason, step
