@@ -1,3 +1,3 @@
-"""jaxrl_agentic: reinforcement learning for language-model agents in multi-turn environments, in JAX."""
+"""jaxrl_agentic: RL for language-model agents in multi-turn environments, in JAX."""
 
 __version__ = "0.1.0"

@@ -1,0 +1,44 @@
+"""Text environments: gymnax-API environments a language model plays through text.
+
+    env, env_params = make("frozen_lake", is_slippery=True)
+    obs, state = env.reset(key, env_params)
+    prompt = env.instructions(env_params) + "\\n" + env.render_text(state, env_params)
+    action = env.parse_action(reply)  # None -> pass INVALID_ACTION
+    obs, state, reward, terminated, truncated, info = env.step(key, state, action, env_params)
+
+See docs/environments.md for the rules of each environment and how to add one.
+"""
+
+from jaxrl_agentic.envs.base import (
+    INVALID_ACTION,
+    TextEnvironment,
+    TextEnvParams,
+    format_instructions,
+)
+from jaxrl_agentic.envs.frozen_lake import FrozenLake, FrozenLakeParams, FrozenLakeState
+from jaxrl_agentic.envs.gymnax_adapter import GymnaxTextAdapter, GymnaxTextParams, GymnaxTextState
+from jaxrl_agentic.envs.metrics import episode_metrics
+from jaxrl_agentic.envs.parsing import parse_action
+from jaxrl_agentic.envs.registry import make, register, registered_envs
+from jaxrl_agentic.envs.sokoban import Sokoban, SokobanParams, SokobanState
+
+__all__ = [
+    "INVALID_ACTION",
+    "FrozenLake",
+    "FrozenLakeParams",
+    "FrozenLakeState",
+    "GymnaxTextAdapter",
+    "GymnaxTextParams",
+    "GymnaxTextState",
+    "Sokoban",
+    "SokobanParams",
+    "SokobanState",
+    "TextEnvParams",
+    "TextEnvironment",
+    "episode_metrics",
+    "format_instructions",
+    "make",
+    "parse_action",
+    "register",
+    "registered_envs",
+]

@@ -1,0 +1,269 @@
+"""Sokoban with random solvable levels generated in JAX by reverse play.
+
+Rules: the player pushes boxes (never pulls) onto targets. A move into a wall, or into a
+box whose far side is a wall or another box, leaves everything in place (valid, not
+effective). Rewards per step:
+
+    -0.1                          every valid step
+    +1 / -1                       a box pushed onto / off a target
+    +10                           every box is on a target (the episode terminates)
+
+Level generation (`generate_level`), all inside JAX so `reset` stays jittable and vmappable:
+  1. Room: border walls; the interior starts as wall and a random walk of `num_carve_steps`
+     moves carves floor (so the floor is connected and inner walls vary per level).
+  2. Solved state: `num_boxes` boxes placed on targets on distinct floor cells, the player
+     on another floor cell.
+  3. Reverse play: `num_reverse_steps` random player moves; a move away from an adjacent
+     box pulls it along. Each pull undoes a legal push, so from every position of this walk
+     playing it backwards solves the level: every position is solvable by construction.
+     The level is the last position of the walk, among those with no box on a target,
+     with the highest score = sum over boxes of the Manhattan distance to the nearest
+     target + the player's distance to the nearest box (a rough proxy for solution
+     length: on 6x6 with one box the median shortest solution is 4 moves, 22% of levels
+     take at most 2; taking the walk's end gives a median of 3 and 48%).
+  4. A walk that never had every box off its target (or a room with too little floor
+     for the boxes and the player) is redrawn.
+"""
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jaxrl_agentic.envs.base import (
+    TextEnvironment,
+    TextEnvParams,
+    format_instructions,
+    sample_until,
+    uniform_ints,
+)
+
+# Symbol codes of `symbol_grid`.
+WALL, FLOOR, TARGET, BOX, BOX_ON_TARGET, PLAYER, PLAYER_ON_TARGET = range(7)
+SYMBOLS = ("#", "_", "O", "X", "√", "P", "S")
+SYMBOL_COLORS = (
+    (70, 70, 70),  # wall: dark grey
+    (225, 225, 210),  # floor: off-white
+    (240, 150, 150),  # target: pink
+    (160, 100, 40),  # box: brown
+    (60, 170, 70),  # box on target: green
+    (40, 90, 220),  # player: blue
+    (140, 60, 200),  # player on target: violet
+)
+ACTION_NAMES = ("Up", "Down", "Left", "Right")
+MOVES = jnp.array([[-1, 0], [1, 0], [0, -1], [0, 1]], jnp.int32)  # (row, col) per action
+
+STEP_REWARD = -0.1
+BOX_ON_TARGET_REWARD = 1.0
+SOLVED_REWARD = 10.0
+
+
+@struct.dataclass
+class SokobanState:
+    walls: jax.Array  # bool [dim, dim]
+    targets: jax.Array  # bool [dim, dim]
+    boxes: jax.Array  # bool [dim, dim]
+    player: jax.Array  # int32 [2] (row, col)
+    time: jax.Array
+
+
+@struct.dataclass
+class SokobanParams(TextEnvParams):
+    """dim_room: side of the square room, border walls included.
+    num_boxes: boxes (= targets) per level.
+    num_reverse_steps: random moves of reverse play; None = 16 * (dim_room - 2) * num_boxes.
+    num_carve_steps: random-walk moves that carve the floor; None = 2 * (dim_room - 2) ** 2.
+    All four are static (they set shapes and loop lengths); changing one recompiles.
+    """
+
+    dim_room: int = struct.field(pytree_node=False, default=6)
+    num_boxes: int = struct.field(pytree_node=False, default=1)
+    num_reverse_steps: int | None = struct.field(pytree_node=False, default=None)
+    num_carve_steps: int | None = struct.field(pytree_node=False, default=None)
+
+
+def resolved_steps(params: SokobanParams) -> tuple[int, int]:
+    """(num_reverse_steps, num_carve_steps) with the None defaults filled in."""
+    interior = params.dim_room - 2
+    reverse = params.num_reverse_steps
+    carve = params.num_carve_steps
+    reverse = 16 * interior * params.num_boxes if reverse is None else reverse
+    carve = 2 * interior * interior if carve is None else carve
+    return reverse, carve
+
+
+def carve_room(start: jax.Array, moves: jax.Array, dim: int) -> jax.Array:
+    """bool [dim, dim] floor: the cells a walk from `start` visits, kept off the border."""
+
+    def walk(position, move):
+        position = jnp.clip(position + move, 1, dim - 2)
+        return position, position
+
+    _, visited = jax.lax.scan(walk, start, moves)
+    visited = jnp.concatenate([start[None], visited])
+    flat = visited[:, 0] * dim + visited[:, 1]
+    return jnp.any(flat[:, None] == jnp.arange(dim * dim), axis=0).reshape(dim, dim)
+
+
+def distance_to_nearest(targets: jax.Array) -> jax.Array:
+    """int32 grid: Manhattan distance from each cell to the nearest True cell of `targets`."""
+    rows, cols = targets.shape
+    r, c = jnp.divmod(jnp.arange(rows * cols), cols)
+    distance = jnp.abs(r[:, None] - r[None, :]) + jnp.abs(c[:, None] - c[None, :])
+    far = rows + cols  # more than any distance on the grid
+    nearest = jnp.min(jnp.where(targets.reshape(-1)[None, :], distance, far), axis=1)
+    return nearest.reshape(rows, cols).astype(jnp.int32)
+
+
+def reverse_play(floor: jax.Array, targets: jax.Array, player: jax.Array, moves: jax.Array):
+    """Reverse play from all boxes on `targets` (module doc, step 3).
+
+    Returns (boxes, player, found): the chosen position, and whether any position of the
+    walk had every box off its target. Requires walls on the border of `floor` (so the
+    player's neighbours stay in bounds).
+    """
+    distance = distance_to_nearest(targets)
+    rows, cols = jnp.indices(targets.shape)
+    far = sum(targets.shape)
+
+    def pull_step(carry, move):
+        boxes, player, best = carry
+        ahead, behind = player + move, player - move
+        can_move = floor[ahead[0], ahead[1]] & ~boxes[ahead[0], ahead[1]]
+        pull = can_move & boxes[behind[0], behind[1]]
+        pulled = boxes.at[behind[0], behind[1]].set(False).at[player[0], player[1]].set(True)
+        boxes = jnp.where(pull, pulled, boxes)
+        player = jnp.where(can_move, ahead, player)
+        box_distance = jnp.sum(jnp.where(boxes, distance, 0))
+        from_player = jnp.abs(rows - player[0]) + jnp.abs(cols - player[1])
+        walk_to_box = jnp.min(jnp.where(boxes, from_player, far))
+        # Boxes off target are >= 1 from one, so a valid position scores >= num_boxes > 0.
+        score = jnp.where(jnp.any(boxes & targets), 0, box_distance + walk_to_box)
+        better = score >= best[2]  # ties: the later position, after more walking
+        best = jax.tree.map(lambda new, old: jnp.where(better, new, old),
+                            (boxes, player, score), best)
+        return (boxes, player, best), None
+
+    start = (targets, player, (targets, player, jnp.int32(0)))
+    (_, _, (boxes, player, score)), _ = jax.lax.scan(pull_step, start, moves)
+    return boxes, player, score > 0
+
+
+def draw_level(key, dim: int, num_boxes: int, num_reverse_steps: int, num_carve_steps: int):
+    """One candidate (level, acceptable): steps 1-3 of the module doc, and the step-4 check."""
+    cells = dim * dim
+    # One draw of random bits for the whole level: each separate jax.random call adds its
+    # own threefry computation to the compiled program, and compile time dominates here.
+    bits = jax.random.bits(key, (2 + num_carve_steps + cells + num_reverse_steps,), jnp.uint32)
+    start = 1 + uniform_ints(bits[:2], dim - 2)
+    carve_moves = MOVES[uniform_ints(bits[2 : 2 + num_carve_steps], 4)]
+    priority = (bits[2 + num_carve_steps : 2 + num_carve_steps + cells] >> 1).astype(jnp.int32)
+    reverse_moves = MOVES[uniform_ints(bits[2 + num_carve_steps + cells :], 4)]
+
+    floor = carve_room(start, carve_moves, dim)
+    # The num_boxes + 1 floor cells of highest random priority: a uniform random subset.
+    _, chosen = jax.lax.top_k(jnp.where(floor.reshape(-1), priority, -1), num_boxes + 1)
+    enough_floor = jnp.all(floor.reshape(-1)[chosen])
+    targets = jnp.zeros(cells, bool).at[chosen[:num_boxes]].set(True).reshape(dim, dim)
+    player = jnp.stack(jnp.divmod(chosen[num_boxes], dim)).astype(jnp.int32)
+    boxes, player, found = reverse_play(floor, targets, player, reverse_moves)
+    level = SokobanState(
+        walls=~floor, targets=targets, boxes=boxes, player=player, time=jnp.int32(0)
+    )
+    return level, enough_floor & found
+
+
+def generate_level(key: jax.Array, params: SokobanParams) -> SokobanState:
+    """A solvable level with no box on a target, redrawn until acceptable (module doc)."""
+    reverse, carve = resolved_steps(params)
+    return sample_until(
+        key, lambda k: draw_level(k, params.dim_room, params.num_boxes, reverse, carve)
+    )
+
+
+def _cell(grid: jax.Array, position: jax.Array, outside):
+    """grid[position], or `outside` when position lies off the grid."""
+    rows, cols = grid.shape
+    inside = (position[0] >= 0) & (position[0] < rows) & (position[1] >= 0) & (position[1] < cols)
+    value = grid[jnp.clip(position[0], 0, rows - 1), jnp.clip(position[1], 0, cols - 1)]
+    return jnp.where(inside, value, outside)
+
+
+class Sokoban(TextEnvironment):
+    """Random solvable Sokoban; rules and generation in the module docstring."""
+
+    action_names = ACTION_NAMES
+    symbols = SYMBOLS
+    symbol_colors = SYMBOL_COLORS
+
+    @property
+    def name(self) -> str:
+        return "sokoban"
+
+    @property
+    def default_params(self) -> SokobanParams:
+        return SokobanParams()
+
+    def check_params(self, params: SokobanParams) -> None:
+        super().check_params(params)
+        reverse, carve = resolved_steps(params)
+        if params.dim_room < 4:
+            raise ValueError(f"dim_room must be >= 4, got {params.dim_room}")
+        if params.num_boxes < 1:
+            raise ValueError(f"num_boxes must be >= 1, got {params.num_boxes}")
+        if params.num_boxes + 2 > (params.dim_room - 2) ** 2:
+            raise ValueError(
+                f"num_boxes={params.num_boxes} does not fit a {params.dim_room}x"
+                f"{params.dim_room} room (at most {(params.dim_room - 2) ** 2 - 2})"
+            )
+        if reverse < 1 or carve < params.num_boxes + 1:
+            raise ValueError(
+                f"num_reverse_steps must be >= 1 and num_carve_steps >= num_boxes + 1, "
+                f"got {reverse} and {carve}"
+            )
+
+    def reset_env(self, key, params: SokobanParams):
+        state = generate_level(key, params)
+        return self.observe(key, state, None, params), state
+
+    def transition(self, key, state: SokobanState, action, params):
+        move = MOVES[action]
+        one, two = state.player + move, state.player + 2 * move
+        box_ahead = _cell(state.boxes, one, False)
+        walk = ~_cell(state.walls, one, True) & ~box_ahead
+        push = box_ahead & ~_cell(state.walls, two, True) & ~_cell(state.boxes, two, False)
+        rows, cols = state.boxes.shape
+        one_c = (jnp.clip(one[0], 0, rows - 1), jnp.clip(one[1], 0, cols - 1))
+        two_c = (jnp.clip(two[0], 0, rows - 1), jnp.clip(two[1], 0, cols - 1))
+        pushed = state.boxes.at[one_c].set(False).at[two_c].set(True)
+        boxes = jnp.where(push, pushed, state.boxes)
+        player = jnp.where(walk | push, one, state.player)
+        onto = state.targets[two_c].astype(jnp.float32) - state.targets[one_c].astype(jnp.float32)
+        solved = ~jnp.any(boxes & ~state.targets)
+        reward = STEP_REWARD + push * BOX_ON_TARGET_REWARD * onto + solved * SOLVED_REWARD
+        return state.replace(boxes=boxes, player=player), reward, solved, solved
+
+    def symbol_grid(self, state: SokobanState, params) -> jax.Array:
+        grid = jnp.where(state.walls, WALL, jnp.where(state.targets, TARGET, FLOOR))
+        grid = jnp.where(state.boxes, jnp.where(state.targets, BOX_ON_TARGET, BOX), grid)
+        row, col = state.player[0], state.player[1]
+        on_target = state.targets[row, col]
+        return grid.at[row, col].set(jnp.where(on_target, PLAYER_ON_TARGET, PLAYER))
+
+    def instructions(self, params: SokobanParams) -> str:
+        rules = (
+            "You are playing Sokoban in a room seen from above, top row first. Push every box "
+            "onto a target. You can push a box by walking into it if the cell behind it is "
+            "free, but you cannot pull boxes, and walls block you. Rewards: -0.1 per step, "
+            "+1 for pushing a box onto a target, -1 for pushing one off, +10 when all boxes "
+            "are on targets, which ends the game."
+        )
+        legend = {
+            "#": "wall",
+            "_": "floor",
+            "O": "target",
+            "X": "box",
+            "√": "box on a target",
+            "P": "you",
+            "S": "you, standing on a target",
+        }
+        return format_instructions(rules, legend, self.action_names)

@@ -1,0 +1,228 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl_agentic.envs import INVALID_ACTION, SokobanState, make
+from tests.envs.solvers import STEPS, parse_sokoban, sokoban_path
+
+UP, DOWN, LEFT, RIGHT = 0, 1, 2, 3
+NAMES = ("Up", "Down", "Left", "Right")
+
+# Two boxes: the top one is a push away from its target, the lower one two pushes.
+BOARD = "\n".join(["######", "#PXO_#", "#____#", "#_X_O#", "#____#", "######"])
+
+
+def state_from_board(board: str, time: int = 0) -> SokobanState:
+    walls, targets, boxes, player = parse_sokoban(board)
+    rows = board.split("\n")
+    shape = (len(rows), len(rows[0]))
+
+    def mask(cells):
+        grid = np.zeros(shape, bool)
+        for cell in cells:
+            grid[cell] = True
+        return jnp.asarray(grid)
+
+    return SokobanState(
+        walls=mask(walls), targets=mask(targets), boxes=mask(boxes),
+        player=jnp.array(player, jnp.int32), time=jnp.int32(time),
+    )
+
+
+def board_of(state: SokobanState) -> str:
+    """Independent rendering of the documented symbols."""
+    walls, targets, boxes = (np.asarray(a) for a in (state.walls, state.targets, state.boxes))
+    player = tuple(np.asarray(state.player))
+    lines = []
+    for r in range(walls.shape[0]):
+        line = ""
+        for c in range(walls.shape[1]):
+            if (r, c) == player:
+                line += "S" if targets[r, c] else "P"
+            elif boxes[r, c]:
+                line += "√" if targets[r, c] else "X"
+            else:
+                line += "#" if walls[r, c] else ("O" if targets[r, c] else "_")
+        lines.append(line)
+    return "\n".join(lines)
+
+
+@pytest.fixture(scope="module")
+def env_and_params():
+    return make("sokoban")
+
+
+@pytest.fixture(scope="module")
+def step_env(env_and_params):
+    return jax.jit(env_and_params[0].step_env)
+
+
+def cells(mask: np.ndarray) -> set:
+    return {tuple(int(i) for i in rc) for rc in np.argwhere(mask)}
+
+
+@pytest.mark.parametrize(
+    "overrides, count",
+    [
+        ({}, 2000),
+        ({"num_boxes": 2}, 2000),
+        ({"dim_room": 8, "num_boxes": 2}, 300),  # the BFS is slower here: fewer levels
+    ],
+)
+def test_generated_levels_are_solvable_and_start_unsolved(overrides, count):
+    env, params = make("sokoban", **overrides)
+    dim, num_boxes = params.dim_room, params.num_boxes
+    keys = jax.random.split(jax.random.key(len(overrides)), count)
+    _, states = jax.jit(jax.vmap(env.reset, in_axes=(0, None)))(keys, params)
+    walls, targets, boxes, players = jax.device_get(
+        (states.walls, states.targets, states.boxes, states.player)
+    )
+    assert walls.shape == (count, dim, dim)
+    edge = (0, dim - 1)
+    border = {(r, c) for r in range(dim) for c in range(dim) if r in edge or c in edge}
+    for i in range(count):
+        wall_cells, target_cells, box_cells = cells(walls[i]), cells(targets[i]), cells(boxes[i])
+        player = tuple(int(x) for x in players[i])
+        assert border <= wall_cells
+        assert len(box_cells) == len(target_cells) == num_boxes
+        assert not box_cells & target_cells  # no box starts on a target
+        assert not (box_cells | target_cells | {player}) & wall_cells
+        assert player not in box_cells
+        path = sokoban_path(wall_cells, target_cells, box_cells, player)
+        assert path, f"level {i} unsolvable:\n{board_of(jax.tree.map(lambda a, i=i: a[i], states))}"
+    # Levels differ from each other.
+    levels = zip(walls, boxes, targets, strict=True)
+    distinct = {w.tobytes() + b.tobytes() + t.tobytes() for w, b, t in levels}
+    assert len(distinct) > count // 2
+
+
+def test_reference_solver_detects_unsolvable_levels():
+    # A box in a corner can never move again: the solver must say so, else the test above
+    # could not fail.
+    board = "\n".join(["#####", "#X__#", "#_P_#", "#__O#", "#####"])
+    assert sokoban_path(*parse_sokoban(board)) is None
+    assert sokoban_path(*parse_sokoban(BOARD.replace("PXO", "_XO").replace("#_X_O#", "#PX_O#")))
+
+
+def test_render_text_rgb_and_hash_of_hand_made_state(env_and_params):
+    env, params = env_and_params
+    state = state_from_board(BOARD)
+    assert env.render_text(state, params) == BOARD
+    on_target = state.replace(player=jnp.array([3, 4], jnp.int32))
+    assert env.render_text(on_target, params).split("\n")[3] == "#_X_S#"
+    image = env.render_rgb(state, params)
+    assert image.dtype == np.uint8 and image.shape == (96, 96, 3)
+    centre = image[8::16, 8::16]
+    wall, floor, target = centre[0, 0], centre[2, 1], centre[1, 3]
+    box, player = centre[1, 2], centre[1, 1]
+    solved_box = env.render_rgb(state.replace(boxes=state.targets), params)[8::16, 8::16][1, 3]
+    standing = env.render_rgb(on_target, params)[8::16, 8::16][3, 4]
+    colours = {tuple(c) for c in (wall, floor, target, box, player, solved_box, standing)}
+    assert len(colours) == 7
+    assert env.state_hash(state) == env.state_hash(state_from_board(BOARD, time=9))
+    assert env.state_hash(on_target) != env.state_hash(state)
+    assert env.state_hash(state.replace(boxes=state.targets)) != env.state_hash(state)
+
+
+@pytest.mark.parametrize(
+    "board, action, after, reward, solved",
+    [
+        # push the top box onto its target: -0.1 + 1
+        (BOARD, RIGHT, "#_P√_#", 0.9, False),
+        # push it off again (the player lands on the target): -0.1 - 1
+        (BOARD.replace("#PXO_#", "#_P√_#"), RIGHT, "#__SX#", -1.1, False),
+        # walk into a wall: valid, no effect
+        (BOARD, UP, "#PXO_#", -0.1, False),
+        # box against a wall cannot move
+        (BOARD.replace("#PXO_#", "#_OPX#"), RIGHT, "#_OPX#", -0.1, False),
+        # box against a box cannot move
+        (BOARD.replace("#PXO_#", "#PXX_#").replace("#_X_O#", "#___O#"), RIGHT, "#PXX_#", -0.1,
+         False),
+        # plain walk onto a target
+        (BOARD.replace("#PXO_#", "#_XOP#"), LEFT, "#_XS_#", -0.1, False),
+    ],
+)
+def test_step_semantics(env_and_params, step_env, board, action, after, reward, solved):
+    env, params = env_and_params
+    state = state_from_board(board, time=2)
+    _, nxt, r, term, info = step_env(jax.random.key(0), state, action, params)
+    assert env.render_text(nxt, params).split("\n")[1] == after
+    assert float(r) == pytest.approx(reward) and bool(term) == solved
+    assert bool(info["action_is_valid"]) and int(nxt.time) == 3
+    assert bool(info["action_is_effective"]) == (board.split("\n")[1] != after)
+
+
+def test_last_box_onto_target_solves_with_bonus(env_and_params):
+    env, params = env_and_params
+    board = BOARD.replace("#PXO_#", "#__√_#").replace("#_X_O#", "#_PXO#")
+    state = state_from_board(board, time=4)
+    obs, nxt, r, term, trunc, info = env.step(jax.random.key(0), state, RIGHT, params)
+    assert float(r) == pytest.approx(-0.1 + 1 + 10)
+    assert bool(term) and not bool(trunc) and bool(info["success"])
+    final = np.asarray(info["final_observation"])
+    text = "\n".join("".join(env.symbols[c] for c in row) for row in final)
+    assert text == board.replace("#_PXO#", "#__P√#")
+    # gymnax auto-reset: the returned state is a fresh level.
+    assert int(nxt.time) == 0 and not bool(jnp.any(nxt.boxes & nxt.targets))
+    np.testing.assert_array_equal(obs, env.symbol_grid(nxt, params))
+
+
+def test_invalid_action_keeps_state_and_costs_the_format_penalty(env_and_params, step_env):
+    env, params = env_and_params
+    state = state_from_board(BOARD, time=0)
+    _, nxt, r, term, info = step_env(jax.random.key(0), state, INVALID_ACTION, params)
+    assert env.render_text(nxt, params) == BOARD and int(nxt.time) == 1
+    assert float(r) == pytest.approx(-0.1) and not bool(term)
+    assert not bool(info["action_is_valid"]) and not bool(info["action_is_effective"])
+    costly = params.replace(format_penalty=0.5)
+    _, _, r, _, _ = step_env(jax.random.key(0), state, INVALID_ACTION, costly)
+    assert float(r) == pytest.approx(-0.5)
+
+
+def reference_step(board: str, action: int) -> tuple[str, float, bool]:
+    """The documented rules, on text boards."""
+    walls, targets, boxes, player = parse_sokoban(board)
+    if action == INVALID_ACTION:
+        return board, -0.1, False
+    dr, dc = STEPS[NAMES[action]]
+    one = (player[0] + dr, player[1] + dc)
+    two = (one[0] + dr, one[1] + dc)
+    reward = -0.1
+    if one in boxes and two not in walls and two not in boxes:
+        boxes = (boxes - {one}) | {two}
+        reward += (two in targets) - (one in targets)
+        player = one
+    elif one not in walls and one not in boxes:
+        player = one
+    solved = boxes == targets
+    rows = [list(row) for row in board.split("\n")]
+    for r, row in enumerate(rows):
+        for c in range(len(row)):
+            if (r, c) not in walls:
+                row[c] = "O" if (r, c) in targets else "_"
+    for r, c in boxes:
+        rows[r][c] = "√" if (r, c) in targets else "X"
+    rows[player[0]][player[1]] = "S" if player in targets else "P"
+    return "\n".join("".join(row) for row in rows), reward + 10 * solved, solved
+
+
+def test_vmapped_step_of_4096_envs_matches_a_reference(env_and_params):
+    env, params = env_and_params
+    n = 4096
+    key_reset, key_act, key_step = jax.random.split(jax.random.key(5), 3)
+    _, states = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(key_reset, n), params)
+    actions = jax.random.randint(key_act, (n,), -1, 4)
+    step = jax.jit(jax.vmap(env.step, in_axes=(0, 0, 0, None)))
+    out = jax.device_get(step(jax.random.split(key_step, n), states, actions, params))
+    _, _, rewards, term, trunc, info = out
+    grids = np.asarray(jax.vmap(env.symbol_grid, in_axes=(0, None))(states, params))
+    symbols = np.array(env.symbols)
+    for i, action in enumerate(np.asarray(actions)):
+        board = "\n".join("".join(row) for row in symbols[grids[i]])
+        expected, reward, solved = reference_step(board, int(action))
+        final = "\n".join("".join(row) for row in symbols[info["final_observation"][i]])
+        assert final == expected
+        assert rewards[i] == pytest.approx(reward) and bool(term[i]) == solved
+        assert bool(info["action_is_effective"][i]) == (expected != board)
+    assert not trunc.any()

@@ -1,0 +1,72 @@
+import contextlib
+import io
+
+import jax
+import pytest
+
+from jaxrl_agentic.envs import make
+from jaxrl_agentic.play import main, play_episode
+from tests.envs.solvers import frozen_lake_path, parse_sokoban, sokoban_path
+
+
+def run(argv, typed: str) -> str:
+    out = io.StringIO()
+    assert main(argv, stdin=io.StringIO(typed), stdout=out) == 0
+    return out.getvalue()
+
+
+def test_typed_replies_are_parsed_penalised_and_summed_up():
+    text = run(["--env", "frozen_lake", "--seed", "0"],
+               "nonsense\n<think>hmm</think><answer>Jump</answer>\nLEFT\n")
+    assert text.startswith("--- turn 1 ---\nYou are on a frozen lake.")
+    assert "Actions: Left, Down, Right, Up" in text
+    assert text.count("action: none (no valid action: format penalty)") == 2
+    assert text.count("reward: -0.1  done: False") == 2
+    assert "action: Left\n" in text  # a bare name is wrapped in answer tags
+    last = text.rstrip("\n").split("\n")[-1]
+    assert last.startswith("metrics: success=")
+    assert "return=-0.2 num_actions=3 action_is_valid=0.333333" in last
+
+
+def test_end_of_input_and_max_turns_end_the_episode_cleanly():
+    text = run(["--env", "sokoban", "--seed", "3"], "")
+    assert "(end of input)" in text and text.endswith(
+        "metrics: success=0 return=0 num_actions=0 action_is_valid=0 action_is_effective=0\n"
+    )
+    text = run(["--env", "sokoban", "--max-turns", "1"], "up\nup\nup\n")
+    assert text.count("--- turn") == 1 and "num_actions=1 " in text
+
+
+def test_unknown_env_is_a_usage_error():
+    err = io.StringIO()
+    with pytest.raises(SystemExit) as exit_info, contextlib.redirect_stderr(err):
+        main(["--env", "nope"], stdin=io.StringIO(), stdout=io.StringIO())
+    assert exit_info.value.code == 2 and "unknown environment 'nope'" in err.getvalue()
+
+
+def board_in(prompt: str) -> str:
+    return prompt.split("\n\n")[-1]  # the instructions come first on turn 1
+
+
+def frozen_lake_policy(prompt: str) -> str:
+    return f"<think>shortest path</think><answer>{frozen_lake_path(board_in(prompt))[0]}</answer>"
+
+
+def sokoban_policy(prompt: str) -> str:
+    return f"<answer>{sokoban_path(*parse_sokoban(board_in(prompt)))[0]}</answer>"
+
+
+@pytest.mark.parametrize("name, policy", [("frozen_lake", frozen_lake_policy),
+                                          ("sokoban", sokoban_policy)])
+def test_a_solver_policy_reading_the_text_wins_every_episode(name, policy):
+    env, params = make(name)
+    for seed in range(3):
+        out = io.StringIO()
+        metrics = play_episode(env, params, policy, jax.random.key(seed), out)
+        assert metrics["success"] == 1.0 and metrics["action_is_valid"] == 1.0
+        assert "--- final state ---" in out.getvalue()
+        if name == "frozen_lake":
+            assert metrics["return"] == 1.0
+            assert "√" in out.getvalue().split("--- final state ---")[1]
+        else:
+            assert metrics["return"] == pytest.approx(10 + 1 - 0.1 * metrics["num_actions"])
