@@ -15,3 +15,13 @@ _CACHE = os.path.join(_CACHE_HOME, "jaxrl_agentic", "jax_test_cache")
 jax.config.update("jax_compilation_cache_dir", _CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir():
+    """The tiny default model (built once into the user cache, then reused)."""
+    from jaxrl_agentic.models.tiny import default_tiny_model_dir
+
+    return default_tiny_model_dir()

@@ -1,0 +1,250 @@
+"""Configuration: defaults, recipe loading helpers and validation with one-line errors.
+
+Field names follow the common agentic-RL pipelines so their users find their way. Every
+field is documented in docs/configuration.md. `validate(config)` raises `ConfigError` with
+one line naming the field and what is allowed; the CLI prints it and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import os
+
+import ml_collections
+
+SAMPLE_MODES = ("trajectory", "step")
+ADV_ESTIMATORS = ("grpo", "rloo", "reinforce", "reinforce_plus_plus", "gae", "gigpo")
+GROUP_ESTIMATORS = ("grpo", "rloo", "gigpo")
+TOKEN_ESTIMATORS = ("reinforce_plus_plus", "gae")
+LOSS_REDUCTIONS = ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean")
+LR_SCHEDULERS = ("constant", "linear", "cosine")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+KERNEL_IMPLS = ("auto", "reference", "chunked", "pallas")
+REWARD_NORM_BY = ("group", "tag", "batch")
+DTYPES = ("float32", "bfloat16")
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot work; the message is one line naming the field."""
+
+
+def env_spec(env_type: str, max_turns: int = 10, max_tokens_per_step: int = 64,
+             format_penalty: float = 0.1, **env_config) -> ml_collections.ConfigDict:
+    return ml_collections.ConfigDict(dict(
+        env_type=env_type,
+        env_config=dict(env_config),
+        max_turns=max_turns,
+        max_tokens_per_step=max_tokens_per_step,
+        format_penalty=format_penalty,
+    ))
+
+
+def env_manager(num_env_groups: int, group_size: int, tags=("frozen_lake",),
+                num_groups_partition=()) -> ml_collections.ConfigDict:
+    return ml_collections.ConfigDict(dict(
+        num_env_groups=num_env_groups,
+        group_size=group_size,
+        tags=tuple(tags),
+        num_groups_partition=tuple(num_groups_partition),
+    ))
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """Every field with its default; recipes in configs/ override what they need."""
+    c = ml_collections.ConfigDict()
+    # run
+    c.exp_name = "default"
+    c.seed = 0
+    c.output_dir = ""  # "" → outputs/<exp_name>
+    c.logging_dir = ""  # "" → <output_dir>/tensorboard
+    c.render_save_dir = ""  # "" → <output_dir>/renders
+    c.max_steps = 100
+    c.save_steps = 20
+    c.logging_steps = 1
+    c.eval_steps = 10
+    c.resume_from_checkpoint = ""  # a checkpoint path, or "latest"
+    # model
+    c.pretrain = "tiny"  # a local HF directory, or "tiny" for the built-in default model
+    c.dtype = "float32"
+    c.param_dtype = "float32"
+    # algorithm
+    c.adv_estimator = "grpo"
+    c.sample_mode = "trajectory"
+    c.merge_stepwise = False
+    c.reward_norm_by = "group"
+    c.norm_adv_std = True
+    c.whiten_advantages = False
+    c.advantage_clip = 0.0  # 0 = off; else clip advantages to [-c, c]
+    c.gamma = 1.0
+    c.lambd = 0.95
+    c.step_reward_gamma = 0.95
+    c.gigpo_step_weight = 1.0
+    c.ppo_epochs = 1
+    c.pg_clip = 0.2
+    c.pg_clip_high = 0.0  # 0 = same as pg_clip
+    c.dual_clip = 0.0  # 0 = off; else c (≈ 3)
+    c.init_kl_coef = 0.0
+    c.target_kl = 0.0  # 0 = fixed coefficient
+    c.kl_estimator = "k3"
+    c.kl_in_reward = False
+    c.entropy_loss_coef = 0.0
+    c.loss_reduction = "token_mean"
+    c.recompute_old_logprobs = False
+    c.kernel_impl = "auto"
+    # optimizer and schedule
+    c.learning_rate = 1e-5
+    c.lr_scheduler_type = "constant"
+    c.warmup_steps = 0
+    c.min_lr_ratio = 0.0
+    c.weight_decay = 0.0
+    c.max_grad_norm = 1.0
+    c.mini_batch_size = 32  # samples per optimizer update
+    c.estimated_chunks_per_traj = 0  # 0 = automatic (from env limits, corrected as observed)
+    # lengths and batching
+    c.max_input_length = 1024  # prompt tokens per turn
+    c.sequence_length = 2048  # a sample's total tokens (truncation)
+    c.micro_batch_max_tokens = 4096  # tokens per packed micro-batch row
+    c.use_packing = True
+    # generation
+    c.generation = ml_collections.ConfigDict(dict(
+        temperature=1.0, top_p=1.0, top_k=0, num_return_sequences=1,
+    ))
+    # environments
+    c.custom_envs = ml_collections.ConfigDict({"frozen_lake": env_spec("frozen_lake")})
+    c.train_env_manager = env_manager(8, 8)
+    c.val_env_manager = env_manager(16, 1)
+    # distribution and debugging
+    c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+    c.debug = ml_collections.ConfigDict(dict(dump_dir=""))
+    return c
+
+
+def _fail(field: str, message: str):
+    raise ConfigError(f"config.{field}: {message}")
+
+
+def _choice(c, field: str, allowed) -> None:
+    value = c[field] if "." not in field else _get(c, field)
+    if value not in allowed:
+        _fail(field, f"{value!r} is not allowed; choose one of {', '.join(map(str, allowed))}")
+
+
+def _get(c, dotted: str):
+    for part in dotted.split("."):
+        c = c[part]
+    return c
+
+
+def _positive(c, field: str, allow_zero: bool = False) -> None:
+    value = _get(c, field)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        _fail(field, f"must be a number, got {type(value).__name__}")
+    if value < 0 or (value == 0 and not allow_zero):
+        _fail(field, f"must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+
+
+def resolve_model_path(c) -> str:
+    """The HF directory of `pretrain` ("tiny" → the cached default model, built on use)."""
+    if c.pretrain == "tiny":
+        from jaxrl_agentic.models.tiny import default_tiny_model_dir
+
+        return default_tiny_model_dir()
+    return os.path.expanduser(c.pretrain)
+
+
+def output_paths(c) -> dict[str, str]:
+    """output_dir, logging_dir and render_save_dir with their defaults filled in."""
+    out = c.output_dir or os.path.join("outputs", c.exp_name)
+    return {
+        "output_dir": out,
+        "logging_dir": c.logging_dir or os.path.join(out, "tensorboard"),
+        "render_save_dir": c.render_save_dir or os.path.join(out, "renders"),
+    }
+
+
+def validate(c) -> None:
+    """Raises ConfigError (one line) for the first value that cannot work."""
+    defaults = default_config()
+    unknown = set(c.keys()) - set(defaults.keys())
+    if unknown:
+        field = sorted(unknown)[0]
+        _fail(field, f"unknown field; known fields: {', '.join(sorted(defaults.keys()))}")
+    for field in ("generation", "mesh", "debug"):
+        extra = set(c[field].keys()) - set(defaults[field].keys())
+        if extra:
+            _fail(f"{field}.{sorted(extra)[0]}",
+                  f"unknown field; allowed: {', '.join(sorted(defaults[field].keys()))}")
+    _choice(c, "adv_estimator", ADV_ESTIMATORS)
+    _choice(c, "sample_mode", SAMPLE_MODES)
+    _choice(c, "loss_reduction", LOSS_REDUCTIONS)
+    _choice(c, "lr_scheduler_type", LR_SCHEDULERS)
+    _choice(c, "kl_estimator", KL_ESTIMATORS)
+    _choice(c, "kernel_impl", KERNEL_IMPLS)
+    _choice(c, "reward_norm_by", REWARD_NORM_BY)
+    _choice(c, "dtype", DTYPES)
+    _choice(c, "param_dtype", DTYPES)
+    for field in ("max_steps", "ppo_epochs", "mini_batch_size", "max_input_length",
+                  "sequence_length", "micro_batch_max_tokens", "learning_rate",
+                  "generation.temperature", "save_steps", "logging_steps", "eval_steps"):
+        _positive(c, field)
+    for field in ("pg_clip", "init_kl_coef", "target_kl", "entropy_loss_coef", "advantage_clip",
+                  "warmup_steps", "weight_decay", "estimated_chunks_per_traj",
+                  "gamma", "lambd", "step_reward_gamma", "generation.top_k", "pg_clip_high"):
+        _positive(c, field, allow_zero=True)
+    if not 0 < c.generation.top_p <= 1:
+        _fail("generation.top_p", f"must be in (0, 1], got {c.generation.top_p}")
+    if not 0 <= c.min_lr_ratio <= 1:
+        _fail("min_lr_ratio", f"must be in [0, 1], got {c.min_lr_ratio}")
+    if not 0 < c.pg_clip < 1:
+        _fail("pg_clip", f"must lie in (0, 1), got {c.pg_clip}")
+    if c.max_grad_norm <= 0:
+        _fail("max_grad_norm", f"must be > 0, got {c.max_grad_norm}")
+    if c.target_kl and not c.init_kl_coef:
+        _fail("target_kl", "an adaptive KL coefficient needs init_kl_coef > 0 to start from")
+    if c.dual_clip and c.dual_clip <= 1:
+        _fail("dual_clip", f"must be 0 (off) or > 1, got {c.dual_clip}")
+    if c.merge_stepwise and c.sample_mode != "step":
+        _fail("merge_stepwise", "applies to sample_mode='step' only")
+    if c.sample_mode == "step" and c.adv_estimator in TOKEN_ESTIMATORS:
+        _fail("adv_estimator", f"{c.adv_estimator!r} gives per-token values that cannot be "
+              "broadcast onto step samples; use sample_mode='trajectory'")
+    if c.micro_batch_max_tokens < c.sequence_length:
+        _fail("micro_batch_max_tokens", f"{c.micro_batch_max_tokens} < sequence_length="
+              f"{c.sequence_length}: a full-length sample would not fit in a micro-batch")
+    for name in ("train_env_manager", "val_env_manager"):
+        m = c[name]
+        for field in ("num_env_groups", "group_size"):
+            if not isinstance(m[field], int) or m[field] < 1:
+                _fail(f"{name}.{field}", f"must be an integer >= 1, got {m[field]!r}")
+        for tag in m.tags:
+            if tag not in c.custom_envs:
+                _fail(f"{name}.tags", f"{tag!r} is not in custom_envs "
+                      f"({', '.join(c.custom_envs.keys())})")
+        if m.num_groups_partition and (len(m.num_groups_partition) != len(m.tags) or
+                                       sum(m.num_groups_partition) != m.num_env_groups):
+            _fail(f"{name}.num_groups_partition", "needs one entry per tag summing to "
+                  f"num_env_groups={m.num_env_groups}")
+    if c.adv_estimator in GROUP_ESTIMATORS and c.train_env_manager.group_size < 2:
+        _fail("train_env_manager.group_size", f"adv_estimator={c.adv_estimator!r} normalises "
+              "within groups and needs group_size >= 2")
+    for tag, spec in c.custom_envs.items():
+        for field in ("max_turns", "max_tokens_per_step"):
+            if not isinstance(spec[field], int) or spec[field] < 1:
+                _fail(f"custom_envs.{tag}.{field}", f"must be an integer >= 1, got {spec[field]!r}")
+        if c.sample_mode == "step" and \
+                c.max_input_length + spec.max_tokens_per_step > c.sequence_length:
+            _fail("sequence_length", f"{c.sequence_length} < max_input_length + "
+                  f"max_tokens_per_step of {tag} = "
+                  f"{c.max_input_length + spec.max_tokens_per_step}: step samples would be cut")
+        from jaxrl_agentic.envs import registered_envs
+
+        if spec.env_type not in registered_envs() and not spec.env_type.startswith("gymnax:"):
+            _fail(f"custom_envs.{tag}.env_type", f"unknown environment {spec.env_type!r}; "
+                  f"registered: {', '.join(registered_envs())} or gymnax:<id>")
+    if c.pretrain != "tiny":
+        path = os.path.expanduser(c.pretrain)
+        if not os.path.isdir(path):
+            _fail("pretrain", f"model directory not found: {path} (or use 'tiny')")
+        if not os.path.exists(os.path.join(path, "config.json")):
+            _fail("pretrain", f"{path} has no config.json (not a Hugging Face model directory)")
+    if c.mesh.data == 0 or c.mesh.fsdp == 0 or c.mesh.tensor == 0:
+        _fail("mesh", "axis sizes must be >= 1, or -1 to fill the remaining devices")

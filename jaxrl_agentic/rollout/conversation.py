@@ -1,0 +1,77 @@
+"""Token-level conversations: new messages are tokenized and appended, history never is.
+
+Re-tokenizing a growing chat each turn silently changes earlier tokens (BPE merges across
+turn boundaries) and breaks the prefix property that KV-cache reuse and prefix merge rely
+on. Here a trajectory is one append-only list of ids:
+
+    [first user message + generation prompt] [generated] [EOS if the code appended it]
+    [template tail of the assistant turn + next user message + generation prompt] ...
+
+The per-message pieces come from the tokenizer's own chat template. A template renders a
+whole conversation, so the piece for a new user message is the *text difference* between
+rendering a fixed two-message skeleton with and without that message:
+
+    delta(user) = tail_after_eos(T([u, a])) + T([u, a, user], gen=True)[len(T([u, a])):]
+
+which is exact for templates whose rendering of a message does not depend on the content
+of the messages after it (true of Qwen2/Qwen2.5/Qwen3/Llama 3 templates).
+"""
+
+from __future__ import annotations
+
+
+class ChatFormatter:
+    """Turns messages into the token ids to append to a conversation stream."""
+
+    def __init__(self, tokenizer, system_prompt: str | None = None):
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError("the tokenizer has no chat_template; multi-turn rollouts need one")
+        if tokenizer.eos_token_id is None:
+            raise ValueError("the tokenizer has no eos_token; multi-turn rollouts need one")
+        self.tokenizer = tokenizer
+        self.system_prompt = system_prompt
+        self.eos_token_id = int(tokenizer.eos_token_id)
+        self._eos_text = tokenizer.eos_token
+        skeleton = self._system() + [
+            {"role": "user", "content": "u"},
+            {"role": "assistant", "content": "a"},
+        ]
+        base = self._render(skeleton, generation_prompt=False)
+        cut = base.rfind(self._eos_text)
+        if cut < 0:
+            raise ValueError("the chat template does not end assistant turns with the EOS token")
+        self._skeleton = skeleton
+        self._base = base
+        self._assistant_tail = base[cut + len(self._eos_text) :]
+
+    def _system(self) -> list[dict]:
+        return [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+
+    def _render(self, messages, generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=generation_prompt
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def first_prompt(self, user_content: str) -> list[int]:
+        """Ids of [system] + first user message + the assistant generation prompt."""
+        messages = self._system() + [{"role": "user", "content": user_content}]
+        return self.encode(self._render(messages, generation_prompt=True))
+
+    def _next_prompt_text(self, user_content: str) -> str:
+        full = self._render(
+            self._skeleton + [{"role": "user", "content": user_content}], generation_prompt=True
+        )
+        if not full.startswith(self._base):
+            raise ValueError("the chat template re-renders earlier messages; cannot append")
+        return self._assistant_tail + full[len(self._base) :]
+
+    def next_prompt(self, user_content: str) -> list[int]:
+        """Ids to append after an assistant turn that ended with EOS: template tail + user
+        message + generation prompt."""
+        return self.encode(self._next_prompt_text(user_content))
+
+    def decode_reply(self, ids) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)

@@ -1,0 +1,227 @@
+"""The multi-turn rollout loop: environments (vmapped, jitted) ↔ text ↔ sampler, batched.
+
+For every turn, for all episodes still running:
+
+1. render the state as text and append the user message to the episode's token stream
+   (token-level: see `conversation.py`); the *current* prompt — the whole stream now — is
+   checked against `max_input_length`, and an episode whose next prompt would exceed it ends
+   as truncated before generating (peers checked a stale prompt and emitted over-long steps);
+2. generate up to `max_tokens_per_step` tokens for all of them in one sampler call, which
+   prefills only what was appended since the last turn (prefix reuse);
+3. if generation stopped without EOS, append an EOS so the chat stays well formed; it is
+   recorded as `eos_appended` and, like every token the model did not generate, carries
+   loss mask 0;
+4. parse each reply into an action (−1 when there is none: the environment charges the
+   format penalty and keeps its state) and step all environments in one vmapped call.
+
+An episode ends when the environment terminates, after `max_steps_in_episode` environment
+steps, after `max_turns` turns, or when its next prompt would not fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_agentic.data.trajectory import Trajectory, Turn
+from jaxrl_agentic.envs import INVALID_ACTION, episode_metrics
+from jaxrl_agentic.rollout.conversation import ChatFormatter
+from jaxrl_agentic.sampler import Sampler
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationConfig:
+    max_tokens_per_step: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    greedy: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeSpec:
+    """One episode to play: which seed (map) and which group it belongs to."""
+
+    seed: int
+    group_id: int
+    member: int  # index within the group (members share the map, not the dynamics noise)
+
+
+def feedback_message(env, state, params, reward: float, action: int) -> str:
+    """The user message after a turn: what the last reply did, then the new state."""
+    if action == INVALID_ACTION:
+        head = f"Your reply had no valid action; the state did not change. Reward: {reward:g}."
+    else:
+        head = f"You chose {env.action_names[action]}. Reward: {reward:g}."
+    return f"{head}\n{env.render_text(state, params)}"
+
+
+def first_message(env, state, params) -> str:
+    return f"{env.instructions(params)}\n{env.render_text(state, params)}"
+
+
+class RolloutRunner:
+    """Plays batches of episodes of one environment with one sampler (jit once per shape)."""
+
+    def __init__(
+        self,
+        env,
+        env_params,
+        sampler: Sampler,
+        formatter: ChatFormatter,
+        *,
+        tag: str,
+        max_turns: int,
+        max_input_length: int,
+        generation: GenerationConfig,
+        run_seed: int = 0,
+    ):
+        need = max_input_length + generation.max_tokens_per_step + 1
+        if sampler.max_total_len < need:
+            raise ValueError(
+                f"sampler max_total_len={sampler.max_total_len} < max_input_length + "
+                f"max_tokens_per_step + 1 = {need}"
+            )
+        self.env, self.env_params = env, env_params
+        self.sampler, self.formatter = sampler, formatter
+        self.tag, self.max_turns, self.max_input_length = tag, max_turns, max_input_length
+        self.generation = generation
+        self.base_key = jax.random.PRNGKey(run_seed)
+        self._reset = jax.jit(jax.vmap(env.reset_env, in_axes=(0, None)))
+        self._step = jax.jit(jax.vmap(env.step_env, in_axes=(0, 0, 0, None)))
+        self._where = jax.jit(_rows_where)
+
+    def _episode_keys(self, episodes: Sequence[EpisodeSpec]):
+        map_keys = jnp.stack([jax.random.fold_in(self.base_key, e.seed) for e in episodes])
+        # Same map for a group; separate dynamics noise per member.
+        noise_keys = jnp.stack(
+            [jax.random.fold_in(k, 1 + e.member) for k, e in zip(map_keys, episodes, strict=True)]
+        )
+        return map_keys, noise_keys
+
+    def run(
+        self,
+        episodes: Sequence[EpisodeSpec],
+        *,
+        sample_seed: int,
+        traj_id_start: int = 0,
+        params=None,
+    ) -> list[Trajectory]:
+        env, p, gen = self.env, self.env_params, self.generation
+        n = len(episodes)
+        map_keys, noise_keys = self._episode_keys(episodes)
+        _, states = self._reset(map_keys, p)
+        host = jax.device_get(states)
+        trajs = [
+            Trajectory(traj_id=traj_id_start + i, group_id=e.group_id, tag=self.tag, seed=e.seed,
+                       tokens=[], turns=[])
+            for i, e in enumerate(episodes)
+        ]
+        session = self.sampler.new_session(n)
+        active = np.ones(n, bool)
+        pending = {i: self.formatter.first_prompt(first_message(env, _row(host, i), p))
+                   for i in range(n)}
+        max_steps = int(p.max_steps_in_episode)
+        for turn_index in range(self.max_turns):
+            # 1. append the new user messages; end episodes whose prompt would not fit
+            rows = []
+            for i in np.flatnonzero(active):
+                ids = pending.pop(int(i))
+                if len(trajs[i].tokens) + len(ids) > self.max_input_length:
+                    trajs[i].truncated = trajs[i].truncated_by_length = True
+                    active[i] = False
+                    continue
+                trajs[i].tokens.extend(ids)
+                session.extend([int(i)], [ids])
+                rows.append(int(i))
+            if not rows:
+                break
+            # 2. one batched generation for every running episode
+            out = session.generate(
+                rows,
+                max_new_tokens=gen.max_tokens_per_step,
+                temperature=gen.temperature,
+                top_p=gen.top_p,
+                top_k=gen.top_k,
+                greedy=gen.greedy,
+                seed=sample_seed * 100_003 + turn_index,
+                params=params,
+            )
+            actions = np.full(n, INVALID_ACTION, np.int32)
+            replies = {}
+            for row, ids, logprobs, reason in zip(
+                rows, out.tokens, out.logprobs, out.stop_reasons, strict=True
+            ):
+                context_len = len(trajs[row].tokens)
+                trajs[row].tokens.extend(ids)
+                eos_appended = reason != "eos"
+                if eos_appended:  # 3. close the reply; not generated → loss mask 0
+                    session.extend([row], [[self.formatter.eos_token_id]])
+                    trajs[row].tokens.append(self.formatter.eos_token_id)
+                reply = self.formatter.decode_reply(ids)
+                action = env.parse_action(reply)
+                actions[row] = INVALID_ACTION if action is None else action
+                replies[row] = (context_len, ids, logprobs, reason, eos_appended, reply)
+            # 4. step every environment at once; finished ones keep their state
+            step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(noise_keys, turn_index)
+            _, stepped, reward, terminated, info = self._step(
+                step_keys, states, jnp.asarray(actions), p
+            )
+            stepping = np.zeros(n, bool)
+            stepping[rows] = True
+            new_states = self._where(jnp.asarray(stepping), stepped, states)
+            reward, terminated, info, new_host = jax.device_get(
+                (reward, terminated, info, new_states)
+            )
+            for row in rows:
+                context_len, ids, logprobs, reason, eos_appended, reply = replies[row]
+                done = bool(terminated[row])
+                trajs[row].turns.append(Turn(
+                    context_len=context_len,
+                    generated=list(ids),
+                    logprobs=np.asarray(logprobs, np.float32),
+                    stop_reason=reason,
+                    eos_appended=eos_appended,
+                    reward=float(reward[row]),
+                    action=int(actions[row]),
+                    action_is_valid=bool(info["action_is_valid"][row]),
+                    action_is_effective=bool(info["action_is_effective"][row]),
+                    success=bool(info["success"][row]),
+                    done=done,
+                    state_hash=env.state_hash(_row(host, row)),
+                    reply=reply,
+                ))
+                if done:
+                    trajs[row].terminated = True
+                    active[row] = False
+                elif len(trajs[row].turns) >= max_steps or turn_index == self.max_turns - 1:
+                    trajs[row].truncated = True
+                    active[row] = False
+                else:
+                    pending[row] = self.formatter.next_prompt(feedback_message(
+                        env, _row(new_host, row), p, float(reward[row]), int(actions[row])))
+            states, host = new_states, new_host
+        for t in trajs:
+            t.metrics = episode_metrics(
+                [turn.reward for turn in t.turns],
+                [{"action_is_valid": u.action_is_valid,
+                  "action_is_effective": u.action_is_effective,
+                  "success": u.success} for u in t.turns],
+            )
+        return trajs
+
+
+def _rows_where(rows: jax.Array, on_true, on_false):
+    """Per-row select between two batched pytrees (`rows` is [batch] bool)."""
+    def select(a, b):
+        return jnp.where(rows.reshape(rows.shape + (1,) * (a.ndim - 1)), a, b)
+
+    return jax.tree.map(select, on_true, on_false)
+
+
+def _row(tree, i: int):
+    return jax.tree.map(lambda x: x[i], tree)

@@ -1,0 +1,89 @@
+"""Each estimator against a hand-computed example."""
+
+import numpy as np
+import pytest
+
+from jaxrl_agentic.algos import advantages as adv
+
+S3 = np.sqrt(1 / 3)
+
+
+def test_grpo_hand_computed_and_singleton_group():
+    a = adv.grpo([1, 0, 0, 5], ["g", "g", "g", "solo"])
+    # mean 1/3, unbiased std sqrt(1/3)
+    np.testing.assert_allclose(a, [(2 / 3) / S3, (-1 / 3) / S3, (-1 / 3) / S3, 0.0], atol=1e-5)
+    np.testing.assert_allclose(adv.grpo([1, 0, 0], [0, 0, 0], use_std=False),
+                               [2 / 3, -1 / 3, -1 / 3], atol=1e-6)
+
+
+def test_rloo_is_leave_one_out():
+    np.testing.assert_allclose(adv.rloo([1, 0, 0, 7], [0, 0, 0, 1]), [1.0, -0.5, -0.5, 0.0])
+
+
+def test_reinforce_batch_baseline():
+    np.testing.assert_allclose(adv.reinforce([1, 0, 0, 3]), [0, -1, -1, 2])
+
+
+def test_discounted_returns():
+    np.testing.assert_allclose(adv.discounted_returns(np.array([0, 0, 1.0]), 0.5),
+                               [0.25, 0.5, 1.0])
+
+
+def test_gae_hand_computed():
+    mask = np.array([0, 1, 1.0])
+    a, ret = adv.gae(np.array([0, 0, 1.0]), np.array([0, 0.5, 0.8]), mask, gamma=1.0, lam=1.0)
+    np.testing.assert_allclose(a, [0, 0.5, 0.2], atol=1e-6)
+    np.testing.assert_allclose(ret, [0, 1.0, 1.0], atol=1e-6)
+    a, _ = adv.gae(np.array([0, 0, 1.0]), np.array([0, 0.5, 0.8]), mask, gamma=0.9, lam=0.5)
+    np.testing.assert_allclose(a, [0, 0.22 + 0.45 * 0.2, 0.2], atol=1e-6)
+
+
+def test_reinforce_plus_plus_whitened_returns():
+    out = adv.reinforce_plus_plus([np.array([0, 1.0]), np.array([0.0])],
+                                  [np.array([1, 1.0]), np.array([1.0])], gamma=1.0)
+    s = np.sqrt(2 / 9)
+    np.testing.assert_allclose(np.concatenate(out), [(1 / 3) / s, (1 / 3) / s, (-2 / 3) / s],
+                               atol=1e-5)
+
+
+def test_gigpo_anchor_groups_with_distinct_states():
+    out = adv.gigpo([1, 0], [0, 0], [np.array([0, 0, 1.0]), np.zeros(3)],
+                    [[b"a", b"b", b"c"], [b"a", b"b", b"d"]], step_reward_gamma=0.5)
+    r = np.sqrt(0.5)
+    np.testing.assert_allclose(out[0], [2 * r, 2 * r, r], atol=1e-4)  # c is a singleton
+    np.testing.assert_allclose(out[1], [-2 * r, -2 * r, -r], atol=1e-4)
+
+
+def test_gigpo_repeated_state_within_an_episode():
+    # Episode 2 stays in state a for two turns (e.g. an invalid action): three steps share
+    # the anchor a with discounted returns 0.25, 0, 0.
+    out = adv.gigpo([1, 0], [0, 0], [np.array([0, 0, 1.0]), np.zeros(3)],
+                    [[b"a", b"b", b"c"], [b"a", b"a", b"d"]], step_reward_gamma=0.5)
+    r = np.sqrt(0.5)
+    a_step = np.array([1 / 6, -1 / 12, -1 / 12]) / np.sqrt(0.0208333333)
+    np.testing.assert_allclose(out[0], [r + a_step[0], r, r], atol=1e-4)
+    np.testing.assert_allclose(out[1], [-r + a_step[1], -r + a_step[2], -r], atol=1e-4)
+
+
+def test_gigpo_anchor_groups_do_not_cross_episode_groups():
+    # Same state hash in two different groups (different maps) must not be compared.
+    out = adv.gigpo([1, 0, 1, 0], [0, 0, 1, 1],
+                    [np.array([1.0]), np.array([0.0]), np.array([1.0]), np.array([0.0])],
+                    [[b"x"], [b"y"], [b"y"], [b"x"]], step_weight=1.0)
+    # every anchor group is a singleton → A = A^E only
+    r = np.sqrt(0.5)
+    np.testing.assert_allclose(np.concatenate(out), [r, -r, r, -r], atol=1e-4)
+
+
+def test_whiten_and_validation():
+    out = adv.whiten([np.array([1.0, 3.0, 9.0])], [np.array([1, 1, 0.0])])
+    np.testing.assert_allclose(out[0], [-1, 1, 0], atol=1e-5)
+    with pytest.raises(ValueError, match="cannot be broadcast"):
+        adv.validate_estimator("gae", "step", 4)
+    with pytest.raises(ValueError, match="cannot be broadcast"):
+        adv.validate_estimator("reinforce_plus_plus", "step", 4)
+    with pytest.raises(ValueError, match="group_size >= 2"):
+        adv.validate_estimator("grpo", "trajectory", 1)
+    with pytest.raises(ValueError, match="adv_estimator must be one of"):
+        adv.validate_estimator("ppo", "trajectory", 4)
+    adv.validate_estimator("reinforce", "step", 1)
