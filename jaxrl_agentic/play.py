@@ -20,6 +20,7 @@ import jax
 
 from jaxrl_agentic.envs import INVALID_ACTION, episode_metrics, make
 from jaxrl_agentic.envs.base import TextEnvironment, TextEnvParams
+from jaxrl_agentic.rollout.loop import feedback_message, first_message
 
 Policy = Callable[[str], str]
 
@@ -49,6 +50,36 @@ def stdin_policy(stdin: TextIO, stdout: TextIO) -> Policy:
     return policy
 
 
+def model_policy(model_dir: str, stdout: TextIO, *, max_new_tokens: int = 64,
+                 temperature: float = 1.0, greedy: bool = False, seed: int = 0,
+                 max_total_len: int = 4096) -> Policy:
+    """A policy where a model replies, over one token-level conversation (prefix reuse)."""
+    from jaxrl_agentic.models import load_pretrained
+    from jaxrl_agentic.models.tiny import default_tiny_model_dir
+    from jaxrl_agentic.rollout.conversation import ChatFormatter
+    from jaxrl_agentic.sampler import Sampler
+
+    model, tokenizer = load_pretrained(default_tiny_model_dir() if model_dir == "tiny"
+                                       else model_dir)
+    formatter = ChatFormatter(tokenizer)
+    session = Sampler(model, tokenizer, max_total_len=max_total_len).new_session(1)
+    turn = [0]
+
+    def policy(prompt: str) -> str:
+        ids = formatter.first_prompt(prompt) if turn[0] == 0 else formatter.next_prompt(prompt)
+        session.extend([0], [ids])
+        out = session.generate([0], max_new_tokens=max_new_tokens, temperature=temperature,
+                               greedy=greedy, seed=seed + turn[0])
+        if out.stop_reasons[0] != "eos":  # close the reply so the next prompt follows EOS
+            session.extend([0], [[formatter.eos_token_id]])
+        turn[0] += 1
+        reply = formatter.decode_reply(out.tokens[0])
+        print(f"model: {reply}", file=stdout)
+        return reply
+
+    return policy
+
+
 def play_episode(
     env: TextEnvironment,
     params: TextEnvParams,
@@ -61,7 +92,8 @@ def play_episode(
     key, reset_key = jax.random.split(key)
     _, state = env.reset(reset_key, params)
     rewards, infos = [], []
-    prompt = f"{env.instructions(params)}\n\n{env.render_text(state, params)}"
+    # The same messages the training rollout sends, so a trained model sees its own format.
+    prompt = first_message(env, state, params)
     turn = 0
     while max_turns is None or turn < max_turns:
         turn += 1
@@ -82,10 +114,10 @@ def play_episode(
         if action is not None:
             name = env.action_names[action]
         print(f"action: {name}\nreward: {float(reward):g}  done: {done}", file=out)
-        prompt = env.render_text(state, params)
         if done:
-            print(f"--- final state ---\n{prompt}", file=out)
+            print(f"--- final state ---\n{env.render_text(state, params)}", file=out)
             break
+        prompt = feedback_message(env, state, params, float(reward), chosen)
     metrics = episode_metrics(rewards, infos)
     print("metrics: " + " ".join(f"{k}={v:g}" for k, v in metrics.items()), file=out)
     return metrics
@@ -102,12 +134,28 @@ def main(argv: list[str] | None = None, stdin: TextIO | None = None,
     parser.add_argument("--seed", type=int, default=0, help="PRNG seed of the episode")
     parser.add_argument("--max-turns", type=int, default=None,
                         help="stop after this many turns (default: until the episode ends)")
+    parser.add_argument("--model", default=None,
+                        help="a Hugging Face model directory (or 'tiny') that plays instead")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--greedy", action="store_true")
     args = parser.parse_args(argv)
     try:
         env, params = make(args.env)
     except ValueError as error:
         parser.error(str(error))
-    play_episode(env, params, stdin_policy(stdin, stdout), jax.random.key(args.seed), stdout,
+    if args.model:
+        from jaxrl_agentic.models import CheckpointError
+
+        try:
+            policy = model_policy(args.model, stdout, max_new_tokens=args.max_new_tokens,
+                                  temperature=args.temperature, greedy=args.greedy,
+                                  seed=args.seed)
+        except CheckpointError as error:
+            parser.error(str(error))
+    else:
+        policy = stdin_policy(stdin, stdout)
+    play_episode(env, params, policy, jax.random.key(args.seed), stdout,
                  max_turns=args.max_turns)
     return 0
 

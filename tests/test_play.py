@@ -45,7 +45,12 @@ def test_unknown_env_is_a_usage_error():
 
 
 def board_in(prompt: str) -> str:
-    return prompt.split("\n\n")[-1]  # the instructions come first on turn 1
+    """The grid: the trailing lines of the message (grid rows hold no spaces)."""
+    lines = prompt.split("\n")
+    start = len(lines)
+    while start > 0 and " " not in lines[start - 1]:
+        start -= 1
+    return "\n".join(lines[start:])
 
 
 def frozen_lake_policy(prompt: str) -> str:
@@ -70,3 +75,31 @@ def test_a_solver_policy_reading_the_text_wins_every_episode(name, policy):
             assert "√" in out.getvalue().split("--- final state ---")[1]
         else:
             assert metrics["return"] == pytest.approx(10 + 1 - 0.1 * metrics["num_actions"])
+
+
+def test_play_with_a_model_prints_its_replies(tiny_model_dir):
+    import io
+
+    from jaxrl_agentic import play
+
+    out = io.StringIO()
+    status = play.main(["--env", "frozen_lake", "--model", tiny_model_dir, "--max-turns", "2",
+                        "--max-new-tokens", "6", "--seed", "3"], stdin=io.StringIO(""),
+                       stdout=out)
+    text = out.getvalue()
+    assert status == 0
+    assert text.count("model: ") == 2 and text.count("--- turn") == 2
+    assert "metrics: " in text
+
+
+def test_play_with_a_missing_model_is_one_line_error(capsys):
+    import io
+
+    import pytest
+
+    from jaxrl_agentic import play
+
+    with pytest.raises(SystemExit) as e:
+        play.main(["--model", "/nonexistent/dir"], stdin=io.StringIO(""), stdout=io.StringIO())
+    assert e.value.code == 2
+    assert "model directory not found: /nonexistent/dir" in capsys.readouterr().err
