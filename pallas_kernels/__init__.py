@@ -1,0 +1,26 @@
+"""Fused lm-head logprob and masked PPO loss kernels (Pallas), with plain-JAX references.
+
+Imports only jax and numpy. See docs/kernels.md for formulas, dispatch and tolerances.
+"""
+
+from pallas_kernels.ppo_loss import PPOLossSums, masked_ppo_loss, reference_ppo_loss
+from pallas_kernels.token_logprobs import (
+    LogprobBlocks,
+    choose_blocks,
+    pallas_token_logprobs,
+    reference_token_logprobs,
+    resolve_impl,
+    token_logprobs,
+)
+
+__all__ = [
+    "LogprobBlocks",
+    "PPOLossSums",
+    "choose_blocks",
+    "masked_ppo_loss",
+    "pallas_token_logprobs",
+    "reference_ppo_loss",
+    "reference_token_logprobs",
+    "resolve_impl",
+    "token_logprobs",
+]

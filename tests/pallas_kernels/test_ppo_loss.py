@@ -1,0 +1,233 @@
+"""Masked PPO loss sums: hand-computed values, reductions, masking, kernel vs reference."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels import PPOLossSums, masked_ppo_loss
+
+IMPLS = ["reference", "pallas"]
+
+
+def _loss_and_grad(impl, old, adv, w, ref=None, kl_coef=1.0, **kw):
+    def loss(lp):
+        sums = masked_ppo_loss(lp, old, adv, w, ref, impl=impl, **kw)
+        return sums.pg + kl_coef * sums.kl, sums
+
+    return jax.jit(jax.value_and_grad(loss, has_aux=True))
+
+
+def _hand_example():
+    """4 weighted tokens with ratios 1.5, 0.5, 1.1, 4 (ε = 0.2) + 2 masked garbage tokens."""
+    ratio = np.array([1.5, 0.5, 1.1, 4.0])
+    old = np.concatenate([-np.log(ratio), [-np.inf, np.nan]])
+    logp = np.array([0.0, 0.0, 0.0, 0.0, 50.0, 0.0])
+    adv = np.array([1.0, -1.0, 2.0, -2.0, np.nan, 1e30])
+    w = np.array([1.0, 1.0, 1.0, 1.0, 0.0, 0.0])
+    return [jnp.asarray(x, jnp.float32) for x in (logp, old, adv, w)]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_hand_computed_without_dual_clip(impl):
+    logp, old, adv, w = _hand_example()
+    # Per token: max(−A·r, −A·clip(r, 0.8, 1.2)):
+    #   r=1.5, A=1:  max(−1.5, −1.2) = −1.2  clipped      grad 0
+    #   r=0.5, A=−1: max(0.5, 0.8)   = 0.8   clipped      grad 0
+    #   r=1.1, A=2:  max(−2.2, −2.2) = −2.2               grad −A·r = −2.2
+    #   r=4,   A=−2: max(8, 2.4)     = 8                  grad −A·r = 8
+    (value, sums), grad = _loss_and_grad(impl, old, adv, w)(logp)
+    np.testing.assert_allclose(value, 5.4, rtol=1e-6)
+    np.testing.assert_allclose(sums.pg, 5.4, rtol=1e-6)
+    assert float(sums.kl) == 0.0
+    assert float(sums.clipped) == 2.0 and float(sums.dual_clipped) == 0.0
+    np.testing.assert_allclose(sums.ratio, 7.1, rtol=1e-6)
+    np.testing.assert_allclose(sums.approx_kl_old, -np.log(1.5 * 0.5 * 1.1 * 4.0), rtol=1e-6)
+    np.testing.assert_allclose(grad, [0.0, 0.0, -2.2, 8.0, 0.0, 0.0], atol=1e-6)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_hand_computed_dual_clip(impl):
+    logp, old, adv, w = _hand_example()
+    # Dual clip c = 3 for A < 0: token 4 becomes min(8, 2·3) = 6 with zero gradient;
+    # token 2 (0.8 < 1·3) is untouched.
+    (_, sums), grad = _loss_and_grad(impl, old, adv, w, dual_clip=3.0)(logp)
+    np.testing.assert_allclose(sums.pg, 3.4, rtol=1e-6)
+    assert float(sums.clipped) == 2.0 and float(sums.dual_clipped) == 1.0
+    np.testing.assert_allclose(grad, [0.0, 0.0, -2.2, 0.0, 0.0, 0.0], atol=1e-6)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_dual_clip_leaves_positive_advantages_alone(impl):
+    ratio = np.array([5.0, 5.0, 0.1, 0.1])
+    old = jnp.asarray(-np.log(ratio), jnp.float32)
+    logp = jnp.zeros(4)
+    adv = jnp.asarray([2.0, -2.0, 2.0, -2.0])
+    w = jnp.ones(4)
+    plain = masked_ppo_loss(logp, old, adv, w, impl=impl)
+    dual = masked_ppo_loss(logp, old, adv, w, impl=impl, dual_clip=3.0)
+    # Per token without dual: max(−10, −2.4), max(10, 2.4), max(−0.2, −1.6), max(0.2, 1.6).
+    np.testing.assert_allclose(plain.pg, -2.4 + 10.0 - 0.2 + 1.6, rtol=1e-6)
+    # Only the A < 0 token with 10 > 2·3 changes (to 6); A > 0 tokens keep their values.
+    np.testing.assert_allclose(dual.pg, -2.4 + 6.0 - 0.2 + 1.6, rtol=1e-6)
+    assert float(dual.dual_clipped) == 1.0
+    # clip_high differs from clip_low: r = 5, A = 2 → −2·(1 + 0.28).
+    asym = masked_ppo_loss(logp[:1], old[:1], adv[:1], w[:1], impl=impl, clip_high=0.28)
+    np.testing.assert_allclose(asym.pg, -2.56, rtol=1e-6)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("estimator,value,grad", [
+    ("k1", 0.0, [1.0, 1.0]),
+    ("k2", 0.25, [0.5, -0.5]),
+    # exp(−x) + x − 1 summed over x = ±0.5; gradient 1 − exp(−x).
+    ("k3", np.exp(-0.5) + np.exp(0.5) - 2.0, [1 - np.exp(-0.5), 1 - np.exp(0.5)]),
+])
+def test_kl_estimators(impl, estimator, value, grad):
+    logp = jnp.asarray([0.5, -0.5])
+    ref = jnp.zeros(2)
+    zeros, w = jnp.zeros(2), jnp.ones(2)
+    # old = logp and A = 0: the policy term is 0, only the KL term drives the gradient.
+    fn = _loss_and_grad(impl, logp, zeros, w, ref, kl_estimator=estimator)
+    (_, sums), g = fn(logp)
+    np.testing.assert_allclose(sums.kl, value, rtol=1e-6, atol=1e-7)
+    assert float(sums.pg) == 0.0
+    np.testing.assert_allclose(g, grad, rtol=1e-6, atol=1e-7)
+
+
+def _packed_batch():
+    """3 rows × 8: segment 2 has no loss tokens, row 2 is all padding."""
+    seg = np.array([[1, 1, 1, 2, 2, 2, 2, 0],
+                    [3, 3, 3, 3, 4, 4, 0, 0],
+                    [0, 0, 0, 0, 0, 0, 0, 0]])
+    mask = np.array([[0, 1, 1, 0, 0, 0, 0, 0],
+                     [0, 1, 1, 1, 1, 1, 0, 0],
+                     [0, 0, 0, 0, 0, 0, 0, 0]], dtype=np.float64)
+    rng = np.random.default_rng(3)
+    logp = rng.normal(size=seg.shape) * 0.5 - 1.0
+    old = logp + rng.normal(size=seg.shape) * 0.4
+    adv = rng.normal(size=seg.shape) * 2.0
+    # Garbage where nothing is learned: must not leak into sums or gradients.
+    old[mask == 0] = np.inf
+    adv[2] = np.nan
+    return seg, mask, logp, old, adv
+
+
+def _pg_tokens_numpy(logp, old, adv, eps=0.2):
+    ratio = np.exp(logp - old)
+    return np.maximum(-adv * ratio, -adv * np.clip(ratio, 1 - eps, 1 + eps))
+
+
+def _reduction_weights(seg, mask, reduction):
+    if reduction == "token_mean":
+        return mask.copy(), mask.sum()
+    weights = np.zeros_like(mask)
+    n_segments = 0
+    for s in np.unique(seg[seg > 0]):
+        in_seg = seg == s
+        count = mask[in_seg].sum()
+        if count:
+            weights[in_seg] = mask[in_seg] / count
+            n_segments += 1
+    return weights, n_segments
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("reduction", ["token_mean", "seq_mean_token_mean"])
+def test_reduction_weights(impl, reduction):
+    seg, mask, logp, old, adv = _packed_batch()
+    weights, denominator = _reduction_weights(seg, mask, reduction)
+    pg_tok = _pg_tokens_numpy(logp, old, adv)
+    if reduction == "token_mean":
+        expected = pg_tok[mask > 0].mean()
+    else:
+        expected = np.mean([pg_tok[(seg == s) & (mask > 0)].mean() for s in (1, 3, 4)])
+
+    flat = [jnp.asarray(x.reshape(-1), jnp.float32) for x in (logp, old, adv, weights)]
+    sums = masked_ppo_loss(*flat, impl=impl)
+    np.testing.assert_allclose(float(sums.pg) / denominator, expected, rtol=1e-5)
+    assert float(sums.ratio) == pytest.approx(np.exp(logp - old)[mask > 0].sum(), rel=1e-5)
+
+
+@pytest.mark.parametrize("reduction", ["token_mean", "seq_mean_token_mean"])
+def test_kernel_gradient_per_reduction(reduction):
+    seg, mask, logp, old, adv = _packed_batch()
+    weights, _ = _reduction_weights(seg, mask, reduction)
+    ref = logp + 0.3
+    lp, old, adv, w, ref = [jnp.asarray(x.reshape(-1), jnp.float32)
+                            for x in (logp, old, adv, weights, ref)]
+    results = [_loss_and_grad(impl, old, adv, w, ref, kl_coef=0.1)(lp) for impl in IMPLS]
+    ((v_ref, s_ref), g_ref), ((v_k, s_k), g_k) = results
+    np.testing.assert_allclose(v_k, v_ref, rtol=1e-5)
+    np.testing.assert_allclose(g_k, g_ref, rtol=1e-5, atol=1e-7)
+    assert np.all(np.asarray(g_ref)[mask.reshape(-1) == 0] == 0.0)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_all_masked_is_exactly_zero(impl):
+    n = 40
+    logp = jnp.full((n,), 80.0)
+    old = jnp.full((n,), -jnp.inf)
+    ref = jnp.full((n,), jnp.nan)
+    adv = jnp.full((n,), jnp.nan)
+    w = jnp.zeros(n)
+    (value, sums), grad = _loss_and_grad(impl, old, adv, w, ref, dual_clip=3.0)(logp)
+    assert float(value) == 0.0
+    assert all(float(x) == 0.0 for x in sums)
+    assert np.all(np.asarray(grad) == 0.0)
+
+
+@pytest.mark.parametrize("estimator,dual,with_ref", [
+    ("k3", 3.0, True), ("k1", None, True), ("k2", 3.0, True), ("k3", None, False),
+])
+def test_kernel_matches_reference_random(estimator, dual, with_ref):
+    # 2500 tokens with block_rows = 8 (1024 tokens per block): 3 blocks, the last ragged.
+    n = 2500
+    rng = np.random.default_rng(7)
+    logp = rng.normal(size=n) * 0.5 - 1.0
+    cols = dict(
+        old=logp + rng.normal(size=n) * 0.6,  # ratios far outside [0.8, 1.28]: clips happen
+        adv=rng.normal(size=n) * 2.0,
+        w=(rng.uniform(size=n) > 0.3) * rng.uniform(0.1, 1.0, size=n),
+        ref=logp + rng.normal(size=n) * 0.3,
+    )
+    lp = jnp.asarray(logp, jnp.float32)
+    c = {k: jnp.asarray(v, jnp.float32) for k, v in cols.items()}
+    ref = c["ref"] if with_ref else None
+    kw = dict(clip_high=0.28, dual_clip=dual, kl_estimator=estimator, kl_coef=0.1)
+    (v_ref, s_ref), g_ref = _loss_and_grad("reference", c["old"], c["adv"], c["w"], ref,
+                                           **kw)(lp)
+    (v_k, s_k), g_k = _loss_and_grad("pallas", c["old"], c["adv"], c["w"], ref,
+                                     block_rows=8, **kw)(lp)
+    assert s_ref.clipped > 0 and (dual is None or s_ref.dual_clipped > 0)
+    for name in PPOLossSums._fields:
+        np.testing.assert_allclose(getattr(s_k, name), getattr(s_ref, name), rtol=1e-5,
+                                   atol=1e-4, err_msg=name)
+    np.testing.assert_allclose(v_k, v_ref, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(g_k, g_ref, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_diagnostics_carry_no_gradient(impl):
+    lp = jnp.asarray([0.1, -0.3, 0.2])
+    old, adv, w = jnp.zeros(3), jnp.asarray([1.0, -1.0, 0.5]), jnp.ones(3)
+
+    def diagnostics(lp):
+        s = masked_ppo_loss(lp, old, adv, w, impl=impl, dual_clip=3.0)
+        return s.clipped + s.dual_clipped + s.ratio + s.approx_kl_old
+
+    assert np.all(np.asarray(jax.grad(diagnostics)(lp)) == 0.0)
+
+
+def test_rejects_bad_arguments():
+    x = jnp.zeros(4)
+    with pytest.raises(ValueError, match="kl_estimator"):
+        masked_ppo_loss(x, x, x, x, x, kl_estimator="k4")
+    with pytest.raises(ValueError, match="dual_clip"):
+        masked_ppo_loss(x, x, x, x, dual_clip=0.5)
+    with pytest.raises(ValueError, match="shape"):
+        masked_ppo_loss(x, x[:3], x, x)
+    with pytest.raises(ValueError, match="impl"):
+        masked_ppo_loss(x, x, x, x, impl="chunked")
+    with pytest.raises(ValueError, match="block_rows"):
+        masked_ppo_loss(x, x, x, x, impl="pallas", block_rows=12)
