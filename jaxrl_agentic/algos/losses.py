@@ -1,0 +1,175 @@
+"""Policy and value losses as weighted sums, to be divided once per optimizer update.
+
+Every function here returns *sums* over the tokens it is given, weighted by the reduction's
+per-token weights ``w`` (``algos/reductions.py``); the learner adds them over micro-batches
+and divides once by the mini-batch's global denominator ``D``:
+
+    loss = (Σ_micro objective_sum) / max(Σ_micro D, 1)
+
+Policy objective (per token ``t`` with weight ``w_t``; see ``pallas_kernels.ppo_loss``):
+
+    logp_t   = log softmax(h_t·W / τ)[y_t]                       (fused, no [N, V] logits)
+    H_t      = −Σ_v p_v log p_v                                 (entropy of the same softmax)
+    pg_t     = max(−A_t·r_t, −A_t·clip(r_t, 1−ε_lo, 1+ε_hi)),   r_t = exp(logp_t − old_t)
+               (dual clip: min(pg_t, −A_t·c) where A_t < 0)
+    kl_t     = k1 | k2 | k3 of (logp_t − ref_t)                  (``algos/kl.py``)
+
+    objective_sum = Σ w·pg + β·Σ w·kl − c_H·Σ w·H
+
+Value loss (PPO2-style clipping for a GAE critic, per token):
+
+    ℓ_t = ½ · max((V_t − R_t)², (clip(V_t, V_old,t − ε_v, V_old,t + ε_v) − R_t)²)
+
+The clipped branch stops a critic update from moving the prediction more than ``ε_v`` away
+from the value the advantages were computed with; taking the max makes it pessimistic.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxrl_agentic.algos.reductions import loss_sum_and_denominator
+from pallas_kernels import masked_ppo_loss, token_logprobs
+
+KERNEL_IMPLS = ("auto", "reference", "chunked", "pallas")
+
+
+class PolicyLossSums(NamedTuple):
+    """Scalar fp32 weighted sums of one micro-batch (divide by the global ``D``).
+
+    ``objective = pg + kl_coef·kl − entropy_coef·entropy`` carries the gradient;
+    ``clipped``, ``dual_clipped``, ``ratio``, ``approx_kl_old`` and ``num_tokens`` are token
+    *counts* / unweighted sums over tokens with ``w > 0`` (divide by ``num_tokens``).
+    """
+
+    objective: jax.Array
+    pg: jax.Array
+    kl: jax.Array
+    entropy: jax.Array
+    clipped: jax.Array
+    dual_clipped: jax.Array
+    ratio: jax.Array
+    approx_kl_old: jax.Array
+    num_tokens: jax.Array
+
+
+def ppo_loss_impl(kernel_impl: str) -> str:
+    """The ``masked_ppo_loss`` impl paired with a ``token_logprobs`` impl.
+
+    The PPO loss has no "chunked" variant (it is elementwise; there is nothing to chunk), so
+    "chunked" pairs with the jnp reference.
+    """
+    if kernel_impl not in KERNEL_IMPLS:
+        raise ValueError(f"unknown kernel_impl {kernel_impl!r}; expected one of {KERNEL_IMPLS}")
+    return "reference" if kernel_impl == "chunked" else kernel_impl
+
+
+def entropy_bonus(entropy: jax.Array, loss_weights: jax.Array) -> jax.Array:
+    """``Σ w_t·H_t``: the entropy sum the objective subtracts (times ``entropy_coef``).
+
+    Weighted exactly like the policy term, so ``entropy_sum / D`` is the entropy under the
+    same reduction; masked tokens are excluded with ``where`` (their H may be garbage).
+    """
+    w = jnp.asarray(loss_weights, jnp.float32)
+    return jnp.sum(jnp.where(w != 0, w * entropy.astype(jnp.float32), 0.0))
+
+
+def policy_loss(
+    hidden: jax.Array,
+    lm_head: jax.Array,
+    targets: jax.Array,
+    old_logprobs: jax.Array,
+    advantages: jax.Array,
+    loss_weights: jax.Array,
+    ref_logprobs: jax.Array | None = None,
+    *,
+    temperature: float = 1.0,
+    clip_low: float = 0.2,
+    clip_high: float | None = None,
+    dual_clip: float | None = None,
+    kl_coef: jax.Array | float = 0.0,
+    kl_estimator: str = "k3",
+    entropy_coef: float = 0.0,
+    impl: str = "auto",
+) -> PolicyLossSums:
+    """Token logprobs (+ entropy) → masked PPO sums → ``pg + β·kl − c_H·entropy``.
+
+    Args:
+      hidden: ``[N, D]`` final-normed hidden states; row ``i`` predicts ``targets[i]``.
+      lm_head: ``[D, V]`` output projection.
+      targets, old_logprobs, advantages, loss_weights, ref_logprobs: ``[N]`` per predicted
+        token (the caller has already aligned them with ``hidden``).
+      kl_coef: β; may be a traced array (controller state). Ignored without ``ref_logprobs``.
+      entropy_coef: a Python float. When 0 the entropy is still reported but carries no
+        gradient, so the fused backward skips its entropy term.
+      impl: ``token_logprobs`` implementation; the PPO loss uses :func:`ppo_loss_impl`.
+    """
+    logprobs, entropy = token_logprobs(
+        hidden, lm_head, targets, temperature, return_entropy=True, impl=impl
+    )
+    if entropy_coef == 0:
+        entropy = lax.stop_gradient(entropy)
+    sums = masked_ppo_loss(
+        logprobs,
+        old_logprobs,
+        advantages,
+        loss_weights,
+        ref_logprobs,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        dual_clip=dual_clip,
+        kl_estimator=kl_estimator,
+        impl=ppo_loss_impl(impl),
+    )
+    entropy_sum = entropy_bonus(entropy, loss_weights)
+    objective = sums.pg - entropy_coef * entropy_sum
+    if ref_logprobs is not None:
+        objective = objective + jnp.asarray(kl_coef, jnp.float32) * sums.kl
+    return PolicyLossSums(
+        objective=objective,
+        pg=sums.pg,
+        kl=sums.kl,
+        entropy=lax.stop_gradient(entropy_sum),
+        clipped=sums.clipped,
+        dual_clipped=sums.dual_clipped,
+        ratio=sums.ratio,
+        approx_kl_old=sums.approx_kl_old,
+        num_tokens=jnp.sum(jnp.asarray(loss_weights) > 0).astype(jnp.float32),
+    )
+
+
+def clipped_value_loss(
+    values: jax.Array, old_values: jax.Array, returns: jax.Array, clip_eps: float | None
+) -> jax.Array:
+    """Per-token ``½·max((V−R)², (clip(V, V_old ± ε_v) − R)²)``; ``clip_eps=None``: ``½(V−R)²``."""
+    values = values.astype(jnp.float32)
+    returns = lax.stop_gradient(returns.astype(jnp.float32))
+    unclipped = jnp.square(values - returns)
+    if clip_eps is None:
+        return 0.5 * unclipped
+    old_values = lax.stop_gradient(old_values.astype(jnp.float32))
+    clipped_values = jnp.clip(values, old_values - clip_eps, old_values + clip_eps)
+    return 0.5 * jnp.maximum(unclipped, jnp.square(clipped_values - returns))
+
+
+def value_loss(
+    values: jax.Array,
+    old_values: jax.Array,
+    returns: jax.Array,
+    loss_mask: jax.Array,
+    segment_ids: jax.Array,
+    reduction: str = "token_mean",
+    *,
+    clip_eps: float | None = 0.2,
+) -> tuple[jax.Array, jax.Array]:
+    """``(Σ w·ℓ, D)`` of the clipped value loss (module doc) under ``reduction``.
+
+    Shapes ``[T]`` or ``[B, T]``; ``values`` are the critic's current predictions,
+    ``old_values`` those the advantages were computed with, ``returns`` the GAE targets.
+    """
+    per_token = clipped_value_loss(values, old_values, returns, clip_eps)
+    return loss_sum_and_denominator(per_token, loss_mask, segment_ids, reduction)

@@ -1,0 +1,340 @@
+"""The learner's train step against independent references.
+
+* Accumulation: one mini-batch laid out as 1, 2 or 7 micro-batches (and padded instead of
+  packed) gives the same loss and gradient for every reduction.
+* Reference: a per-sample python loop over full ``[L, V]`` logits, differentiated with
+  ``jax.grad``, gives the train step's loss, gradient norm and (through optax's own AdamW)
+  its parameter update.
+* Guard, host loop, compilation count.
+
+Tiny model (vocab 64, hidden 32, 2 layers); one train-step program is shared by the tests.
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from jaxrl_agentic.algos.reductions import REDUCTIONS
+from jaxrl_agentic.data import Sample, pack_samples, pad_samples, updates_per_step
+from jaxrl_agentic.learner import (
+    TRAIN_BATCH_KEYS,
+    Learner,
+    LearnerConfig,
+    init_train_state,
+    make_loss_and_grads,
+    make_train_step,
+)
+from jaxrl_agentic.models.config import ModelConfig
+from jaxrl_agentic.models.transformer import Transformer
+from jaxrl_agentic.parallel import make_mesh, train_state_shardings
+
+MODEL_CFG = ModelConfig(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+)
+GRAPHDEF, PARAMS = nnx.split(Transformer(MODEL_CFG, rngs=nnx.Rngs(0)))
+ROW_LEN = 64
+BASE = LearnerConfig(
+    learning_rate=1e-3,
+    weight_decay=0.01,
+    max_grad_norm=1.0,
+    pg_clip=0.2,
+    pg_clip_high=0.28,
+    dual_clip=3.0,
+    init_kl_coef=0.1,
+    kl_estimator="k3",
+    entropy_loss_coef=0.01,
+    temperature=0.9,
+    micro_batch_max_tokens=ROW_LEN,
+    sequence_length=ROW_LEN,
+)
+BATCH_KEYS = TRAIN_BATCH_KEYS + ("ref_logprobs",)
+
+
+def make_samples(seed=0):
+    """Seven samples (61 tokens): one fully masked, one multi-turn with a masked observation."""
+    rng = np.random.default_rng(seed)
+    lengths, prompts = [9, 8, 7, 10, 6, 12, 9], [3, 2, 4, 3, 2, 5, 3]
+    samples = []
+    for i, (length, prompt) in enumerate(zip(lengths, prompts, strict=True)):
+        mask = np.zeros(length)
+        mask[prompt:] = 1
+        if i == 2:
+            mask[:] = 0
+        if i == 5:
+            mask[8:10] = 0  # observation between two generated turns
+        samples.append(
+            Sample(
+                tokens=rng.integers(1, 64, length),
+                loss_mask=mask,
+                old_logprobs=mask * rng.uniform(-4.6, -3.7, length),
+                advantages=mask * (rng.normal() + 0.3 * rng.normal(size=length)),
+                ref_logprobs=mask * rng.uniform(-4.5, -3.8, length),
+                traj_id=i,
+                prompt_len=prompt,
+            )
+        )
+    return samples
+
+
+SAMPLES = make_samples()
+LAYOUTS = {1: [range(7)], 2: [range(3), range(3, 7)], 7: [[i] for i in range(7)]}
+
+
+def rows_batch(groups, samples=SAMPLES, n_rows=7):
+    """``[n_rows, ROW_LEN]`` arrays: group ``g`` packed into row ``g``, the rest padding."""
+    rows = [
+        pack_samples(
+            [samples[i] for i in g],
+            micro_batch_max_tokens=ROW_LEN,
+            sequence_length=ROW_LEN,
+            num_rows=1,
+        ).token_arrays()
+        for g in groups
+    ]
+    out = {}
+    for k in BATCH_KEYS:
+        x = np.concatenate([r[k] for r in rows])
+        out[k] = np.pad(x, ((0, n_rows - len(rows)), (0, 0)))
+    return out
+
+
+PAD_LEN = 16  # every test sample is shorter
+
+
+@jax.jit
+def full_log_softmax(params, tokens):
+    """``[PAD_LEN − 1, V]`` log-probabilities of one right-padded sample run alone: row ``t``
+    predicts token ``t + 1``. Causal attention keeps the padding invisible to real tokens;
+    fixed length so one program serves every sample."""
+    model = nnx.merge(GRAPHDEF, params)
+    logits = model(tokens[None], jnp.arange(PAD_LEN)[None])[0]
+    return jax.nn.log_softmax(logits[:-1] / BASE.temperature)
+
+
+def padded(x):
+    return np.pad(x, (0, PAD_LEN - len(x)))
+
+
+def reference_loss(params, samples, config, kl_coef):
+    """The mini-batch loss written per sample with full logits (no packing, no kernels)."""
+    totals, counts = [], []
+    for s in samples:
+        log_p = full_log_softmax(params, jnp.asarray(padded(s.tokens)))
+        lp = log_p[jnp.arange(PAD_LEN - 1), padded(s.tokens)[1:]]
+        entropy = -(jnp.exp(log_p) * log_p).sum(-1)
+        m, a = padded(s.loss_mask)[1:], padded(s.advantages)[1:]
+        ratio = jnp.exp(lp - padded(s.old_logprobs)[1:])
+        high = config.pg_clip_high or config.pg_clip
+        pg = jnp.maximum(-a * ratio, -a * jnp.clip(ratio, 1 - config.pg_clip, 1 + high))
+        pg = jnp.where(a < 0, jnp.minimum(pg, -a * config.dual_clip), pg)
+        x = lp - padded(s.ref_logprobs)[1:]
+        kl = jnp.exp(-x) + x - 1
+        per_token = pg + kl_coef * kl - config.entropy_loss_coef * entropy
+        totals.append(jnp.sum(m * per_token))
+        counts.append(m.sum())
+    trained = [(t, c) for t, c in zip(totals, counts, strict=True) if c > 0]
+    if config.loss_reduction == "token_mean":
+        return sum(t for t, _ in trained) / sum(c for _, c in trained)
+    if config.loss_reduction == "seq_mean_token_sum":
+        return sum(t for t, _ in trained) / len(trained)
+    return sum(t / c for t, c in trained) / len(trained)
+
+
+@functools.cache
+def jitted_loss_and_grads(reduction):
+    config = dataclasses.replace(BASE, loss_reduction=reduction)
+    return jax.jit(make_loss_and_grads(GRAPHDEF, config))
+
+
+def loss_of(reduction, batch, kl_coef=0.1):
+    grads, sums, denominator = jitted_loss_and_grads(reduction)(PARAMS, batch, kl_coef)
+    return float(sums.objective / max(float(denominator), 1.0)), grads
+
+
+def rel_err(a, b):
+    diff = jax.tree.map(lambda x, y: x - y, a, b)
+    return float(optax.tree.norm(diff) / optax.tree.norm(b))
+
+
+@functools.cache
+def shared_train_step():
+    mesh = make_mesh()
+    shardings = train_state_shardings(init_train_state(PARAMS, BASE), mesh)
+    return make_train_step(GRAPHDEF, BASE, mesh, shardings), shardings
+
+
+def fresh_state():
+    _, shardings = shared_train_step()
+    return jax.device_put(init_train_state(PARAMS, BASE), shardings)
+
+
+# ----------------------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_accumulation_over_1_2_7_micro_batches_and_padded_layout(reduction):
+    results = {n: loss_of(reduction, rows_batch(groups)) for n, groups in LAYOUTS.items()}
+    loss_1, grads_1 = results[1]
+    for n in (2, 7):
+        loss_n, grads_n = results[n]
+        assert loss_n == pytest.approx(loss_1, rel=1e-6, abs=1e-7), n
+        assert rel_err(grads_n, grads_1) <= 1e-6, n
+    # The classic padded layout (one sample per row), bucketed to the same [7, 64] shape.
+    pad = pad_samples(SAMPLES, sequence_length=ROW_LEN, length_bucket=ROW_LEN, num_rows=7)
+    assert pad.tokens.shape == (7, ROW_LEN) and (pad.segment_ids.max(axis=1) == 1).all()
+    loss_p, grads_p = loss_of(reduction, pad.token_arrays())
+    assert loss_p == pytest.approx(loss_1, rel=1e-6, abs=1e-7)
+    assert rel_err(grads_p, grads_1) <= 1e-6
+    # And all of it is the per-sample full-logits loss.
+    config = dataclasses.replace(BASE, loss_reduction=reduction)
+    ref_loss, ref_grads = jax.value_and_grad(reference_loss)(PARAMS, SAMPLES, config, 0.1)
+    assert loss_1 == pytest.approx(float(ref_loss), rel=1e-5)
+    assert rel_err(grads_1, ref_grads) <= 1e-5
+
+
+def test_train_step_update_equals_reference_adamw_update():
+    step, _ = shared_train_step()
+    ref_loss, ref_grads = jax.value_and_grad(reference_loss)(PARAMS, SAMPLES, BASE, 0.1)
+    tx = optax.chain(
+        optax.clip_by_global_norm(BASE.max_grad_norm),
+        optax.adamw(5e-4, weight_decay=BASE.weight_decay, mask=lambda p: jax.tree.map(
+            lambda x: x.ndim >= 2, p)),
+    )
+    updates, _ = tx.update(ref_grads, tx.init(PARAMS), PARAMS)
+    expected = optax.apply_updates(PARAMS, updates)
+
+    new_params = {}
+    for n in (1, 7):
+        state, metrics = step(fresh_state(), rows_batch(LAYOUTS[n]), np.float32(5e-4))
+        assert float(metrics["loss"]) == pytest.approx(float(ref_loss), rel=1e-5)
+        assert float(metrics["grad_norm"]) == pytest.approx(
+            float(optax.tree.norm(ref_grads)), rel=1e-5
+        )
+        assert float(metrics["lr"]) == pytest.approx(5e-4)
+        assert int(metrics["nonfinite"]) == 0 and int(state.step) == 1
+        assert float(metrics["tokens"]) == sum(s.loss_mask[1:].sum() for s in SAMPLES)
+        new_params[n] = state.params
+    assert rel_err(new_params[7], new_params[1]) <= 1e-6
+    delta = jax.tree.map(lambda a, b: a - b, new_params[1], PARAMS)
+    expected_delta = jax.tree.map(lambda a, b: a - b, expected, PARAMS)
+    assert rel_err(delta, expected_delta) <= 1e-4
+
+
+def test_nonfinite_batch_skips_the_update():
+    step, _ = shared_train_step()
+    state = fresh_state()
+    before = jax.tree.map(np.asarray, (state.params, state.opt_state))
+    bad = rows_batch(LAYOUTS[2])
+    bad["advantages"] = bad["advantages"].copy()
+    bad["advantages"][0, np.flatnonzero(bad["loss_mask"][0])[0]] = np.inf
+    state, metrics = step(state, bad, np.float32(1e-3))
+    assert int(metrics["nonfinite"]) == 1
+    assert (int(state.step), int(state.skipped)) == (1, 1)
+    after = jax.tree.map(np.asarray, (state.params, state.opt_state))
+    # lr in the optimizer state is also left at its previous value
+    jax.tree.map(np.testing.assert_array_equal, after, before)
+    state, metrics = step(state, rows_batch(LAYOUTS[2]), np.float32(1e-3))
+    assert int(metrics["nonfinite"]) == 0 and int(state.skipped) == 1
+    assert rel_err(state.params, before[0]) > 1e-4
+
+
+def independent_logprobs(params, sample):
+    log_p = full_log_softmax(params, jnp.asarray(padded(sample.tokens)))
+    lp = np.asarray(log_p[jnp.arange(PAD_LEN - 1), padded(sample.tokens)[1:]])
+    return np.concatenate([[0.0], lp[: len(sample) - 1]])
+
+
+def test_learner_step_with_reference_recompute_and_adaptive_kl():
+    config = dataclasses.replace(
+        BASE,
+        target_kl=0.5,
+        kl_horizon=100.0,
+        recompute_old_logprobs=True,
+        mini_batch_size=8,
+        micro_batch_max_tokens=32,
+        sequence_length=32,
+    )
+    learner = Learner(GRAPHDEF, PARAMS, config)
+    samples = [dataclasses.replace(s, ref_logprobs=None) for s in make_samples(1)]
+    samples.append(dataclasses.replace(samples[0], traj_id=7))
+    got = learner.sample_logprobs(samples)
+    for s, lp in zip(samples, got, strict=True):
+        np.testing.assert_allclose(lp, independent_logprobs(PARAMS, s), atol=2e-5)
+    metrics = learner.step(samples, [1e-3])
+    # Old logprobs were recomputed with the same params and the reference is the initial
+    # policy: on this single update every ratio is 1 and the KL is 0.
+    assert metrics["policy/ratio"] == pytest.approx(1.0, abs=1e-5)
+    assert metrics["policy/clipfrac"] == 0.0
+    assert abs(metrics["policy/approx_kl"]) < 1e-5
+    assert abs(metrics["loss/kl"]) < 1e-7
+    assert metrics["rollout/logprob_mismatch"] > 0.1  # the samples' logprobs were made up
+    # Adaptive controller: e = clip(0/0.5 − 1) = −0.2 → β = 0.1·(1 − 0.2·8/100) = 0.0984
+    assert metrics["kl/coef"] == pytest.approx(0.0984, rel=1e-6)
+    assert float(learner.state.kl.coef) == pytest.approx(0.0984, rel=1e-6)
+    real = sum(len(s) for s in samples)
+    assert metrics["tokens/real"] == real
+    assert metrics["tokens/loss"] == sum(s.loss_mask[1:].sum() for s in samples)
+    rows = metrics["batch/num_micro_batches"]
+    assert metrics["tokens/computed"] == rows * 32 and rows in (4, 8)
+    assert metrics["batch/num_samples"] == 8 and metrics["batch/padded_seq_len"] == 32
+    assert metrics["optim/num_updates"] == 1 and metrics["optim/lr"] == pytest.approx(1e-3)
+
+
+def test_compiled_programs_are_bounded_by_row_buckets():
+    config = dataclasses.replace(
+        BASE,
+        init_kl_coef=0.0,
+        mini_batch_size=8,
+        ppo_epochs=2,
+        micro_batch_max_tokens=32,
+        sequence_length=32,
+    )
+    learner = Learner(GRAPHDEF, PARAMS, config)
+    rng = np.random.default_rng(5)
+
+    def step_samples(n):  # length-16 samples: two per 32-token row
+        out = []
+        for i in range(n):
+            mask = np.r_[np.zeros(6), np.ones(10)]
+            out.append(Sample(tokens=rng.integers(1, 64, 16), loss_mask=mask,
+                              old_logprobs=-4.0 * mask, advantages=mask * rng.normal(),
+                              traj_id=i, prompt_len=6))
+        return out
+
+    rows_seen, updates = set(), 0
+    # 8 samples → 4 rows; 6 → 3 rows → bucket 4; 4 → 2 rows; 3 → 2 rows; 7 → 4 rows
+    for n in (8, 6, 4, 3, 7, 8):
+        count = updates_per_step(n, config.mini_batch_size, config.ppo_epochs)
+        metrics = learner.step(step_samples(n), np.full(count, 1e-3))
+        updates += count
+        rows_seen.add(metrics["batch/num_micro_batches"])
+        assert metrics["optim/num_updates"] == updates
+        assert metrics["tokens/real"] == 16 * n * config.ppo_epochs
+        assert metrics["tokens/loss"] == 10 * n * config.ppo_epochs
+        assert metrics["optim/nonfinite_updates"] == 0
+        assert np.isfinite(metrics["loss/total"])
+    assert rows_seen == {2.0, 4.0}
+    assert learner.train_step._cache_size() == len(rows_seen)
+    assert learner.state.ref_params is None
+
+
+def test_config_and_input_checks():
+    with pytest.raises(ValueError, match="loss_reduction"):
+        LearnerConfig(loss_reduction="sum")
+    with pytest.raises(ValueError, match="target_kl"):
+        LearnerConfig(target_kl=0.1, init_kl_coef=0.0)
+    with pytest.raises(ValueError, match="dual_clip"):
+        LearnerConfig(dual_clip=0.5)
+    assert not LearnerConfig().uses_reference and LearnerConfig(init_kl_coef=0.1).uses_reference
