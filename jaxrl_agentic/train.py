@@ -1,16 +1,143 @@
-"""Training entry point: `python -m jaxrl_agentic.train --config configs/<recipe>.py`."""
+"""Training entry point (glue only):
 
+    python -m jaxrl_agentic.train --config configs/<recipe>.py [--config.<key>=<value> ...]
+
+rollout → samples → advantages → packing → learner updates → metrics → checkpoint / eval,
+repeated `max_steps` times. Bad configs and inputs end with one line on stderr and exit
+code 2; a run whose updates are non-finite three steps in a row stops with exit code 3.
+"""
+
+from __future__ import annotations
+
+import os
 import sys
+
+from jaxrl_agentic.config import ConfigError, output_paths, validate
+
+EXIT_BAD_INPUT = 2
+EXIT_NONFINITE = 3
+MAX_CONSECUTIVE_NONFINITE = 3
+
+
+class NonFiniteError(RuntimeError):
+    pass
+
+
+def parse_config(argv: list[str]):
+    """ml_collections config file + `--config.key=value` overrides → ConfigDict."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    names = flags.FlagValues()
+    # config_flags finds `--config.*` overrides in the argv it is given (default sys.argv).
+    config_flags.DEFINE_config_file("config", None, "recipe file (configs/*.py)",
+                                    flag_values=names, lock_config=True, sys_argv=argv)
+    try:
+        names(argv)
+        config = names.config
+        if config is not None:
+            config.keys()  # the recipe loads lazily: make a broken file fail here
+    except Exception as e:  # absl/ml_collections wrap every problem; keep it to one line
+        lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+        message = lines[0] if len(lines) == 1 else f"{lines[0]}: {lines[-1]}"
+        raise ConfigError(message) from None
+    if config is None:
+        raise ConfigError("--config is required, e.g. --config configs/frozen_lake.py")
+    return config
+
+
+def sample_episode_text(formatter, traj, max_chars: int = 4000) -> str:
+    text = formatter.tokenizer.decode(traj.tokens, skip_special_tokens=False)
+    return text[-max_chars:]
+
+
+def run(c, *, log=print) -> dict[str, float]:
+    """Trains according to `c`; returns the last step's metrics."""
+    from tqdm import tqdm
+
+    from jaxrl_agentic.checkpoint import Checkpointer, resolve_checkpoint
+    from jaxrl_agentic.data import pack_samples
+    from jaxrl_agentic.data.debug import dump_batch
+    from jaxrl_agentic.metrics_writer import MetricsWriter, console_line, save_gif
+    from jaxrl_agentic.pipeline import Pipeline
+    from jaxrl_agentic.rollout.loop import replay_frames
+
+    validate(c)
+    paths = output_paths(c)
+    os.makedirs(paths["output_dir"], exist_ok=True)
+    with open(os.path.join(paths["output_dir"], "config.json"), "w") as f:
+        f.write(c.to_json_best_effort(indent=2))
+    pipeline = Pipeline(c)
+    checkpointer = Checkpointer(os.path.join(paths["output_dir"], "checkpoints"))
+    if c.resume_from_checkpoint:
+        directory, step = resolve_checkpoint(c.resume_from_checkpoint, paths["output_dir"])
+        source = checkpointer if directory == checkpointer.directory else Checkpointer(directory)
+        state, host = source.restore(step, pipeline.learner.state)
+        pipeline.learner.state = state
+        pipeline.load_host_state(host)
+        log(f"resumed from {directory} at step {pipeline.step}")
+    writer = MetricsWriter(paths["output_dir"], paths["logging_dir"], resume_step=pipeline.step)
+    bar = tqdm(total=c.max_steps, initial=pipeline.step, desc=c.exp_name, file=sys.stderr,
+               disable=not sys.stderr.isatty())
+    nonfinite_streak = 0
+    metrics: dict[str, float] = {}
+    try:
+        while pipeline.step < c.max_steps:
+            metrics, trajs, samples = pipeline.train_step()
+            step = pipeline.step
+            nonfinite = metrics.get("optim/nonfinite_updates", 0.0) > 0
+            nonfinite_streak = nonfinite_streak + 1 if nonfinite else 0
+            metrics["optim/nonfinite_streak"] = float(nonfinite_streak)
+            if nonfinite:
+                log(f"step {step}: non-finite loss or gradient; update skipped "
+                    f"({nonfinite_streak} in a row)")
+            if nonfinite_streak >= MAX_CONSECUTIVE_NONFINITE:
+                writer.write(step, metrics)
+                raise NonFiniteError(
+                    f"non-finite loss or gradient in {nonfinite_streak} consecutive steps "
+                    f"(last at step {step}); stopping. The last checkpoint holds finite params."
+                )
+            if c.debug.dump_dir and samples:
+                dump_batch(c.debug.dump_dir, step, pack_samples(
+                    samples, micro_batch_max_tokens=c.micro_batch_max_tokens,
+                    sequence_length=c.sequence_length))
+            if step % c.eval_steps == 0 or step == c.max_steps:
+                eval_metrics, _ = pipeline.evaluate()
+                metrics.update(eval_metrics)
+            if step % c.logging_steps == 0 or step == c.max_steps:
+                writer.write(step, metrics)
+                if trajs and trajs[0].turns:
+                    writer.write_text(step, "episodes/train",
+                                      sample_episode_text(pipeline.formatter, trajs[0]))
+                    frames = replay_frames(pipeline.runners[trajs[0].tag], trajs[0])
+                    save_gif(os.path.join(paths["render_save_dir"], f"step_{step}.gif"), frames)
+                    writer.write_frames(step, "episodes/frames", frames)
+                log(console_line(step, metrics))
+            if step % c.save_steps == 0 or step == c.max_steps:
+                checkpointer.save(step, pipeline.learner.state, pipeline.host_state())
+            bar.update(1)
+            bar.set_postfix(reward=f"{metrics.get('env/return', 0):.3f}",
+                            tok_s=f"{metrics.get('perf/tokens_per_s', 0):.0f}")
+    finally:
+        bar.close()
+        writer.close()
+    return metrics
 
 
 def main(argv=None) -> int:
-    # The pipeline loop lands with the training-program issue; until then say so plainly
-    # instead of failing with a traceback.
-    print(
-        "jaxrl_agentic.train: the training loop is not available yet in this version; "
-        "the models, sampler and environments can be used from Python (see README).",
-        file=sys.stderr,
-    )
+    argv = list(sys.argv if argv is None else argv)
+    from jaxrl_agentic.checkpoint import CheckpointError
+    from jaxrl_agentic.models import CheckpointError as ModelError
+
+    try:
+        c = parse_config(argv)
+        run(c)
+    except (ConfigError, ModelError, CheckpointError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except NonFiniteError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_NONFINITE
     return 0
 
 

@@ -42,6 +42,7 @@ class Trajectory:
     truncated: bool = False  # max_turns, max_steps_in_episode or max_input_length ended it
     truncated_by_length: bool = False  # the next prompt would have exceeded max_input_length
     metrics: dict = dataclasses.field(default_factory=dict)
+    member: int = 0  # index within the group (selects the dynamics noise for replays)
 
     @property
     def score(self) -> float:

@@ -110,15 +110,19 @@ class RolloutRunner:
         sample_seed: int,
         traj_id_start: int = 0,
         params=None,
+        greedy: bool | None = None,
     ) -> list[Trajectory]:
+        """Plays `episodes` to the end; `greedy` overrides the generation config (eval)."""
         env, p, gen = self.env, self.env_params, self.generation
+        if greedy is not None:
+            gen = dataclasses.replace(gen, greedy=greedy)
         n = len(episodes)
         map_keys, noise_keys = self._episode_keys(episodes)
         _, states = self._reset(map_keys, p)
         host = jax.device_get(states)
         trajs = [
             Trajectory(traj_id=traj_id_start + i, group_id=e.group_id, tag=self.tag, seed=e.seed,
-                       tokens=[], turns=[])
+                       tokens=[], turns=[], member=e.member)
             for i, e in enumerate(episodes)
         ]
         session = self.sampler.new_session(n)
@@ -213,6 +217,20 @@ class RolloutRunner:
                   "success": u.success} for u in t.turns],
             )
         return trajs
+
+
+def replay_frames(runner: RolloutRunner, traj: Trajectory) -> list[np.ndarray]:
+    """RGB frames of an episode, re-simulated from its seed and actions (same keys)."""
+    env, p = runner.env, runner.env_params
+    spec = EpisodeSpec(seed=traj.seed, group_id=traj.group_id, member=traj.member)
+    map_keys, noise_keys = runner._episode_keys([spec])
+    _, state = env.reset_env(map_keys[0], p)
+    frames = [env.render_rgb(state, p)]
+    step = jax.jit(env.step_env)
+    for t, turn in enumerate(traj.turns):
+        _, state, _, _, _ = step(jax.random.fold_in(noise_keys[0], t), state, turn.action, p)
+        frames.append(env.render_rgb(state, p))
+    return frames
 
 
 def _rows_where(rows: jax.Array, on_true, on_false):

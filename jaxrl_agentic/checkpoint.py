@@ -1,0 +1,91 @@
+"""Orbax checkpoints of the whole run: learner state (params, optimizer, KL controller, RNG)
+plus the host state (step, env-group seed cursor, chunk estimate, shuffling RNG).
+
+Orbax writes each checkpoint into a temporary directory and renames it into place when it
+is complete, and `latest_step()` only lists finished ones: a run killed mid-save (SIGKILL)
+never resumes from a half-written checkpoint. Non-finite parameters are refused before
+anything is written.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import orbax.checkpoint as ocp
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def _saveable(train_state):
+    # Typed PRNG keys are stored as their raw uint32 data.
+    return train_state.replace(rng=jax.random.key_data(train_state.rng))
+
+
+def all_finite(tree) -> bool:
+    leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)]
+    return all(bool(jnp.all(jnp.isfinite(x))) for x in leaves)
+
+
+class Checkpointer:
+    def __init__(self, directory: str, max_to_keep: int = 3):
+        self.directory = os.path.abspath(directory)
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep, create=True, enable_async_checkpointing=False
+        )
+        self.manager = ocp.CheckpointManager(self.directory, options=options)
+
+    def latest_step(self) -> int | None:
+        return self.manager.latest_step()
+
+    def save(self, step: int, train_state, host_state: dict) -> None:
+        if not all_finite(train_state.params):
+            raise CheckpointError(f"refusing to save step {step}: parameters are not finite")
+        self.manager.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(_saveable(train_state)),
+                meta=ocp.args.JsonSave(host_state),
+            ),
+            force=True,
+        )
+        self.manager.wait_until_finished()
+
+    def restore(self, step: int | None, train_state_like):
+        """(train_state, host_state) of `step` (None = latest), placed like the template."""
+        if step is None:
+            step = self.latest_step()
+            if step is None:
+                raise CheckpointError(f"no finished checkpoint in {self.directory}")
+        if step not in self.manager.all_steps():
+            raise CheckpointError(f"no checkpoint for step {step} in {self.directory}")
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _saveable(train_state_like))
+        restored = self.manager.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
+            ),
+        )
+        state = restored["state"]
+        state = state.replace(rng=jax.random.wrap_key_data(state.rng))
+        return state, restored["meta"]
+
+
+def resolve_checkpoint(path: str, output_dir: str) -> tuple[str, int | None]:
+    """`resume_from_checkpoint` → (checkpoint directory, step or None for the latest).
+
+    Accepts "latest" (this run's checkpoints), a checkpoints directory, or one step's
+    directory inside it (…/checkpoints/<step>).
+    """
+    if path == "latest":
+        return os.path.join(output_dir, "checkpoints"), None
+    path = os.path.abspath(os.path.expanduser(path))
+    if not os.path.isdir(path):
+        raise CheckpointError(f"checkpoint not found: {path}")
+    base = os.path.basename(path.rstrip("/"))
+    if base.isdigit() and os.path.exists(os.path.join(path, "_CHECKPOINT_METADATA")):
+        return os.path.dirname(path), int(base)
+    return path, None

@@ -1,0 +1,49 @@
+"""Evaluate a checkpoint on the held-out validation seeds:
+
+    python -m jaxrl_agentic.evaluate --config configs/<recipe>.py --checkpoint RUN/checkpoints
+
+Prints one JSON line of `eval/*` metrics (greedy decoding, `val_env_manager` episodes).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from jaxrl_agentic.config import ConfigError, validate
+
+
+def main(argv=None) -> int:
+    from jaxrl_agentic.checkpoint import CheckpointError
+    from jaxrl_agentic.models import CheckpointError as ModelError
+    from jaxrl_agentic.run_loading import restore_pipeline
+    from jaxrl_agentic.train import EXIT_BAD_INPUT, parse_config
+
+    argv = list(sys.argv if argv is None else argv)
+    checkpoint = None
+    rest = [argv[0]]
+    for arg in argv[1:]:
+        if arg.startswith("--checkpoint="):
+            checkpoint = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+    if "--checkpoint" in rest:
+        i = rest.index("--checkpoint")
+        checkpoint = rest[i + 1] if i + 1 < len(rest) else None
+        del rest[i : i + 2]
+    try:
+        if not checkpoint:
+            raise ConfigError("--checkpoint is required (a run's checkpoints dir or one step)")
+        c = parse_config(rest)
+        validate(c)
+        pipeline = restore_pipeline(c, checkpoint)
+        metrics, _ = pipeline.evaluate()
+    except (ConfigError, ModelError, CheckpointError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(json.dumps({"step": pipeline.step, **metrics}, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,276 @@
+"""One pipeline step, as data flows (see docs/architecture.md):
+
+    rollout (all env tags) → advantages → samples (+ prefix merge) → learner updates
+
+`Pipeline` holds the long-lived pieces — sampler, rollout runners, learner, the LR schedule
+and the chunk estimate, the env-group seed cursor — and exposes `train_step()`,
+`evaluate()` and a checkpointable `host_state()`. Everything random is derived from the
+run seed and the step number, or lives in the learner's state, so a run restored from a
+checkpoint continues exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jax
+import numpy as np
+from flax import nnx
+
+from jaxrl_agentic.algos import advantages as adv
+from jaxrl_agentic.algos.schedules import ChunkEstimator, planned_total_updates, step_learning_rates
+from jaxrl_agentic.config import TOKEN_ESTIMATORS, ConfigError, resolve_model_path
+from jaxrl_agentic.data.samples import build_samples
+from jaxrl_agentic.envs import make
+from jaxrl_agentic.learner import Learner, LearnerConfig
+from jaxrl_agentic.models import load_pretrained
+from jaxrl_agentic.parallel import make_mesh
+from jaxrl_agentic.rollout.conversation import ChatFormatter
+from jaxrl_agentic.rollout.groups import EnvManagerConfig, plan_episodes
+from jaxrl_agentic.rollout.loop import GenerationConfig, RolloutRunner
+from jaxrl_agentic.sampler import Sampler
+
+
+def learner_config(c, pad_token_id: int) -> LearnerConfig:
+    return LearnerConfig(
+        learning_rate=c.learning_rate,
+        lr_scheduler_type=c.lr_scheduler_type,
+        warmup_steps=c.warmup_steps,
+        min_lr_ratio=c.min_lr_ratio,
+        weight_decay=c.weight_decay,
+        max_grad_norm=c.max_grad_norm,
+        mini_batch_size=c.mini_batch_size,
+        ppo_epochs=c.ppo_epochs,
+        loss_reduction=c.loss_reduction,
+        pg_clip=c.pg_clip,
+        pg_clip_high=c.pg_clip_high or None,
+        dual_clip=c.dual_clip or None,
+        init_kl_coef=c.init_kl_coef,
+        target_kl=c.target_kl or None,
+        kl_estimator=c.kl_estimator,
+        kl_in_reward=c.kl_in_reward,
+        entropy_loss_coef=c.entropy_loss_coef,
+        temperature=c.generation.temperature,
+        recompute_old_logprobs=c.recompute_old_logprobs,
+        kernel_impl=c.kernel_impl,
+        micro_batch_max_tokens=c.micro_batch_max_tokens,
+        sequence_length=c.sequence_length,
+        pad_token_id=pad_token_id,
+        seed=c.seed,
+    )
+
+
+def manager(m) -> EnvManagerConfig:
+    return EnvManagerConfig(
+        num_env_groups=m.num_env_groups,
+        group_size=m.group_size,
+        tags=tuple(m.tags),
+        num_groups_partition=tuple(m.num_groups_partition),
+    )
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return float(np.mean(values)) if values else 0.0
+
+
+def trajectory_metrics(trajs, prefix: str) -> dict[str, float]:
+    """Means over episodes of the env-side metrics (and per tag when there are several)."""
+    out = {}
+    tags = sorted({t.tag for t in trajs})
+    for tag in [None] + (tags if len(tags) > 1 else []):
+        group = [t for t in trajs if tag is None or t.tag == tag]
+        p = prefix if tag is None else f"{prefix}{tag}/"
+        out[f"{p}success"] = _mean(t.metrics["success"] for t in group)
+        out[f"{p}return"] = _mean(t.metrics["return"] for t in group)
+        out[f"{p}num_turns"] = _mean(len(t.turns) for t in group)
+        out[f"{p}action_is_valid"] = _mean(t.metrics["action_is_valid"] for t in group)
+        out[f"{p}action_is_effective"] = _mean(t.metrics["action_is_effective"] for t in group)
+    out[f"{prefix}truncated_by_length"] = _mean(t.truncated_by_length for t in trajs)
+    return out
+
+
+class Pipeline:
+    def __init__(self, c, *, model_dir: str | None = None):
+        if c.adv_estimator == "gae":
+            raise ConfigError(
+                "config.adv_estimator: 'gae' needs a critic, which the pipeline does not train "
+                "yet; use grpo, rloo, reinforce, reinforce_plus_plus or gigpo"
+            )
+        self.c = c
+        model, tokenizer = load_pretrained(model_dir or resolve_model_path(c), dtype=c.dtype,
+                                           param_dtype=c.param_dtype)
+        self.tokenizer = tokenizer
+        self.formatter = ChatFormatter(tokenizer)
+        max_new = max(spec.max_tokens_per_step for spec in c.custom_envs.values())
+        total = c.max_input_length + max_new + 1
+        self.sampler = Sampler(model, tokenizer, max_total_len=-(-total // 64) * 64)
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.learner_cfg = learner_config(c, pad_id)
+        mesh = make_mesh(data=c.mesh.data, fsdp=c.mesh.fsdp, tensor=c.mesh.tensor)
+        self.learner = Learner(self.sampler.graphdef, self.sampler.params, self.learner_cfg,
+                               mesh)
+        self.sampler.set_params(None)  # the learner owns the params from here on
+        self.train_manager = manager(c.train_env_manager)
+        self.val_manager = manager(c.val_env_manager)
+        self.runners = {}
+        for tag, spec in c.custom_envs.items():
+            env, env_params = make(spec.env_type, format_penalty=spec.format_penalty,
+                                   **dict(spec.env_config))
+            gen = GenerationConfig(
+                max_tokens_per_step=spec.max_tokens_per_step,
+                temperature=c.generation.temperature,
+                top_p=c.generation.top_p,
+                top_k=c.generation.top_k,
+            )
+            self.runners[tag] = RolloutRunner(
+                env, env_params, self.sampler, self.formatter, tag=tag,
+                max_turns=spec.max_turns, max_input_length=c.max_input_length,
+                generation=gen, run_seed=c.seed,
+            )
+        max_turns = max(spec.max_turns for spec in c.custom_envs.values())
+        chunks_mode = "trajectory" if c.sample_mode == "trajectory" else "step"
+        self.chunks = ChunkEstimator.from_config(c.estimated_chunks_per_traj, chunks_mode,
+                                                 max_turns)
+        self.trajectories_per_step = self.train_manager.num_episodes
+        self.planned_updates = planned_total_updates(
+            c.max_steps, c.ppo_epochs, self.trajectories_per_step, self.chunks.initial,
+            c.mini_batch_size)
+        self.schedule = self.learner_cfg.lr_schedule(self.planned_updates)
+        self.step = 0
+        self.updates_done = 0
+        self.cursor = 0
+
+    # ---- rollouts ---------------------------------------------------------------------------
+    def rollout(self, split: str, *, greedy: bool = False):
+        m = self.train_manager if split == "train" else self.val_manager
+        plan = plan_episodes(m, split=split, cursor=self.cursor)
+        trajs, next_id = [], 0
+        for tag, episodes in plan.items():
+            # Sampling noise is a function of (run seed, step, split): resumable exactly.
+            seed = self.c.seed * 1_000_003 + self.step * 2 + (split == "val")
+            out = self.runners[tag].run(episodes, sample_seed=seed, traj_id_start=next_id,
+                                        params=self.learner.params, greedy=greedy)
+            next_id += len(out)
+            trajs.extend(out)
+        return trajs
+
+    # ---- advantages and samples ---------------------------------------------------------------
+    def make_samples(self, trajs):
+        c = self.c
+        token_level = c.adv_estimator in TOKEN_ESTIMATORS
+        if token_level:
+            advantages, _ = adv.token_advantages(
+                [t for t in trajs if t.turns], adv_estimator=c.adv_estimator, gamma=c.gamma,
+                lambd=c.lambd)
+            it = iter(advantages)
+            advantages = [next(it) if t.turns else None for t in trajs]
+        else:
+            advantages = adv.turn_advantages(
+                trajs, adv_estimator=c.adv_estimator, reward_norm_by=c.reward_norm_by,
+                use_std=c.norm_adv_std, step_reward_gamma=c.step_reward_gamma,
+                gigpo_step_weight=c.gigpo_step_weight)
+        samples, stats = build_samples(trajs, advantages, sample_mode=c.sample_mode,
+                                       merge_stepwise=c.merge_stepwise, token_level=token_level)
+        if c.whiten_advantages and samples:
+            white = adv.whiten([s.advantages for s in samples], [s.loss_mask for s in samples])
+            samples = [dataclasses.replace(s, advantages=a) for s, a in zip(samples, white,
+                                                                            strict=True)]
+        if c.advantage_clip > 0:
+            samples = [dataclasses.replace(s, advantages=np.clip(s.advantages, -c.advantage_clip,
+                                                                 c.advantage_clip))
+                       for s in samples]
+        return samples, stats
+
+    # ---- one pipeline step ----------------------------------------------------------------------
+    def train_step(self) -> tuple[dict[str, float], list, list]:
+        """One pipeline step → (metrics, trajectories, samples)."""
+        c = self.c
+        t0 = time.perf_counter()
+        trajs = self.rollout("train")
+        t_rollout = time.perf_counter() - t0
+        samples, sample_stats = self.make_samples(trajs)
+        metrics = {"step": float(self.step + 1), **trajectory_metrics(trajs, "env/"),
+                   **sample_stats}
+        t1 = time.perf_counter()
+        if samples:
+            mismatch = self.logprob_mismatch(samples)
+            updates = -(-len(samples) // c.mini_batch_size) * c.ppo_epochs
+            lrs = step_learning_rates(self.schedule, steps_done=self.step,
+                                      updates_done=self.updates_done, updates_this_step=updates,
+                                      max_steps=c.max_steps)
+            learner_metrics = self.learner.step(samples, lrs)
+            self.updates_done += updates
+            metrics.update(_rename(learner_metrics))
+            metrics["rollout/logprob_mismatch"] = mismatch
+            metrics["critic/advantages_mean"] = _mean(
+                float(s.advantages[s.loss_mask > 0].mean()) for s in samples
+                if s.loss_mask.sum() > 0)
+        else:
+            metrics["optim/nonfinite_updates"] = 0.0
+        self.chunks = self.chunks.observe(sample_stats["batch/sequences_after_merge"],
+                                          max(len(trajs), 1))
+        metrics["optim/estimated_chunks_per_traj"] = self.chunks.chunks_per_traj
+        metrics["optim/planned_updates"] = float(self.chunks.projected_total_updates(
+            updates_done=self.updates_done, steps_done=self.step + 1, max_steps=c.max_steps,
+            ppo_epochs=c.ppo_epochs, trajectories_per_step=self.trajectories_per_step,
+            mini_batch_size=c.mini_batch_size))
+        t_train = time.perf_counter() - t1
+        self.step += 1
+        self.cursor += self.train_manager.num_env_groups
+        metrics["time/rollout"] = t_rollout
+        metrics["time/train"] = t_train
+        metrics["time/step"] = time.perf_counter() - t0
+        metrics["perf/tokens_per_s"] = metrics.get("tokens/real", 0.0) / max(
+            metrics["time/step"], 1e-9)
+        return metrics, trajs, samples
+
+    def logprob_mismatch(self, samples) -> float:
+        """Mean |sampler logprob − learner logprob| over generated tokens (same params)."""
+        recomputed = self.learner.sample_logprobs(samples)
+        total = sum(float(np.abs(s.old_logprobs - r)[s.loss_mask > 0].sum())
+                    for s, r in zip(samples, recomputed, strict=True))
+        return total / max(sum(float(s.loss_mask.sum()) for s in samples), 1.0)
+
+    def evaluate(self) -> tuple[dict[str, float], list]:
+        trajs = self.rollout("val", greedy=True)
+        return trajectory_metrics(trajs, "eval/"), trajs
+
+    # ---- checkpointable host state --------------------------------------------------------------
+    def host_state(self) -> dict:
+        return {
+            "step": self.step,
+            "updates_done": self.updates_done,
+            "cursor": self.cursor,
+            "chunks": dataclasses.asdict(self.chunks),
+            "learner_np_rng": self.learner.np_rng.bit_generator.state,
+        }
+
+    def load_host_state(self, state: dict) -> None:
+        self.step = int(state["step"])
+        self.updates_done = int(state["updates_done"])
+        self.cursor = int(state["cursor"])
+        self.chunks = ChunkEstimator(**state["chunks"])
+        self.learner.np_rng.bit_generator.state = state["learner_np_rng"]
+
+    def export_model(self):
+        """An nnx model with the current parameters (for HF export)."""
+        return nnx.merge(self.sampler.graphdef, jax.device_get(self.learner.params))
+
+
+_RENAMES = {
+    "loss/pg": "actor/pg_loss",
+    "loss/kl": "actor/kl",
+    "loss/entropy": "actor/entropy",
+    "loss/total": "actor/loss",
+    "policy/clipfrac": "actor/clipfrac",
+    "policy/dual_clipfrac": "actor/dual_clipfrac",
+    "policy/ratio": "actor/ratio",
+    "policy/approx_kl": "actor/approx_kl",
+    "optim/grad_norm": "actor/grad_norm",
+}
+
+
+def _rename(metrics: dict[str, float]) -> dict[str, float]:
+    return {_RENAMES.get(k, k): v for k, v in metrics.items()}

@@ -1,0 +1,39 @@
+"""Rebuild a training run from its output directory (config.json + orbax checkpoints)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import ml_collections
+
+from jaxrl_agentic.checkpoint import Checkpointer, CheckpointError, resolve_checkpoint
+from jaxrl_agentic.config import output_paths
+
+
+def find_run_config(checkpoint_path: str) -> str:
+    """The `config.json` of the run a checkpoint path belongs to (searched upwards)."""
+    path = os.path.abspath(os.path.expanduser(checkpoint_path))
+    for _ in range(4):
+        candidate = os.path.join(path, "config.json")
+        if os.path.exists(candidate) and os.path.isdir(os.path.join(path, "checkpoints")):
+            return candidate
+        path = os.path.dirname(path)
+    raise CheckpointError(f"no run config.json found above {checkpoint_path}")
+
+
+def load_run_config(checkpoint_path: str) -> ml_collections.ConfigDict:
+    with open(find_run_config(checkpoint_path)) as f:
+        return ml_collections.ConfigDict(json.load(f))
+
+
+def restore_pipeline(c, checkpoint_path: str):
+    """A Pipeline for config `c` with the learner state of the given checkpoint."""
+    from jaxrl_agentic.pipeline import Pipeline
+
+    directory, step = resolve_checkpoint(checkpoint_path, output_paths(c)["output_dir"])
+    pipeline = Pipeline(c)
+    state, host = Checkpointer(directory).restore(step, pipeline.learner.state)
+    pipeline.learner.state = state
+    pipeline.load_host_state(host)
+    return pipeline

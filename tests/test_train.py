@@ -1,0 +1,142 @@
+"""The training program end to end at tiny sizes: every recipe runs, and resume is exact."""
+
+import glob
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from jaxrl_agentic import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECIPES = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, "configs/*.py")))
+
+
+def tiny_overrides(recipe: str, out: str, steps: int = 2) -> list[str]:
+    env_tag = "sokoban" if recipe == "sokoban" else "frozen_lake"
+    return [
+        f"--config={os.path.join(ROOT, 'configs', recipe + '.py')}",
+        f"--config.output_dir={out}",
+        "--config.pretrain=tiny",
+        f"--config.max_steps={steps}",
+        "--config.save_steps=1",
+        f"--config.eval_steps={steps}",
+        "--config.train_env_manager.num_env_groups=2",
+        "--config.train_env_manager.group_size=2",
+        "--config.val_env_manager.num_env_groups=2",
+        "--config.mini_batch_size=4",
+        f"--config.custom_envs.{env_tag}.max_turns=2",
+        f"--config.custom_envs.{env_tag}.max_tokens_per_step=8",
+        "--config.max_input_length=512",
+        "--config.sequence_length=640",
+        "--config.micro_batch_max_tokens=1280",
+    ]
+
+
+def read_metrics(out: str) -> list[dict]:
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def check_outputs(out: str, steps: int) -> list[dict]:
+    records = read_metrics(out)
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+    for r in records:
+        for key, value in r.items():
+            assert isinstance(value, int | float) and math.isfinite(value), (key, value)
+    for key in ("env/success", "actor/pg_loss", "actor/grad_norm", "optim/lr", "tokens/real",
+                "rollout/logprob_mismatch", "optim/estimated_chunks_per_traj"):
+        assert key in records[-1], key
+    assert "eval/success" in records[-1]
+    assert glob.glob(os.path.join(out, "tensorboard", "events.out.tfevents.*"))
+    assert glob.glob(os.path.join(out, "renders", "*.gif"))
+    return records
+
+
+@pytest.mark.parametrize("recipe", [r for r in RECIPES if r != "frozen_lake"])
+def test_recipe_runs_at_tiny_size(recipe, tmp_path):
+    out = str(tmp_path / recipe)
+    assert train.main(["train", *tiny_overrides(recipe, out)]) == 0
+    records = check_outputs(out, 2)
+    assert records[-1]["rollout/logprob_mismatch"] < 1e-2 or recipe.startswith("qwen")
+
+
+def comparable(record: dict) -> dict:
+    return {k: v for k, v in record.items() if not k.startswith(("time/", "perf/"))}
+
+
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+    """An uninterrupted 3-step run of the default recipe at tiny size."""
+    out = str(tmp_path_factory.mktemp("reference"))
+    assert train.main(["train", *tiny_overrides("frozen_lake", out, STEPS)]) == 0
+    return out
+
+
+def test_sigkill_and_resume_reproduces_the_uninterrupted_run(reference_run, tmp_path):
+    steps = STEPS
+    expected = check_outputs(reference_run, steps)
+
+    killed = str(tmp_path / "killed")
+    cmd = [sys.executable, "-m", "jaxrl_agentic.train",
+           *tiny_overrides("frozen_lake", killed, steps)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    marker = os.path.join(killed, "checkpoints", "1", "commit_success.txt")
+    deadline = time.monotonic() + 600
+    while not os.path.exists(marker) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling a file written by another process, not a timing assertion
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert os.path.exists(marker), "the run never finished its first checkpoint"
+    # The kill must have interrupted the run, or the comparison below would prove nothing.
+    assert len(read_metrics(killed)) < steps
+
+    resumed_args = [*tiny_overrides("frozen_lake", killed, steps),
+                    "--config.resume_from_checkpoint=latest"]
+    assert train.main(["train", *resumed_args]) == 0
+    got = check_outputs(killed, steps)
+    assert [comparable(r) for r in got] == [comparable(r) for r in expected]
+
+
+def test_evaluate_reproduces_the_runs_final_eval(reference_run, capsys):
+    from jaxrl_agentic import evaluate
+
+    args = [a for a in tiny_overrides("frozen_lake", reference_run, STEPS)]
+    assert evaluate.main(["evaluate", *args,
+                          f"--checkpoint={os.path.join(reference_run, 'checkpoints')}"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    got = json.loads(line)
+    last = read_metrics(reference_run)[-1]
+    assert got["step"] == STEPS
+    for key in ("eval/success", "eval/return", "eval/num_turns", "eval/action_is_valid"):
+        assert got[key] == last[key], key
+
+
+def test_export_writes_a_model_transformers_loads(reference_run, tmp_path):
+    import jax.numpy as jnp
+    import numpy as np
+    import torch
+    import transformers
+
+    from jaxrl_agentic import export
+    from jaxrl_agentic.run_loading import load_run_config, restore_pipeline
+
+    out = str(tmp_path / "hf")
+    ckpt = os.path.join(reference_run, "checkpoints", str(STEPS))
+    assert export.main(["--checkpoint", ckpt, "--out", out]) == 0
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    tokens = np.arange(3, 40)[None]
+    with torch.no_grad():
+        hf_logits = hf(torch.tensor(tokens)).logits.numpy()
+    ours = restore_pipeline(load_run_config(ckpt), ckpt).export_model()
+    our_logits = np.asarray(ours(jnp.asarray(tokens), jnp.arange(tokens.shape[1])[None]))
+    assert np.abs(hf_logits - our_logits).max() <= 1e-4
+    assert export.main(["--checkpoint", str(tmp_path / "nope"), "--out", out]) == 2

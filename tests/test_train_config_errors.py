@@ -1,0 +1,52 @@
+"""A table of bad configs and inputs, each with its expected one-line error and exit code 2."""
+
+import pytest
+
+from jaxrl_agentic import train
+
+RECIPE = "configs/frozen_lake.py"
+
+CASES = [
+    # (overrides, expected fragment of the one-line error)
+    (["--config.no_such_field=1"], "no_such_field"),
+    (["--config.max_steps=abc"], "max_steps"),
+    (["--config.adv_estimator=ppo"], "config.adv_estimator: 'ppo' is not allowed"),
+    (["--config.sample_mode=turn"], "config.sample_mode: 'turn' is not allowed"),
+    (["--config.loss_reduction=mean"], "config.loss_reduction"),
+    (["--config.lr_scheduler_type=step"], "config.lr_scheduler_type"),
+    (["--config.sample_mode=step", "--config.adv_estimator=gae"], "cannot be broadcast"),
+    (["--config.sample_mode=step", "--config.adv_estimator=reinforce_plus_plus"],
+     "cannot be broadcast"),
+    (["--config.train_env_manager.group_size=1"], "needs group_size >= 2"),
+    (["--config.micro_batch_max_tokens=100"], "config.micro_batch_max_tokens: 100 < sequence_len"),
+    (["--config.merge_stepwise=True"], "config.merge_stepwise: applies to sample_mode='step'"),
+    (["--config.pretrain=/nonexistent/model"], "model directory not found: /nonexistent/model"),
+    (["--config.generation.top_p=1.5"], "config.generation.top_p"),
+    (["--config.pg_clip=1.5"], "config.pg_clip: must lie in (0, 1)"),
+    (["--config.train_env_manager.tags=('lake',)"], "'lake' is not in custom_envs"),
+    (["--config.learning_rate=-1"], "config.learning_rate: must be > 0"),
+    (["--config.dual_clip=0.5"], "config.dual_clip"),
+    (["--config.target_kl=0.1"], "config.target_kl: an adaptive KL coefficient needs"),
+    (["--config.resume_from_checkpoint=/nonexistent/ckpt", "--config.max_steps=1"],
+     "checkpoint not found: /nonexistent/ckpt"),
+]
+
+
+@pytest.mark.parametrize("overrides, fragment", CASES)
+def test_bad_config_is_one_line_exit_2(overrides, fragment, capsys, tmp_path):
+    argv = ["train", f"--config={RECIPE}", f"--config.output_dir={tmp_path}", *overrides]
+    assert train.main(argv) == train.EXIT_BAD_INPUT
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err, err
+    assert err.startswith("error: ") and fragment in err, err
+
+
+def test_missing_config_flag(capsys):
+    assert train.main(["train"]) == train.EXIT_BAD_INPUT
+    assert "--config is required" in capsys.readouterr().err
+
+
+def test_missing_recipe_file(capsys):
+    assert train.main(["train", "--config=configs/nope.py"]) == train.EXIT_BAD_INPUT
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "nope.py" in err, err
