@@ -20,9 +20,15 @@ class CheckpointError(RuntimeError):
     pass
 
 
-def _saveable(train_state):
+def _saveable(states: dict) -> dict:
     # Typed PRNG keys are stored as their raw uint32 data.
-    return train_state.replace(rng=jax.random.key_data(train_state.rng))
+    return {name: s.replace(rng=jax.random.key_data(s.rng)) if hasattr(s, "rng") else s
+            for name, s in states.items()}
+
+
+def _restored(states: dict) -> dict:
+    return {name: s.replace(rng=jax.random.wrap_key_data(s.rng)) if hasattr(s, "rng") else s
+            for name, s in states.items()}
 
 
 def all_finite(tree) -> bool:
@@ -41,37 +47,36 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
-    def save(self, step: int, train_state, host_state: dict) -> None:
-        if not all_finite(train_state.params):
+    def save(self, step: int, train_states: dict, host_state: dict) -> None:
+        """`train_states`: name → device state pytree (the learner's, the critic's, …)."""
+        if not all(all_finite(s.params) for s in train_states.values()):
             raise CheckpointError(f"refusing to save step {step}: parameters are not finite")
         self.manager.save(
             step,
             args=ocp.args.Composite(
-                state=ocp.args.StandardSave(_saveable(train_state)),
+                state=ocp.args.StandardSave(_saveable(train_states)),
                 meta=ocp.args.JsonSave(host_state),
             ),
             force=True,
         )
         self.manager.wait_until_finished()
 
-    def restore(self, step: int | None, train_state_like):
-        """(train_state, host_state) of `step` (None = latest), placed like the template."""
+    def restore(self, step: int | None, train_states_like: dict):
+        """(train_states, host_state) of `step` (None = latest), placed like the templates."""
         if step is None:
             step = self.latest_step()
             if step is None:
                 raise CheckpointError(f"no finished checkpoint in {self.directory}")
         if step not in self.manager.all_steps():
             raise CheckpointError(f"no checkpoint for step {step} in {self.directory}")
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _saveable(train_state_like))
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _saveable(train_states_like))
         restored = self.manager.restore(
             step,
             args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
             ),
         )
-        state = restored["state"]
-        state = state.replace(rng=jax.random.wrap_key_data(state.rng))
-        return state, restored["meta"]
+        return _restored(restored["state"]), restored["meta"]
 
 
 def resolve_checkpoint(path: str, output_dir: str) -> tuple[str, int | None]:

@@ -89,6 +89,8 @@ def default_config() -> ml_collections.ConfigDict:
     c.entropy_loss_coef = 0.0
     c.loss_reduction = "token_mean"
     c.recompute_old_logprobs = False
+    c.critic_learning_rate = 1e-5  # gae only: the critic's AdamW learning rate
+    c.value_clip = 0.2  # gae only: ε_v of the clipped value loss (0 = unclipped)
     c.kernel_impl = "auto"
     # optimizer and schedule
     c.learning_rate = 1e-5
@@ -112,6 +114,10 @@ def default_config() -> ml_collections.ConfigDict:
     c.custom_envs = ml_collections.ConfigDict({"frozen_lake": env_spec("frozen_lake")})
     c.train_env_manager = env_manager(8, 8)
     c.val_env_manager = env_manager(16, 1)
+    # format warm-up: supervised replies with random valid actions, before RL (0 steps = off)
+    c.format_warmup = ml_collections.ConfigDict(dict(
+        steps=0, learning_rate=1e-3, episodes_per_step=16,
+    ))
     # distribution and debugging
     c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
     c.debug = ml_collections.ConfigDict(dict(dump_dir=""))
@@ -168,7 +174,7 @@ def validate(c) -> None:
     if unknown:
         field = sorted(unknown)[0]
         _fail(field, f"unknown field; known fields: {', '.join(sorted(defaults.keys()))}")
-    for field in ("generation", "mesh", "debug"):
+    for field in ("generation", "mesh", "debug", "format_warmup"):
         extra = set(c[field].keys()) - set(defaults[field].keys())
         if extra:
             _fail(f"{field}.{sorted(extra)[0]}",
@@ -188,8 +194,12 @@ def validate(c) -> None:
         _positive(c, field)
     for field in ("pg_clip", "init_kl_coef", "target_kl", "entropy_loss_coef", "advantage_clip",
                   "warmup_steps", "weight_decay", "estimated_chunks_per_traj",
-                  "gamma", "lambd", "step_reward_gamma", "generation.top_k", "pg_clip_high"):
+                  "gamma", "lambd", "step_reward_gamma", "generation.top_k", "pg_clip_high",
+                  "critic_learning_rate", "value_clip"):
         _positive(c, field, allow_zero=True)
+    _positive(c, "format_warmup.steps", allow_zero=True)
+    _positive(c, "format_warmup.learning_rate")
+    _positive(c, "format_warmup.episodes_per_step")
     if not 0 < c.generation.top_p <= 1:
         _fail("generation.top_p", f"must be in (0, 1], got {c.generation.top_p}")
     if not 0 <= c.min_lr_ratio <= 1:

@@ -20,7 +20,8 @@ from flax import nnx
 
 from jaxrl_agentic.algos import advantages as adv
 from jaxrl_agentic.algos.schedules import ChunkEstimator, planned_total_updates, step_learning_rates
-from jaxrl_agentic.config import TOKEN_ESTIMATORS, ConfigError, resolve_model_path
+from jaxrl_agentic.config import TOKEN_ESTIMATORS, resolve_model_path
+from jaxrl_agentic.critic import Critic, CriticConfig, gae_samples
 from jaxrl_agentic.data.samples import build_samples
 from jaxrl_agentic.envs import make
 from jaxrl_agentic.learner import Learner, LearnerConfig
@@ -93,14 +94,15 @@ def trajectory_metrics(trajs, prefix: str) -> dict[str, float]:
 
 class Pipeline:
     def __init__(self, c, *, model_dir: str | None = None):
-        if c.adv_estimator == "gae":
-            raise ConfigError(
-                "config.adv_estimator: 'gae' needs a critic, which the pipeline does not train "
-                "yet; use grpo, rloo, reinforce, reinforce_plus_plus or gigpo"
-            )
         self.c = c
-        model, tokenizer = load_pretrained(model_dir or resolve_model_path(c), dtype=c.dtype,
-                                           param_dtype=c.param_dtype)
+        if model_dir is None:
+            model_dir = resolve_model_path(c)
+            if c.format_warmup.steps > 0:
+                from jaxrl_agentic.warmup import warmed_model_dir
+
+                model_dir = warmed_model_dir(model_dir, c)
+        self.model_dir = model_dir
+        model, tokenizer = load_pretrained(model_dir, dtype=c.dtype, param_dtype=c.param_dtype)
         self.tokenizer = tokenizer
         self.formatter = ChatFormatter(tokenizer)
         max_new = max(spec.max_tokens_per_step for spec in c.custom_envs.values())
@@ -109,6 +111,19 @@ class Pipeline:
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.learner_cfg = learner_config(c, pad_id)
         mesh = make_mesh(data=c.mesh.data, fsdp=c.mesh.fsdp, tensor=c.mesh.tensor)
+        self.critic = None
+        if c.adv_estimator == "gae":  # the critic starts from the policy's backbone
+            self.critic = Critic(self.sampler.graphdef, self.sampler.params, CriticConfig(
+                learning_rate=c.critic_learning_rate,
+                max_grad_norm=c.max_grad_norm,
+                value_clip=c.value_clip or None,
+                mini_batch_size=c.mini_batch_size,
+                ppo_epochs=c.ppo_epochs,
+                micro_batch_max_tokens=c.micro_batch_max_tokens,
+                sequence_length=c.sequence_length,
+                pad_token_id=pad_id,
+                seed=c.seed,
+            ), mesh)
         self.learner = Learner(self.sampler.graphdef, self.sampler.params, self.learner_cfg,
                                mesh)
         self.sampler.set_params(None)  # the learner owns the params from here on
@@ -160,6 +175,14 @@ class Pipeline:
     def make_samples(self, trajs):
         c = self.c
         token_level = c.adv_estimator in TOKEN_ESTIMATORS
+        if c.adv_estimator == "gae":
+            samples, critic_metrics = gae_samples(trajs, self.critic, gamma=c.gamma,
+                                                  lambd=c.lambd)
+            stats = {"batch/sequences_before_merge": float(len(samples)),
+                     "batch/sequences_after_merge": float(len(samples)),
+                     "batch/empty_trajectories": float(sum(not t.turns for t in trajs)),
+                     **critic_metrics}
+            return self._shape_advantages(samples), stats
         if token_level:
             advantages, _ = adv.token_advantages(
                 [t for t in trajs if t.turns], adv_estimator=c.adv_estimator, gamma=c.gamma,
@@ -173,6 +196,11 @@ class Pipeline:
                 gigpo_step_weight=c.gigpo_step_weight)
         samples, stats = build_samples(trajs, advantages, sample_mode=c.sample_mode,
                                        merge_stepwise=c.merge_stepwise, token_level=token_level)
+        return self._shape_advantages(samples), stats
+
+    def _shape_advantages(self, samples):
+        """Optional whitening over the batch's loss tokens, then optional clipping."""
+        c = self.c
         if c.whiten_advantages and samples:
             white = adv.whiten([s.advantages for s in samples], [s.loss_mask for s in samples])
             samples = [dataclasses.replace(s, advantages=a) for s, a in zip(samples, white,
@@ -181,7 +209,7 @@ class Pipeline:
             samples = [dataclasses.replace(s, advantages=np.clip(s.advantages, -c.advantage_clip,
                                                                  c.advantage_clip))
                        for s in samples]
-        return samples, stats
+        return samples
 
     # ---- one pipeline step ----------------------------------------------------------------------
     def train_step(self) -> tuple[dict[str, float], list, list]:
@@ -200,6 +228,8 @@ class Pipeline:
             lrs = step_learning_rates(self.schedule, steps_done=self.step,
                                       updates_done=self.updates_done, updates_this_step=updates,
                                       max_steps=c.max_steps)
+            if self.critic is not None:  # values for this step were computed before updating
+                metrics.update(self.critic.step(samples))
             learner_metrics = self.learner.step(samples, lrs)
             self.updates_done += updates
             metrics.update(_rename(learner_metrics))
@@ -245,6 +275,8 @@ class Pipeline:
             "cursor": self.cursor,
             "chunks": dataclasses.asdict(self.chunks),
             "learner_np_rng": self.learner.np_rng.bit_generator.state,
+            "critic_np_rng": None if self.critic is None else
+            self.critic.np_rng.bit_generator.state,
         }
 
     def load_host_state(self, state: dict) -> None:
@@ -253,6 +285,20 @@ class Pipeline:
         self.cursor = int(state["cursor"])
         self.chunks = ChunkEstimator(**state["chunks"])
         self.learner.np_rng.bit_generator.state = state["learner_np_rng"]
+        if self.critic is not None:
+            self.critic.np_rng.bit_generator.state = state["critic_np_rng"]
+
+    def train_states(self) -> dict:
+        """The device states a checkpoint holds."""
+        states = {"learner": self.learner.state}
+        if self.critic is not None:
+            states["critic"] = self.critic.state
+        return states
+
+    def load_train_states(self, states: dict) -> None:
+        self.learner.state = states["learner"]
+        if self.critic is not None:
+            self.critic.state = states["critic"]
 
     def export_model(self):
         """An nnx model with the current parameters (for HF export)."""

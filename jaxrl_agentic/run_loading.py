@@ -33,7 +33,7 @@ def restore_pipeline(c, checkpoint_path: str):
 
     directory, step = resolve_checkpoint(checkpoint_path, output_paths(c)["output_dir"])
     pipeline = Pipeline(c)
-    state, host = Checkpointer(directory).restore(step, pipeline.learner.state)
-    pipeline.learner.state = state
+    states, host = Checkpointer(directory).restore(step, pipeline.train_states())
+    pipeline.load_train_states(states)
     pipeline.load_host_state(host)
     return pipeline

@@ -72,8 +72,8 @@ def run(c, *, log=print) -> dict[str, float]:
     if c.resume_from_checkpoint:
         directory, step = resolve_checkpoint(c.resume_from_checkpoint, paths["output_dir"])
         source = checkpointer if directory == checkpointer.directory else Checkpointer(directory)
-        state, host = source.restore(step, pipeline.learner.state)
-        pipeline.learner.state = state
+        states, host = source.restore(step, pipeline.train_states())
+        pipeline.load_train_states(states)
         pipeline.load_host_state(host)
         log(f"resumed from {directory} at step {pipeline.step}")
     writer = MetricsWriter(paths["output_dir"], paths["logging_dir"], resume_step=pipeline.step)
@@ -114,7 +114,7 @@ def run(c, *, log=print) -> dict[str, float]:
                     writer.write_frames(step, "episodes/frames", frames)
                 log(console_line(step, metrics))
             if step % c.save_steps == 0 or step == c.max_steps:
-                checkpointer.save(step, pipeline.learner.state, pipeline.host_state())
+                checkpointer.save(step, pipeline.train_states(), pipeline.host_state())
             bar.update(1)
             bar.set_postfix(reward=f"{metrics.get('env/return', 0):.3f}",
                             tok_s=f"{metrics.get('perf/tokens_per_s', 0):.0f}")

@@ -140,3 +140,17 @@ def test_export_writes_a_model_transformers_loads(reference_run, tmp_path):
     our_logits = np.asarray(ours(jnp.asarray(tokens), jnp.arange(tokens.shape[1])[None]))
     assert np.abs(hf_logits - our_logits).max() <= 1e-4
     assert export.main(["--checkpoint", str(tmp_path / "nope"), "--out", out]) == 2
+
+
+def test_gae_trains_a_critic_and_resumes_it(tmp_path):
+    out = str(tmp_path / "gae")
+    args = [*tiny_overrides("frozen_lake", out, 2), "--config.adv_estimator=gae",
+            "--config.critic_learning_rate=1e-3"]
+    assert train.main(["train", *args]) == 0
+    records = check_outputs(out, 2)
+    for key in ("critic/value_loss", "critic/explained_variance", "critic/gae_advantages_mean"):
+        assert key in records[-1], key
+    args = [a if not a.startswith("--config.max_steps") else "--config.max_steps=3"
+            for a in args] + ["--config.resume_from_checkpoint=latest"]
+    assert train.main(["train", *args]) == 0  # restores policy *and* critic state
+    assert [r["step"] for r in read_metrics(out)] == [1, 2, 3]
