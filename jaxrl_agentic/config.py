@@ -116,7 +116,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.val_env_manager = env_manager(16, 1)
     # format warm-up: supervised replies with random valid actions, before RL (0 steps = off)
     c.format_warmup = ml_collections.ConfigDict(dict(
-        steps=0, learning_rate=1e-3, episodes_per_step=16,
+        steps=0, learning_rate=2e-3, episodes_per_step=16, max_turns=2,
     ))
     # distribution and debugging
     c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
@@ -200,6 +200,7 @@ def validate(c) -> None:
     _positive(c, "format_warmup.steps", allow_zero=True)
     _positive(c, "format_warmup.learning_rate")
     _positive(c, "format_warmup.episodes_per_step")
+    _positive(c, "format_warmup.max_turns")
     if not 0 < c.generation.top_p <= 1:
         _fail("generation.top_p", f"must be in (0, 1], got {c.generation.top_p}")
     if not 0 <= c.min_lr_ratio <= 1:

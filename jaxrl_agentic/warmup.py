@@ -1,0 +1,160 @@
+"""Format warm-up: teach only the reply format, so that RL is what teaches the policy.
+
+A randomly initialised model never writes `<answer>Left</answer>`, so every reply would be
+invalid and RL would have no signal. The warm-up plays episodes where a scripted policy
+replies with a *uniformly random valid action* in the exact token streams the rollout builds
+(the real `RolloutRunner`, driven by `ScriptedSampler`), and maximises the likelihood of
+those replies. Random actions teach the format and nothing about which move is good.
+
+Maximum likelihood through the PPO learner: with advantages 1 and old logprobs recomputed
+from the current parameters, the ratio is exactly 1 at the single update of each step, so
+
+    ∇ −Σ A·ratio = −Σ ∇ log π(token)
+
+which is the negative log-likelihood gradient (token-mean reduction).
+
+The warmed model is cached (HF format) under the user cache dir, keyed by everything that
+affects it, and reused by later runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import sys
+
+import numpy as np
+
+from jaxrl_agentic.sampler import GenerationResult
+
+
+class ScriptedSampler:
+    """Stands in for `Sampler` in the rollout loop: replies come from `reply_ids(row)`."""
+
+    def __init__(self, reply_ids, max_total_len: int):
+        self.reply_ids = reply_ids
+        self.max_total_len = max_total_len
+
+    def new_session(self, num_rows: int):
+        return _ScriptedSession(self)
+
+
+class _ScriptedSession:
+    def __init__(self, sampler: ScriptedSampler):
+        self.sampler = sampler
+
+    def extend(self, rows, new_ids) -> None:
+        del rows, new_ids  # the scripted policy does not read its context
+
+    def generate(self, rows, **kwargs) -> GenerationResult:
+        del kwargs
+        tokens = [self.sampler.reply_ids(row) for row in rows]
+        return GenerationResult(
+            tokens=tokens,
+            logprobs=[np.zeros(len(t), np.float32) for t in tokens],
+            stop_reasons=["eos"] * len(tokens),
+        )
+
+
+def random_action_replies(formatter, action_names, seed: int):
+    """reply_ids(row) → ids of `<answer>NAME</answer>` + EOS for a random action."""
+    rng = random.Random(seed)
+    encoded = [formatter.encode(f"<answer>{name}</answer>") + [formatter.eos_token_id]
+               for name in action_names]
+    return lambda row: list(rng.choice(encoded))
+
+
+def warmup_cache_key(base_model_dir: str, c) -> str:
+    envs = {tag: spec.to_dict() for tag, spec in c.custom_envs.items()}
+    payload = json.dumps({
+        "model": os.path.abspath(base_model_dir),
+        "envs": envs,
+        "steps": c.format_warmup.steps,
+        "lr": c.format_warmup.learning_rate,
+        "episodes": c.format_warmup.episodes_per_step,
+        "max_turns": c.format_warmup.max_turns,
+        "max_input_length": c.max_input_length,
+        "seed": c.seed,
+        "version": 1,
+    }, sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def format_warmup(base_model_dir: str, c, out_dir: str, *, log=print) -> dict[str, float]:
+    """Trains the reply format on random valid actions and saves the model to `out_dir`."""
+    from flax import nnx
+
+    from jaxrl_agentic.data.samples import trajectory_sample
+    from jaxrl_agentic.envs import make
+    from jaxrl_agentic.learner import Learner, LearnerConfig
+    from jaxrl_agentic.models import load_pretrained, save_pretrained
+    from jaxrl_agentic.parallel import make_mesh
+    from jaxrl_agentic.rollout.conversation import ChatFormatter
+    from jaxrl_agentic.rollout.groups import EpisodeSpec
+    from jaxrl_agentic.rollout.loop import GenerationConfig, RolloutRunner
+
+    model, tokenizer = load_pretrained(base_model_dir)
+    formatter = ChatFormatter(tokenizer)
+    w = c.format_warmup
+    graphdef, params = nnx.split(model)
+    learner = Learner(graphdef, params, LearnerConfig(
+        learning_rate=w.learning_rate,
+        lr_scheduler_type="constant",
+        mini_batch_size=10**9,  # one update per step: ratio stays exactly 1 (see module doc)
+        recompute_old_logprobs=True,
+        micro_batch_max_tokens=c.micro_batch_max_tokens,
+        sequence_length=c.sequence_length,
+        pad_token_id=tokenizer.pad_token_id or 0,
+        max_grad_norm=1.0,
+        seed=c.seed,
+    ), make_mesh())
+    runners = []
+    for i, (tag, spec) in enumerate(c.custom_envs.items()):
+        env, env_params = make(spec.env_type, format_penalty=spec.format_penalty,
+                               **dict(spec.env_config))
+        scripted = ScriptedSampler(random_action_replies(formatter, env.action_names,
+                                                         c.seed + 7919 * i),
+                                   max_total_len=c.max_input_length + spec.max_tokens_per_step + 1)
+        # Short episodes: the format is the same on every turn, and long contexts would
+        # spend most of the compute on prompt tokens that carry no loss.
+        runners.append(RolloutRunner(env, env_params, scripted, formatter, tag=tag,
+                                     max_turns=min(spec.max_turns, w.max_turns),
+                                     max_input_length=c.max_input_length,
+                                     generation=GenerationConfig(spec.max_tokens_per_step),
+                                     run_seed=c.seed + 1))
+    metrics, first_nll = {}, None
+    for step in range(w.steps):
+        samples = []
+        for runner in runners:
+            # Seeds far from the RL training (even) and validation (odd, small) seeds.
+            episodes = [EpisodeSpec(seed=10**7 + step * w.episodes_per_step + k, group_id=k,
+                                    member=0) for k in range(w.episodes_per_step)]
+            trajs = runner.run(episodes, sample_seed=step)
+            samples += [trajectory_sample(t, 1.0) for t in trajs if t.turns]
+        metrics = learner.step(samples, [w.learning_rate])
+        # The scripted replies carry logprob 0, so the recomputation gap is exactly the mean
+        # negative log-likelihood of the reply tokens under the current parameters.
+        metrics["warmup/nll"] = metrics["rollout/logprob_mismatch"]
+        first_nll = metrics["warmup/nll"] if first_nll is None else first_nll
+        metrics["warmup/nll_first"] = first_nll
+        if (step + 1) % 10 == 0 or step == 0:
+            log(f"format warm-up {step + 1}/{w.steps}: nll={metrics['warmup/nll']:.4f}")
+    save_pretrained(nnx.merge(graphdef, learner.params), tokenizer, out_dir)
+    return metrics
+
+
+def warmed_model_dir(base_model_dir: str, c, *, log=None) -> str:
+    """The cached format-warmed model for `c` (built on first use)."""
+    from jaxrl_agentic.models.tiny import _file_lock, cache_dir
+
+    log = log or (lambda msg: print(msg, file=sys.stderr))
+    out = os.path.join(cache_dir(), "warmup", warmup_cache_key(base_model_dir, c))
+    if os.path.exists(os.path.join(out, "model.safetensors")):
+        return out
+    with _file_lock(out + ".lock"):
+        if not os.path.exists(os.path.join(out, "model.safetensors")):
+            log(f"[jaxrl_agentic] format warm-up ({c.format_warmup.steps} steps) → {out}")
+            format_warmup(base_model_dir, c, out, log=log)
+    return out
