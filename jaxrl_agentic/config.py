@@ -105,7 +105,6 @@ def default_config() -> ml_collections.ConfigDict:
     c.max_input_length = 1024  # prompt tokens per turn
     c.sequence_length = 2048  # a sample's total tokens (truncation)
     c.micro_batch_max_tokens = 4096  # tokens per packed micro-batch row
-    c.use_packing = True
     # generation
     c.generation = ml_collections.ConfigDict(dict(
         temperature=1.0, top_p=1.0, top_k=0, num_return_sequences=1,
@@ -201,6 +200,9 @@ def validate(c) -> None:
     _positive(c, "format_warmup.learning_rate")
     _positive(c, "format_warmup.episodes_per_step")
     _positive(c, "format_warmup.max_turns")
+    if not isinstance(c.generation.num_return_sequences, int) or \
+            c.generation.num_return_sequences < 1:
+        _fail("generation.num_return_sequences", "must be an integer >= 1")
     if not 0 < c.generation.top_p <= 1:
         _fail("generation.top_p", f"must be in (0, 1], got {c.generation.top_p}")
     if not 0 <= c.min_lr_ratio <= 1:
@@ -234,7 +236,10 @@ def validate(c) -> None:
                                        sum(m.num_groups_partition) != m.num_env_groups):
             _fail(f"{name}.num_groups_partition", "needs one entry per tag summing to "
                   f"num_env_groups={m.num_env_groups}")
-    if c.adv_estimator in GROUP_ESTIMATORS and c.train_env_manager.group_size < 2:
+    if c.kl_in_reward and not c.init_kl_coef:
+        _fail("kl_in_reward", "folds init_kl_coef·KL into the rewards; set init_kl_coef > 0")
+    group = c.train_env_manager.group_size * c.generation.num_return_sequences
+    if c.adv_estimator in GROUP_ESTIMATORS and group < 2:
         _fail("train_env_manager.group_size", f"adv_estimator={c.adv_estimator!r} normalises "
               "within groups and needs group_size >= 2")
     for tag, spec in c.custom_envs.items():

@@ -19,10 +19,11 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_agentic.algos import advantages as adv
+from jaxrl_agentic.algos.kl import kl_estimate
 from jaxrl_agentic.algos.schedules import ChunkEstimator, planned_total_updates, step_learning_rates
 from jaxrl_agentic.config import TOKEN_ESTIMATORS, resolve_model_path
 from jaxrl_agentic.critic import Critic, CriticConfig, gae_samples
-from jaxrl_agentic.data.samples import build_samples
+from jaxrl_agentic.data.samples import build_samples, trajectory_sample
 from jaxrl_agentic.envs import make
 from jaxrl_agentic.learner import Learner, LearnerConfig
 from jaxrl_agentic.models import load_pretrained
@@ -62,10 +63,12 @@ def learner_config(c, pad_token_id: int) -> LearnerConfig:
     )
 
 
-def manager(m) -> EnvManagerConfig:
+def manager(m, num_return_sequences: int = 1) -> EnvManagerConfig:
+    """`num_return_sequences` samples per initial state = that many episodes per group
+    member: the multi-turn analogue of several completions per prompt."""
     return EnvManagerConfig(
         num_env_groups=m.num_env_groups,
-        group_size=m.group_size,
+        group_size=m.group_size * num_return_sequences,
         tags=tuple(m.tags),
         num_groups_partition=tuple(m.num_groups_partition),
     )
@@ -127,7 +130,7 @@ class Pipeline:
         self.learner = Learner(self.sampler.graphdef, self.sampler.params, self.learner_cfg,
                                mesh)
         self.sampler.set_params(None)  # the learner owns the params from here on
-        self.train_manager = manager(c.train_env_manager)
+        self.train_manager = manager(c.train_env_manager, c.generation.num_return_sequences)
         self.val_manager = manager(c.val_env_manager)
         self.runners = {}
         for tag, spec in c.custom_envs.items():
@@ -218,9 +221,11 @@ class Pipeline:
         t0 = time.perf_counter()
         trajs = self.rollout("train")
         t_rollout = time.perf_counter() - t0
+        metrics = {"step": float(self.step + 1), **trajectory_metrics(trajs, "env/")}
+        if c.kl_in_reward:
+            metrics.update(self.fold_kl_into_rewards(trajs))
         samples, sample_stats = self.make_samples(trajs)
-        metrics = {"step": float(self.step + 1), **trajectory_metrics(trajs, "env/"),
-                   **sample_stats}
+        metrics.update(sample_stats)
         t1 = time.perf_counter()
         if samples:
             mismatch = self.logprob_mismatch(samples)
@@ -255,6 +260,30 @@ class Pipeline:
         metrics["perf/tokens_per_s"] = metrics.get("tokens/real", 0.0) / max(
             metrics["time/step"], 1e-9)
         return metrics, trajs, samples
+
+    def fold_kl_into_rewards(self, trajs) -> dict[str, float]:
+        """r'_turn = r_turn − β · Σ_{tokens of its reply} k(logπ_old − logπ_ref).
+
+        The env-side metrics (success, return) were computed before and keep the true
+        rewards; advantages see the penalised ones. β is the KL controller's coefficient.
+        """
+        played = [t for t in trajs if t.turns]
+        if not played:
+            return {}
+        samples = [trajectory_sample(t, 0.0) for t in played]
+        ref = self.learner.sample_logprobs(samples, reference=True)
+        coef = float(self.learner.state.kl.coef)
+        total_kl, tokens = 0.0, 0
+        for traj, sample, ref_lp in zip(played, samples, ref, strict=True):
+            per_token = np.asarray(kl_estimate(sample.old_logprobs, ref_lp,
+                                               self.c.kl_estimator))
+            for turn in traj.turns:
+                span = slice(turn.context_len, turn.context_len + len(turn.generated))
+                turn_kl = float(per_token[span].sum())
+                turn.reward -= coef * turn_kl
+                total_kl += turn_kl
+                tokens += len(turn.generated)
+        return {"actor/reward_kl": total_kl / max(tokens, 1), "kl/coef": coef}
 
     def logprob_mismatch(self, samples) -> float:
         """Mean |sampler logprob − learner logprob| over generated tokens (same params)."""

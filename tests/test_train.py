@@ -154,3 +154,17 @@ def test_gae_trains_a_critic_and_resumes_it(tmp_path):
             for a in args] + ["--config.resume_from_checkpoint=latest"]
     assert train.main(["train", *args]) == 0  # restores policy *and* critic state
     assert [r["step"] for r in read_metrics(out)] == [1, 2, 3]
+
+
+def test_kl_in_reward_penalises_rewards_once_the_policy_moves(tmp_path):
+    """Regression: kl_in_reward used to drop the KL loss term without penalising rewards."""
+    out = str(tmp_path / "klr")
+    args = [*tiny_overrides("frozen_lake", out, 2), "--config.kl_in_reward=True",
+            "--config.init_kl_coef=0.5", "--config.learning_rate=1e-3",
+            "--config.kl_estimator=k1"]
+    assert train.main(["train", *args]) == 0
+    first, second = read_metrics(out)
+    assert abs(first["actor/reward_kl"]) < 1e-5  # policy == reference before any update
+    assert second["actor/reward_kl"] > 0  # after an update the penalty is applied
+    # and the loss carries no KL term (KL is still measured and reported)
+    assert abs(second["actor/loss"] - second["actor/pg_loss"]) < 1e-7
