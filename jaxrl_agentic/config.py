@@ -105,6 +105,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.max_input_length = 1024  # prompt tokens per turn
     c.sequence_length = 2048  # a sample's total tokens (truncation)
     c.micro_batch_max_tokens = 4096  # tokens per packed micro-batch row
+    # Micro-batch counts are rounded up to a multiple of this (0 = next power of two): a
+    # handful of compiled shapes, without doubling the rows as powers of two can.
+    c.rows_bucket = 4
     # generation
     c.generation = ml_collections.ConfigDict(dict(
         temperature=1.0, top_p=1.0, top_k=0, num_return_sequences=1,
@@ -196,6 +199,7 @@ def validate(c) -> None:
                   "gamma", "lambd", "step_reward_gamma", "generation.top_k", "pg_clip_high",
                   "critic_learning_rate", "value_clip"):
         _positive(c, field, allow_zero=True)
+    _positive(c, "rows_bucket", allow_zero=True)
     _positive(c, "format_warmup.steps", allow_zero=True)
     _positive(c, "format_warmup.learning_rate")
     _positive(c, "format_warmup.episodes_per_step")

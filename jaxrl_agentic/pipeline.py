@@ -58,6 +58,7 @@ def learner_config(c, pad_token_id: int) -> LearnerConfig:
         kernel_impl=c.kernel_impl,
         micro_batch_max_tokens=c.micro_batch_max_tokens,
         sequence_length=c.sequence_length,
+        rows_bucket=c.rows_bucket,
         pad_token_id=pad_token_id,
         seed=c.seed,
     )
@@ -124,6 +125,7 @@ class Pipeline:
                 ppo_epochs=c.ppo_epochs,
                 micro_batch_max_tokens=c.micro_batch_max_tokens,
                 sequence_length=c.sequence_length,
+                rows_bucket=c.rows_bucket,
                 pad_token_id=pad_id,
                 seed=c.seed,
             ), mesh)

@@ -1,0 +1,257 @@
+"""Packed vs padded learner batches on real step-wise rollouts of the tiny model.
+
+1. Plays ``--groups × --group-size`` frozen-lake episodes (up to ``--max-turns`` turns,
+   ``--max-tokens-per-step`` new tokens a turn) with the real ``Sampler`` and the cached
+   tiny model, and turns every turn into a step-wise sample (``data.samples.step_samples``,
+   one random advantage per trajectory).
+2. Lays the samples out two ways, both ``[n_micro, row_len]`` with segment ids: packed
+   (``pack_samples``: first-fit-decreasing into rows of ``--micro-batch-max-tokens``,
+   default the sequence length) and padded (``pad_samples``: one sample per row, row length
+   = the longest sample). Row counts are exact (``rows_bucket=1``) so the figures measure
+   the layouts, not the row bucketing; ``*_pow2_buckets`` gives the efficiencies under
+   the packers' default power-of-two buckets, ``packed_efficiency_learner_step`` the
+   figure of ``Learner.step`` (mini-batches of ``--mini-batch-size`` packed to one shared
+   power-of-two row count). ``*_efficiency`` cover the whole rollout.
+3. Times one optimizer update (forward + backward + AdamW over all micro-batch rows: the
+   learner's own jitted ``train_step``) on one random mini-batch of ``--mini-batch-size``
+   samples in each layout (``timed_*``): one warm-up call per layout (compiles; reported as
+   ``*_first_call_s``), then ``--repeats`` timed calls interleaved (packed, padded, packed,
+   ...) so both see the same load on shared cores; the median.
+
+    efficiency   = real tokens / computed slots (rows × row_len)
+    tokens_per_s = real tokens of the mini-batch / median step time
+
+The attention is dense with a segment mask, so a row costs ``row_len²`` query-key pairs
+whatever it holds (``timed_*_attention_slots``): a long packed row buys fewer padding slots
+with more cross-segment pairs. Prints ONE JSON line.
+
+    python scripts/bench_packing.py                     # 8 groups × 4 episodes, 5 turns
+    python scripts/bench_packing.py --micro-batch-max-tokens 2048 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from jaxrl_agentic.data import (  # noqa: E402
+    pack_minibatches,
+    pack_samples,
+    pad_samples,
+    split_minibatches,
+    token_stats,
+)
+from jaxrl_agentic.data.samples import step_samples  # noqa: E402
+from jaxrl_agentic.envs import make  # noqa: E402
+from jaxrl_agentic.learner import (  # noqa: E402
+    TRAIN_BATCH_KEYS,
+    LearnerConfig,
+    init_train_state,
+    make_train_step,
+)
+from jaxrl_agentic.models import load_pretrained  # noqa: E402
+from jaxrl_agentic.models.tiny import default_tiny_model_dir  # noqa: E402
+from jaxrl_agentic.parallel import batch_sharding, make_mesh, train_state_shardings  # noqa: E402
+from jaxrl_agentic.rollout.conversation import ChatFormatter  # noqa: E402
+from jaxrl_agentic.rollout.groups import EnvManagerConfig, plan_episodes  # noqa: E402
+from jaxrl_agentic.rollout.loop import GenerationConfig, RolloutRunner  # noqa: E402
+from jaxrl_agentic.sampler import Sampler  # noqa: E402
+
+ENV = "frozen_lake"
+
+
+def _parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--groups", type=int, default=8, help="env groups (distinct maps)")
+    parser.add_argument("--group-size", type=int, default=4, help="episodes per group")
+    parser.add_argument("--max-turns", type=int, default=5)
+    parser.add_argument("--max-tokens-per-step", type=int, default=16)
+    parser.add_argument("--max-input-length", type=int, default=1024,
+                        help="prompt tokens per turn (the trainer's default)")
+    parser.add_argument("--micro-batch-max-tokens", type=int, default=0,
+                        help="packed row length (default 0: the sequence length, "
+                             "max-input-length + max-tokens-per-step)")
+    parser.add_argument("--mini-batch-size", type=int, default=32,
+                        help="samples in the timed update (the trainer's default; 0 = all)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed updates per layout")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args()
+
+
+def _rollout(model, tokenizer, args):
+    """Real trajectories of the tiny model on frozen lake, and the wall time it took."""
+    env, env_params = make(ENV)
+    total = args.max_input_length + args.max_tokens_per_step + 1
+    sampler = Sampler(model, tokenizer, max_total_len=-(-total // 64) * 64)
+    runner = RolloutRunner(
+        env, env_params, sampler, ChatFormatter(tokenizer), tag=ENV,
+        max_turns=args.max_turns, max_input_length=args.max_input_length,
+        generation=GenerationConfig(max_tokens_per_step=args.max_tokens_per_step),
+        run_seed=args.seed,
+    )
+    manager = EnvManagerConfig(num_env_groups=args.groups, group_size=args.group_size,
+                               tags=(ENV,))
+    episodes = plan_episodes(manager, split="train")[ENV]
+    start = time.perf_counter()
+    trajs = runner.run(episodes, sample_seed=args.seed)
+    return trajs, time.perf_counter() - start
+
+
+def _samples(trajs, seed):
+    """Step-wise samples; one standard-normal advantage per trajectory (GRPO-like scale)."""
+    rng = np.random.default_rng(seed)
+    return [s for t in trajs for s in step_samples(t, float(rng.normal()))]
+
+
+def _time_interleaved(step, state, batches, lr, repeats):
+    """(state, first-call seconds per batch, median seconds per batch). The state is
+    donated by the step, so it is threaded through every call."""
+    first = []
+    for batch in batches:
+        start = time.perf_counter()
+        state, metrics = step(state, batch, lr)
+        jax.block_until_ready((state, metrics))
+        first.append(time.perf_counter() - start)
+    times = [[] for _ in batches]
+    for _ in range(repeats):
+        for batch, bucket in zip(batches, times, strict=True):
+            start = time.perf_counter()
+            state, metrics = step(state, batch, lr)
+            jax.block_until_ready((state, metrics))
+            bucket.append(time.perf_counter() - start)
+            if int(metrics["nonfinite"]):
+                raise RuntimeError("the train step skipped a non-finite update")
+    return state, first, [statistics.median(t) for t in times]
+
+
+def _layouts(samples, micro_batch_max_tokens, sequence_length, *, pow2_buckets=False):
+    """(packed, padded) batches of the same samples. Exact row counts and a padded row as
+    long as the longest sample; with ``pow2_buckets`` the packers' defaults instead (row
+    counts and padded row length rounded up to powers of two, the latter capped at
+    ``sequence_length``)."""
+    exact = {} if pow2_buckets else {"rows_bucket": 1}
+    packed = pack_samples(samples, micro_batch_max_tokens=micro_batch_max_tokens,
+                          sequence_length=sequence_length, **exact)
+    padded = pad_samples(samples, sequence_length=sequence_length,
+                         **({} if pow2_buckets else {"length_bucket": 1}), **exact)
+    return packed, padded
+
+
+def _trainer_efficiency(samples, mini_batch_size, row_len, sequence_length, seed):
+    """Efficiency as ``Learner.step`` packs: shuffled mini-batches, each packed, all padded
+    to one power-of-two row count (``LearnerConfig.rows_bucket = 0``)."""
+    minibatches = split_minibatches(samples, mini_batch_size, 1, np.random.default_rng(seed))
+    stats = [token_stats(b) for b in pack_minibatches(
+        minibatches, micro_batch_max_tokens=row_len, sequence_length=sequence_length)]
+    return sum(s["real_tokens"] for s in stats) / sum(s["computed_slots"] for s in stats)
+
+
+def _attention_slots(batch):
+    """Query-key pairs the dense masked attention computes: rows × row_len²."""
+    return batch.num_micro_batches * batch.row_len**2
+
+
+def main():
+    args = _parse_args()
+    load_before = os.getloadavg()[0]
+    sequence_length = args.max_input_length + args.max_tokens_per_step
+    row_len = args.micro_batch_max_tokens or sequence_length
+    model, tokenizer = load_pretrained(default_tiny_model_dir())
+    trajs, rollout_s = _rollout(model, tokenizer, args)
+    samples = _samples(trajs, args.seed)
+    lengths = np.array([len(s) for s in samples])
+
+    # The whole rollout laid out at once: the efficiency figures.
+    packed, padded = _layouts(samples, row_len, sequence_length)
+    packed_stats, padded_stats = token_stats(packed), token_stats(padded)
+    assert packed_stats["real_tokens"] == padded_stats["real_tokens"] == lengths.sum()
+    pow2_packed, pow2_padded = (
+        token_stats(b) for b in _layouts(samples, row_len, sequence_length,
+                                         pow2_buckets=True))
+
+    size = args.mini_batch_size or len(samples)
+    trainer_eff = _trainer_efficiency(samples, size, row_len, sequence_length, args.seed)
+
+    # One mini-batch (a random subset, as the trainer draws them): the timed update.
+    order = np.random.default_rng(args.seed).permutation(len(samples))
+    minibatch = [samples[i] for i in order[:size]]
+    timed = _layouts(minibatch, row_len, sequence_length)
+    timed_stats = [token_stats(b) for b in timed]
+
+    graphdef, params = nnx.split(model)
+    config = LearnerConfig(learning_rate=1e-6, micro_batch_max_tokens=row_len,
+                           sequence_length=sequence_length)
+    mesh = make_mesh()
+    state = init_train_state(params, config)
+    shardings = train_state_shardings(state, mesh)
+    state = jax.device_put(state, shardings)
+    step = make_train_step(graphdef, config, mesh, shardings)
+    batches = []
+    for layout in timed:
+        arrays = layout.token_arrays()
+        batches.append(jax.device_put({k: arrays[k] for k in TRAIN_BATCH_KEYS},
+                                      batch_sharding(mesh)))
+    lr = np.float32(config.learning_rate)
+    _, first_s, (packed_s, padded_s) = _time_interleaved(step, state, batches, lr, args.repeats)
+
+    real = timed_stats[0]["real_tokens"]
+    print(json.dumps({
+        "backend": jax.default_backend(),
+        "env": ENV,
+        "num_trajectories": len(trajs),
+        "num_samples": len(samples),
+        "sample_len_min_median_max": [int(lengths.min()), int(np.median(lengths)),
+                                      int(lengths.max())],
+        "real_tokens": int(packed_stats["real_tokens"]),
+        "micro_batch_max_tokens": row_len,
+        "sequence_length": sequence_length,
+        "packed_rows": packed.num_micro_batches,
+        "padded_rows": padded.num_micro_batches,
+        "padded_row_len": padded.row_len,
+        "packed_efficiency": round(packed_stats["efficiency"], 4),
+        "padded_efficiency": round(padded_stats["efficiency"], 4),
+        "packed_efficiency_pow2_buckets": round(pow2_packed["efficiency"], 4),
+        "padded_efficiency_pow2_buckets": round(pow2_padded["efficiency"], 4),
+        "packed_efficiency_learner_step": round(trainer_eff, 4),
+        "timed_samples": len(minibatch),
+        "timed_real_tokens": int(real),
+        "timed_packed_rows": timed[0].num_micro_batches,
+        "timed_padded_rows": timed[1].num_micro_batches,
+        "timed_padded_row_len": timed[1].row_len,
+        "timed_packed_efficiency": round(timed_stats[0]["efficiency"], 4),
+        "timed_padded_efficiency": round(timed_stats[1]["efficiency"], 4),
+        "timed_packed_attention_slots": _attention_slots(timed[0]),
+        "timed_padded_attention_slots": _attention_slots(timed[1]),
+        "packed_step_s": round(packed_s, 4),
+        "padded_step_s": round(padded_s, 4),
+        "packed_tokens_per_s": round(real / packed_s, 1),
+        "padded_tokens_per_s": round(real / padded_s, 1),
+        "speedup": round(padded_s / packed_s, 3),
+        "packed_first_call_s": round(first_s[0], 2),
+        "padded_first_call_s": round(first_s[1], 2),
+        "rollout_s": round(rollout_s, 2),
+        "model_params": int(sum(x.size for x in jax.tree.leaves(params))),
+        "model": {k: getattr(model.cfg, k) for k in (
+            "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+            "num_attention_heads", "num_key_value_heads", "head_dim")},
+        "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "timing": (f"one train_step (fwd+bwd over all rows + AdamW) on one mini-batch of "
+                   f"{len(minibatch)} samples already on device; median of {args.repeats} "
+                   f"interleaved runs after 1 warm-up (compile) per layout"),
+    }))
+
+
+if __name__ == "__main__":
+    main()
