@@ -24,6 +24,9 @@ def get_config():
     c.sequence_length = 1280
     c.micro_batch_max_tokens = 2560
     c.generation.temperature = 1.0
+    # Teach the reply format first (random valid actions), so RL teaches the policy.
+    c.format_warmup.steps = 40
+    c.format_warmup.learning_rate = 2e-3
     c.custom_envs = {"frozen_lake": env_spec("frozen_lake", max_turns=6, max_tokens_per_step=16,
                                              format_penalty=0.1)}
     c.train_env_manager = env_manager(num_env_groups=8, group_size=8, tags=("frozen_lake",))

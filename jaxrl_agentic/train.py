@@ -67,10 +67,11 @@ def run(c, *, log=print) -> dict[str, float]:
     os.makedirs(paths["output_dir"], exist_ok=True)
     with open(os.path.join(paths["output_dir"], "config.json"), "w") as f:
         f.write(c.to_json_best_effort(indent=2))
-    pipeline = Pipeline(c)
     checkpointer = Checkpointer(os.path.join(paths["output_dir"], "checkpoints"))
-    if c.resume_from_checkpoint:
+    if c.resume_from_checkpoint:  # a bad path fails before any model is built
         directory, step = resolve_checkpoint(c.resume_from_checkpoint, paths["output_dir"])
+    pipeline = Pipeline(c)
+    if c.resume_from_checkpoint:
         source = checkpointer if directory == checkpointer.directory else Checkpointer(directory)
         states, host = source.restore(step, pipeline.train_states())
         pipeline.load_train_states(states)

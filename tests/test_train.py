@@ -23,6 +23,7 @@ def tiny_overrides(recipe: str, out: str, steps: int = 2) -> list[str]:
         f"--config={os.path.join(ROOT, 'configs', recipe + '.py')}",
         f"--config.output_dir={out}",
         "--config.pretrain=tiny",
+        "--config.format_warmup.steps=0",
         f"--config.max_steps={steps}",
         "--config.save_steps=1",
         f"--config.eval_steps={steps}",
