@@ -67,13 +67,13 @@ from jaxrl_agentic.learner import (
     _decay_mask,
     _micro_groups,
     _strong_types,
-    _where_tree,
+    accumulate_gradients,
+    apply_if_finite,
     set_learning_rate,
 )
 from jaxrl_agentic.models.value import ValueModel, state_values
 from jaxrl_agentic.parallel import (
     batch_sharding,
-    constrain_like_params,
     make_mesh,
     num_batch_shards,
     replicated,
@@ -249,35 +249,17 @@ def micro_batch_value_sums(
 
 def make_value_loss_and_grads(graphdef, config: CriticConfig, mesh=None):
     """``loss_and_grads(params, batch) -> (grads, sums, denominator)``: gradients of the
-    mini-batch value loss ``Σ m·ℓ / max(Σ m, 1)`` accumulated over micro-batch groups in fp32
-    and divided once (not jitted; the train step and tests jit it)."""
-    group_rows = 1 if mesh is None else num_batch_shards(mesh)
+    mini-batch value loss ``Σ m·ℓ / max(Σ m, 1)``, accumulated over micro-batch groups and
+    divided once (``learner.accumulate_gradients``; not jitted)."""
+    zero_sums = ValueLossSums(*(jnp.zeros((), _F32) for _ in ValueLossSums._fields))
 
     def loss_and_grads(params, batch):
         def objective(p, micro):
             sums, denominator = micro_batch_value_sums(graphdef, config, p, micro)
             return sums.loss_sum, (sums, denominator)
 
-        grad_fn = jax.grad(objective, has_aux=True)
-
-        def body(carry, micro):
-            grad_sum, sums_acc, denominator_acc = carry
-            grads, (sums, denominator) = grad_fn(params, _constrain_rows(micro, mesh))
-            grad_sum = jax.tree.map(lambda a, g: a + g.astype(_F32), grad_sum, grads)
-            if mesh is not None:
-                grad_sum = constrain_like_params(grad_sum, mesh)
-            sums_acc = jax.tree.map(jnp.add, sums_acc, sums)
-            return (grad_sum, sums_acc, denominator_acc + denominator), None
-
-        init = (
-            jax.tree.map(lambda p: jnp.zeros(p.shape, _F32), params),
-            ValueLossSums(*(jnp.zeros((), _F32) for _ in ValueLossSums._fields)),
-            jnp.zeros((), _F32),
-        )
         batch = {k: batch[k] for k in CRITIC_BATCH_KEYS}
-        (grad_sum, sums, denominator), _ = lax.scan(body, init, _micro_groups(batch, group_rows))
-        scale = 1.0 / jnp.maximum(denominator, 1.0)
-        return jax.tree.map(lambda g: g * scale, grad_sum), sums, denominator
+        return accumulate_gradients(objective, params, batch, zero_sums, mesh)
 
     return loss_and_grads
 
@@ -293,16 +275,14 @@ def make_critic_train_step(graphdef, config: CriticConfig, mesh, state_shardings
     def train_step(state: CriticState, batch: dict[str, jax.Array], lr: jax.Array):
         grads, sums, denominator = loss_and_grads(state.params, batch)
         loss = sums.loss_sum / jnp.maximum(denominator, 1.0)
-        grad_norm = optax.tree.norm(grads)
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-        opt_state = set_learning_rate(state.opt_state, lr)
-        updates, new_opt_state = optimizer.update(grads, opt_state, state.params)
-        new_params = optax.apply_updates(state.params, updates)
+        params, opt_state, finite, grad_norm = apply_if_finite(
+            optimizer, state.params, state.opt_state, grads, loss, lr
+        )
         new_state = state.replace(
             step=state.step + 1,
             skipped=state.skipped + (~finite).astype(jnp.int32),
-            params=_where_tree(finite, new_params, state.params),
-            opt_state=_where_tree(finite, new_opt_state, state.opt_state),
+            params=params,
+            opt_state=opt_state,
         )
         metrics = {
             "loss": loss,

@@ -342,36 +342,63 @@ def _constrain_rows(micro, mesh):
     return lax.with_sharding_constraint(micro, batch_sharding(mesh))
 
 
+def accumulate_gradients(micro_objective, params, batch, zero_sums, mesh=None):
+    """Gradient of ``Σ_micro objective / max(Σ_micro D, 1)`` over a mini-batch, in one scan.
+
+    ``micro_objective(params, micro) -> (objective_sum, (sums, denominator))`` is evaluated
+    on groups of ``data · fsdp`` rows; gradient sums, loss sums and denominators accumulate
+    in fp32 and the gradient is divided *once* by the global denominator (dividing per
+    micro-batch is the bug peers shipped). Returns ``(grads, sums, denominator)``.
+    """
+    group_rows = 1 if mesh is None else num_batch_shards(mesh)
+    grad_fn = jax.grad(micro_objective, has_aux=True)
+
+    def body(carry, micro):
+        grad_sum, sums_acc, denominator_acc = carry
+        grads, (sums, denominator) = grad_fn(params, _constrain_rows(micro, mesh))
+        grad_sum = jax.tree.map(lambda a, g: a + g.astype(_F32), grad_sum, grads)
+        if mesh is not None:
+            grad_sum = constrain_like_params(grad_sum, mesh)
+        sums_acc = jax.tree.map(jnp.add, sums_acc, sums)
+        return (grad_sum, sums_acc, denominator_acc + denominator), None
+
+    init = (
+        jax.tree.map(lambda p: jnp.zeros(p.shape, _F32), params),
+        zero_sums,
+        jnp.zeros((), _F32),
+    )
+    (grad_sum, sums, denominator), _ = lax.scan(body, init, _micro_groups(batch, group_rows))
+    scale = 1.0 / jnp.maximum(denominator, 1.0)
+    return jax.tree.map(lambda g: g * scale, grad_sum), sums, denominator
+
+
+def apply_if_finite(optimizer, params, opt_state, grads, loss, lr):
+    """One optax update with learning rate ``lr``, kept only if ``loss`` and the gradient
+    norm are finite. Returns ``(params, opt_state, finite, grad_norm)``."""
+    grad_norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    updates, new_opt_state = optimizer.update(grads, set_learning_rate(opt_state, lr), params)
+    new_params = optax.apply_updates(params, updates)
+    return (
+        _where_tree(finite, new_params, params),
+        _where_tree(finite, new_opt_state, opt_state),
+        finite,
+        grad_norm,
+    )
+
+
 def make_loss_and_grads(graphdef, config: LearnerConfig, mesh=None):
     """``loss_and_grads(params, batch, kl_coef) -> (grads, sums, denominator)``: gradients of
-    the mini-batch loss ``Σ objective / max(D, 1)`` accumulated over micro-batch groups in
-    fp32 (not jitted; the train step and tests jit it)."""
-    group_rows = 1 if mesh is None else num_batch_shards(mesh)
+    the mini-batch loss ``Σ objective / max(D, 1)`` (see :func:`accumulate_gradients`; not
+    jitted: the train step and tests jit it)."""
+    zero_sums = PolicyLossSums(*(jnp.zeros((), _F32) for _ in PolicyLossSums._fields))
 
     def loss_and_grads(params, batch, kl_coef):
         def objective(p, micro):
             sums, denominator = micro_batch_sums(graphdef, config, p, micro, kl_coef)
             return sums.objective, (sums, denominator)
 
-        grad_fn = jax.grad(objective, has_aux=True)
-
-        def body(carry, micro):
-            grad_sum, sums_acc, denominator_acc = carry
-            grads, (sums, denominator) = grad_fn(params, _constrain_rows(micro, mesh))
-            grad_sum = jax.tree.map(lambda a, g: a + g.astype(_F32), grad_sum, grads)
-            if mesh is not None:
-                grad_sum = constrain_like_params(grad_sum, mesh)
-            sums_acc = jax.tree.map(jnp.add, sums_acc, sums)
-            return (grad_sum, sums_acc, denominator_acc + denominator), None
-
-        init = (
-            jax.tree.map(lambda p: jnp.zeros(p.shape, _F32), params),
-            PolicyLossSums(*(jnp.zeros((), _F32) for _ in PolicyLossSums._fields)),
-            jnp.zeros((), _F32),
-        )
-        (grad_sum, sums, denominator), _ = lax.scan(body, init, _micro_groups(batch, group_rows))
-        scale = 1.0 / jnp.maximum(denominator, 1.0)
-        return jax.tree.map(lambda g: g * scale, grad_sum), sums, denominator
+        return accumulate_gradients(objective, params, batch, zero_sums, mesh)
 
     return loss_and_grads
 
@@ -400,18 +427,15 @@ def make_train_step(graphdef, config: LearnerConfig, mesh, state_shardings):
         grads, sums, denominator = loss_and_grads(state.params, batch, kl_coef)
         scale = 1.0 / jnp.maximum(denominator, 1.0)
         loss = sums.objective * scale
-        grad_norm = optax.tree.norm(grads)
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-
-        opt_state = set_learning_rate(state.opt_state, lr)
-        updates, new_opt_state = optimizer.update(grads, opt_state, state.params)
-        new_params = optax.apply_updates(state.params, updates)
+        params, opt_state, finite, grad_norm = apply_if_finite(
+            optimizer, state.params, state.opt_state, grads, loss, lr
+        )
         rng, _ = jax.random.split(state.rng)
         new_state = state.replace(
             step=state.step + 1,
             skipped=state.skipped + (~finite).astype(jnp.int32),
-            params=_where_tree(finite, new_params, state.params),
-            opt_state=_where_tree(finite, new_opt_state, state.opt_state),
+            params=params,
+            opt_state=opt_state,
             rng=rng,
         )
         per_token = 1.0 / jnp.maximum(sums.num_tokens, 1.0)

@@ -287,8 +287,13 @@ class Pipeline:
                 tokens += len(turn.generated)
         return {"actor/reward_kl": total_kl / max(tokens, 1), "kl/coef": coef}
 
-    def logprob_mismatch(self, samples) -> float:
-        """Mean |sampler logprob − learner logprob| over generated tokens (same params)."""
+    def logprob_mismatch(self, samples, max_samples: int = 8) -> float:
+        """Mean |sampler logprob − learner logprob| over generated tokens (same params).
+
+        A diagnostic, so it checks the first `max_samples` samples only: a full extra
+        forward pass over the batch every step would cost a third of the learner's time.
+        """
+        samples = samples[:max_samples]
         recomputed = self.learner.sample_logprobs(samples)
         total = sum(float(np.abs(s.old_logprobs - r)[s.loss_mask > 0].sum())
                     for s, r in zip(samples, recomputed, strict=True))
