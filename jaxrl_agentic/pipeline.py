@@ -224,9 +224,16 @@ class Pipeline:
         trajs = self.rollout("train")
         t_rollout = time.perf_counter() - t0
         metrics = {"step": float(self.step + 1), **trajectory_metrics(trajs, "env/")}
-        if c.kl_in_reward:
-            metrics.update(self.fold_kl_into_rewards(trajs))
-        samples, sample_stats = self.make_samples(trajs)
+        # Non-finite sampler logprobs mean non-finite parameters: nothing can be learned
+        # from this batch. Skip the update and count it (train.py stops after 3 in a row).
+        bad_turns = sum(not np.isfinite(u.logprobs).all() for t in trajs for u in t.turns)
+        metrics["rollout/nonfinite_logprobs"] = float(bad_turns)
+        samples, sample_stats = [], {"batch/sequences_before_merge": 0.0,
+                                     "batch/sequences_after_merge": 0.0}
+        if not bad_turns:
+            if c.kl_in_reward:
+                metrics.update(self.fold_kl_into_rewards(trajs))
+            samples, sample_stats = self.make_samples(trajs)
         metrics.update(sample_stats)
         t1 = time.perf_counter()
         if samples:
@@ -245,9 +252,10 @@ class Pipeline:
                 float(s.advantages[s.loss_mask > 0].mean()) for s in samples
                 if s.loss_mask.sum() > 0)
         else:
-            metrics["optim/nonfinite_updates"] = 0.0
-        self.chunks = self.chunks.observe(sample_stats["batch/sequences_after_merge"],
-                                          max(len(trajs), 1))
+            metrics["optim/nonfinite_updates"] = float(bad_turns > 0)
+        if not bad_turns:  # a skipped batch says nothing about samples per trajectory
+            self.chunks = self.chunks.observe(sample_stats["batch/sequences_after_merge"],
+                                              max(len(trajs), 1))
         metrics["optim/estimated_chunks_per_traj"] = self.chunks.chunks_per_traj
         metrics["optim/planned_updates"] = float(self.chunks.projected_total_updates(
             updates_done=self.updates_done, steps_done=self.step + 1, max_steps=c.max_steps,

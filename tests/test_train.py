@@ -169,3 +169,65 @@ def test_kl_in_reward_penalises_rewards_once_the_policy_moves(tmp_path):
     assert second["actor/reward_kl"] > 0  # after an update the penalty is applied
     # and the loss carries no KL term (KL is still measured and reported)
     assert abs(second["actor/loss"] - second["actor/pg_loss"]) < 1e-7
+
+
+def test_debug_dump_writes_packed_arrays_with_segment_metadata(tmp_path):
+    import numpy as np
+
+    out, dump = str(tmp_path / "run"), str(tmp_path / "dump")
+    args = [*tiny_overrides("frozen_lake_stepwise", out, 1), f"--config.debug.dump_dir={dump}"]
+    assert train.main(["train", *args]) == 0
+    data = np.load(os.path.join(dump, "batch_1.npz"))
+    tokens = data["tokens"]
+    for key in ("positions", "segment_ids", "loss_mask", "advantages", "old_logprobs"):
+        assert data[key].shape == tokens.shape, key
+    seg = data["segment_ids"]
+    for key in ("seg_traj_id", "seg_turn", "seg_prompt_len", "seg_response_len"):
+        assert data[key].shape[0] == tokens.shape[0], key
+    # every used segment id indexes metadata; unused slots hold -1
+    for row in range(tokens.shape[0]):
+        used = set(np.unique(seg[row])) - {0}
+        for s in used:
+            length = int((seg[row] == s).sum())
+            assert data["seg_prompt_len"][row, s - 1] + data["seg_response_len"][row, s - 1] \
+                == length
+            assert data["seg_turn"][row, s - 1] >= 0
+        assert (data["seg_traj_id"][row, len(used):] == -1).all()
+    # loss tokens lie in each segment's response (merged samples' responses also hold the
+    # masked observation deltas, so there can be fewer loss tokens than response tokens)
+    for row in range(tokens.shape[0]):
+        for s in set(np.unique(seg[row])) - {0}:
+            where = np.flatnonzero(seg[row] == s)
+            prompt = int(data["seg_prompt_len"][row, s - 1])
+            mask = data["loss_mask"][row, where]
+            assert mask[:prompt].sum() == 0 and 0 < mask[prompt:].sum()
+            assert (data["positions"][row, where] == np.arange(len(where))).all()
+
+
+def test_three_nonfinite_steps_stop_the_run(tmp_path, capsys):
+    # An absurd learning rate blows the parameters up after the first update; every later
+    # loss is non-finite, its update is skipped, and the third one in a row stops the run.
+    out = str(tmp_path / "nan")
+    # (The entropy bonus guarantees a gradient even when every episode scores the same.)
+    args = [*tiny_overrides("frozen_lake", out, 6), "--config.learning_rate=1e30",
+            "--config.warmup_steps=0", "--config.entropy_loss_coef=0.1",
+            "--config.save_steps=100", "--config.eval_steps=100"]
+    assert train.main(["train", *args]) == train.EXIT_NONFINITE
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: non-finite loss or gradient in 3 consecutive steps")
+    records = read_metrics(out)
+    assert records[-1]["optim/nonfinite_streak"] == 3
+    assert len(records) < 6
+
+
+def test_checkpointer_refuses_nonfinite_params(tmp_path):
+    import jax.numpy as jnp
+
+    from jaxrl_agentic.checkpoint import Checkpointer, CheckpointError
+    from jaxrl_agentic.learner import LearnerConfig, init_train_state
+
+    state = init_train_state({"w": jnp.array([1.0, jnp.nan])}, LearnerConfig())
+    ckpt = Checkpointer(str(tmp_path / "ckpt"))
+    with pytest.raises(CheckpointError, match="not finite"):
+        ckpt.save(1, {"learner": state}, {"step": 1})
+    assert ckpt.latest_step() is None
