@@ -11,8 +11,11 @@ t+1 therefore costs prefill of (observation + the last sampled token), never the
 total prefill work per trajectory is linear in its final length.
 
 Programs are compiled per bucket — rows (powers of two), prefill length (powers of two,
-≥ 16) and new-token budget (powers of two) — and the parameters are an argument, so a new
-policy is used without copying or recompiling.
+≥ 16), new-token budget (powers of two) and cache length — and the parameters are an
+argument, so a new policy is used without copying or recompiling. A session's cache is
+static within a call but sized by the longest stream, not by `max_total_len`: it starts at
+`min_cache_bucket` slots and doubles (zero-padded, at most `max_total_len`) when a call needs
+more, so attention over a short stream costs what its length costs.
 
 Logprobs. Each returned logprob is log softmax(logits / temperature) at the sampled token:
 the distribution the learner recomputes. Top-k / top-p only restrict *which* tokens can be
@@ -68,14 +71,31 @@ def _filter_logits(z: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Arra
     return jnp.where(z < threshold, -jnp.inf, z)
 
 
+def _argmax_last(x: jax.Array) -> jax.Array:
+    """`jnp.argmax` over the last axis (first of ties; a NaN wins) as two plain reductions.
+
+    XLA:CPU runs argmax's (value, index) reduction element by element; a max followed by a
+    min over the matching indices vectorises and is several times faster.
+    """
+    top = jnp.max(x, axis=-1, keepdims=True)  # NaN if the row has one
+    index = jnp.arange(x.shape[-1], dtype=jnp.int32)
+    hit = (x == top) | jnp.isnan(x)
+    return jnp.min(jnp.where(hit, index, x.shape[-1]), axis=-1)
+
+
 def _sample(logits, key, temperature, top_k, top_p, greedy):
     """(token [B], logprob [B]) with logprob under the untruncated temperature distribution."""
     z = logits.astype(jnp.float32) / temperature
     logp = jax.nn.log_softmax(z, axis=-1)
-    needs_filter = (top_k > 0) | (top_p < 1.0)
-    filtered = jax.lax.cond(needs_filter, lambda: _filter_logits(z, top_k, top_p), lambda: z)
-    drawn = jax.random.categorical(key, filtered, axis=-1)
-    token = jnp.where(greedy, jnp.argmax(z, axis=-1), drawn).astype(jnp.int32)
+
+    def draw():
+        needs_filter = (top_k > 0) | (top_p < 1.0)
+        filtered = jax.lax.cond(needs_filter, lambda: _filter_logits(z, top_k, top_p),
+                                lambda: z)
+        # Gumbel-max, as jax.random.categorical does, with the faster argmax.
+        return _argmax_last(filtered + jax.random.gumbel(key, z.shape, jnp.float32))
+
+    token = jax.lax.cond(greedy, lambda: _argmax_last(z), draw).astype(jnp.int32)
     return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
 
 
@@ -89,6 +109,7 @@ class Sampler:
         *,
         max_total_len: int = 1024,
         min_prefill_bucket: int = 16,
+        min_cache_bucket: int = 128,
         eos_token_id: int | None = None,
         cache_dtype=None,
     ):
@@ -97,6 +118,7 @@ class Sampler:
         self.tokenizer = tokenizer
         self.max_total_len = int(max_total_len)
         self.min_prefill_bucket = min_prefill_bucket
+        self.min_cache_bucket = min_cache_bucket
         if eos_token_id is None:
             eos_token_id = getattr(tokenizer, "eos_token_id", None)
         if eos_token_id is None:
@@ -111,6 +133,10 @@ class Sampler:
             static_argnames=("max_new_bucket",),
             donate_argnums=(1,),
         )
+
+    def cache_bucket(self, end: int) -> int:
+        """Cache length for streams whose tokens all lie below slot `end`."""
+        return min(self.max_total_len, next_power_of_two(end, self.min_cache_bucket))
 
     def set_params(self, params) -> None:
         """Uses a new policy from now on (a reference, not a copy)."""
@@ -141,6 +167,8 @@ class Sampler:
         rows = [list(p) for p in prompts for _ in range(num_return_sequences)]
         session = self.new_session(len(rows))
         session.extend(range(len(rows)), rows)
+        # One cache size for prefill and decode: no regrowth between them.
+        session.reserve(max(map(len, rows), default=0) + max_new_tokens)
         return session.generate(
             range(len(rows)),
             max_new_tokens=max_new_tokens,
@@ -164,10 +192,15 @@ class Session:
         self.streams: list[list[int]] = [[] for _ in range(num_rows)]
         self.cached = np.zeros(num_rows, np.int64)  # tokens of each stream already in cache
         cfg = sampler.cfg
-        self.cache = KVCache.zeros(cfg, self.capacity, sampler.max_total_len, sampler.cache_dtype)
+        self.cache = KVCache.zeros(cfg, self.capacity, sampler.cache_bucket(0),
+                                   sampler.cache_dtype)
 
     def length(self, row: int) -> int:
         return len(self.streams[row])
+
+    def reserve(self, end: int) -> None:
+        """Grows the cache (if needed) to hold slots below `end` (capped at max_total_len)."""
+        self.cache = self.cache.grow(self.sampler.cache_bucket(end))
 
     def extend(self, rows: Sequence[int], new_ids: Sequence[Sequence[int]]) -> None:
         """Appends tokens to rows' streams (prefilled lazily by the next `generate`)."""
@@ -201,6 +234,7 @@ class Session:
             self.cached[row] += n
         self.sampler.stats["prefill_tokens"] += sum(len(t) for t in tails.values())
         self.sampler.stats["prefill_calls"] += 1
+        self.reserve(max(int(self.cached[row]) for row in tails))
         self.cache, logits = self.sampler._prefill(
             params, self.cache, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(valid)
         )
@@ -240,6 +274,8 @@ class Session:
         stops[: len(stop_token_ids)] = stop_token_ids
         positions = np.array([len(s) for s in self.streams] + [0] * (self.capacity - self.num_rows))
         max_new_bucket = next_power_of_two(max(1, int(budget.max())))
+        # Fed tokens land below len(stream) + budget - 1 (the last one is not fed).
+        self.reserve(max(len(self.streams[r]) + int(budget[r]) for r in rows))
         self.cache, out_tokens, out_logprobs, n_gen, reasons, steps = self.sampler._decode(
             params,
             self.cache,
@@ -300,31 +336,16 @@ def _decode(
 ):
     """Samples until every row hit EOS / a stop id / its budget; one forward per step.
 
-    A row's final token is not fed back (nothing needs its logits yet); the session feeds it
-    with the next turn's prefill.
+    The first token is drawn from the prefill logits; each loop iteration feeds the previous
+    token and draws the next, so no forward runs after the last draw. A row's final token is
+    therefore not fed back (nothing needs its logits yet); the session feeds it with the next
+    turn's prefill.
     """
     model = nnx.merge(graphdef, params)
     batch = logits.shape[0]
-    out_tokens = jnp.zeros((batch, max_new_bucket), jnp.int32)
-    out_logprobs = jnp.zeros((batch, max_new_bucket), jnp.float32)
-    carry = (
-        jnp.int32(0),
-        cache,
-        logits,
-        positions,
-        ~active,
-        jnp.zeros((batch,), jnp.int32),
-        jnp.zeros((batch,), jnp.int32),
-        out_tokens,
-        out_logprobs,
-    )
 
-    def cond(c):
-        step, _, _, _, done, *_ = c
-        return (step < max_new_bucket) & ~jnp.all(done)
-
-    def body(c):
-        step, cache, logits, pos, done, n_gen, reason, toks, lps = c
+    def draw(step, logits, state):
+        done, n_gen, reason, toks, lps = state
         token, logprob = _sample(
             logits, jax.random.fold_in(key, step), temperature, top_k, top_p, greedy
         )
@@ -338,20 +359,32 @@ def _decode(
         new_reason = jnp.where(is_eos, _EOS, jnp.where(is_stop, _STOP, _LENGTH))
         finishing = live & (is_eos | is_stop | at_budget)
         reason = jnp.where(finishing, new_reason, reason)
-        done = done | finishing
-        feed = ~done
+        return token, (done | finishing, n_gen, reason, toks, lps)
 
-        def forward(args):
-            cache, _ = args
-            hidden, cache = model.forward_with_cache(
-                token[:, None], pos[:, None], cache, feed[:, None]
-            )
-            return cache, model.logits(hidden[:, 0])
+    state = (
+        ~active,
+        jnp.zeros((batch,), jnp.int32),
+        jnp.zeros((batch,), jnp.int32),
+        jnp.zeros((batch, max_new_bucket), jnp.int32),
+        jnp.zeros((batch, max_new_bucket), jnp.float32),
+    )
+    token, state = draw(0, logits, state)
 
-        cache, logits = jax.lax.cond(
-            jnp.any(feed), forward, lambda args: args, (cache, logits)
+    def cond(c):
+        step, _, _, _, (done, *_) = c
+        return (step < max_new_bucket) & ~jnp.all(done)
+
+    def body(c):
+        step, cache, token, pos, state = c
+        feed = ~state[0]  # rows still generating feed their last token
+        hidden, cache = model.forward_with_cache(
+            token[:, None], pos[:, None], cache, feed[:, None]
         )
-        return step + 1, cache, logits, pos + feed, done, n_gen, reason, toks, lps
+        token, state = draw(step, model.logits(hidden[:, 0]), state)
+        return step + 1, cache, token, pos + feed, state
 
-    step, cache, _, _, _, n_gen, reason, toks, lps = jax.lax.while_loop(cond, body, carry)
-    return cache, toks, lps, n_gen, reason, step
+    step, cache, _, _, (_, n_gen, reason, toks, lps) = jax.lax.while_loop(
+        cond, body, (jnp.int32(1), cache, token, positions, state)
+    )
+    steps = jnp.where(jnp.any(active), step, 0)
+    return cache, toks, lps, n_gen, reason, steps

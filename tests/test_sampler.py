@@ -197,3 +197,38 @@ def test_accepts_mesh_sharded_params_and_cache(model):
     session.extend([0], [[1, 2, 3]])
     out = session.generate([0], max_new_tokens=5, greedy=True, params=sharded)
     assert out.tokens == base.tokens
+
+
+def test_cache_grows_in_buckets_and_matches_a_full_size_cache(model):
+    """A session's cache doubles as its streams grow; tokens equal a max-size cache's."""
+    growing = Sampler(model, max_total_len=64, min_cache_bucket=8, eos_token_id=-1)
+    full = Sampler(model, max_total_len=64, min_cache_bucket=64, eos_token_id=-1)
+    sessions = [growing.new_session(2), full.new_session(2)]
+    for session in sessions:
+        session.extend([0, 1], [[1, 2, 3, 4, 5], list(range(10, 20))])
+    rng = np.random.default_rng(4)
+    cache_lengths = []
+    for turn in range(4):
+        outs = [s.generate([0, 1], max_new_tokens=6, seed=turn) for s in sessions]
+        assert outs[0].tokens == outs[1].tokens
+        for a, b in zip(outs[0].logprobs, outs[1].logprobs, strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-5)
+        cache_lengths.append(sessions[0].cache.max_len)
+        obs = [rng.integers(0, 96, 4).tolist() for _ in range(2)]
+        for session in sessions:
+            session.extend([0, 1], obs)
+    # Longest stream before each turn's decode ends: 16, 26, 36, 46 → buckets, capped at 64.
+    assert cache_lengths == [16, 32, 64, 64]
+    assert sessions[1].cache.max_len == 64
+    # One prefill and one decode program per cache length reached (16, 32, 64).
+    assert growing.compilation_count() == 6
+
+
+def test_argmax_last_takes_the_first_of_ties():
+    from jaxrl_agentic.sampler import _argmax_last
+
+    x = np.random.default_rng(0).integers(0, 5, (64, 37)).astype(np.float32)
+    x[0] = -np.inf
+    x[1, [3, 30]] = 9.0
+    x[2, [5, 9]] = np.nan
+    np.testing.assert_array_equal(_argmax_last(jnp.asarray(x)), np.argmax(x, axis=-1))

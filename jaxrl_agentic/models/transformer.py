@@ -32,9 +32,11 @@ _INIT = nnx.initializers.normal(0.02)
 
 @flax.struct.dataclass
 class KVCache:
-    """Per-layer keys and values, each [batch, max_len, num_kv_heads, head_dim].
+    """Per-layer keys and values, each [batch, num_kv_heads, max_len, head_dim].
 
-    Slot s of row b holds the token at position s of that row's stream.
+    Slot s of row b holds the token at position s of that row's stream. Heads come before
+    slots so that attention reads each (row, kv head) as one contiguous [slots, head_dim]
+    matrix, with no transposed copy of the cache per step.
     """
 
     k: tuple[jax.Array, ...]
@@ -42,7 +44,7 @@ class KVCache:
 
     @classmethod
     def zeros(cls, cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache:
-        shape = (batch, max_len, cfg.num_key_value_heads, cfg.head_dim)
+        shape = (batch, cfg.num_key_value_heads, max_len, cfg.head_dim)
         dtype = dtype or jnp.dtype(cfg.dtype)
         layers = range(cfg.num_hidden_layers)
         return cls(
@@ -52,7 +54,16 @@ class KVCache:
 
     @property
     def max_len(self) -> int:
-        return self.k[0].shape[1]
+        return self.k[0].shape[2]
+
+    def grow(self, max_len: int) -> KVCache:
+        """The same cache with zero slots appended up to `max_len` (never shrinks)."""
+        extra = max_len - self.max_len
+        if extra <= 0:
+            return self
+        pad = ((0, 0), (0, 0), (0, extra), (0, 0))
+        return KVCache(k=tuple(jnp.pad(a, pad) for a in self.k),
+                       v=tuple(jnp.pad(a, pad) for a in self.v))
 
 
 class RMSNorm(nnx.Module):
@@ -98,7 +109,7 @@ class Attention(nnx.Module):
     def __call__(self, x, cos, sin, mask, cache_kv=None, write_slots=None):
         """x [B, T, D]; mask broadcastable to [B, heads, T, keys]. Returns (out, (k, v)).
 
-        With `cache_kv` ([B, S, K, H] each), new keys/values are scattered to `write_slots`
+        With `cache_kv` ([B, K, S, H] each), new keys/values are scattered to `write_slots`
         [B, T] (slots ≥ S are dropped: padding) and attention runs over the whole cache.
         """
         b, t, _ = x.shape
@@ -112,10 +123,35 @@ class Attention(nnx.Module):
         if cache_kv is not None:
             k_cache, v_cache = cache_kv
             rows = jnp.arange(b)[:, None]
-            k = k_cache.at[rows, write_slots].set(k.astype(k_cache.dtype), mode="drop")
-            v = v_cache.at[rows, write_slots].set(v.astype(v_cache.dtype), mode="drop")
+            # (rows, :, slots) indexing puts the index dims first: updates are [B, T, K, H].
+            k_cache = k_cache.at[rows, :, write_slots].set(k.astype(k_cache.dtype), mode="drop")
+            v_cache = v_cache.at[rows, :, write_slots].set(v.astype(v_cache.dtype), mode="drop")
+            out = _cached_attention(q, k_cache, v_cache, mask)
+            return self.o_proj(out.reshape(b, t, -1)), (k_cache, v_cache)
         out = jax.nn.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask=mask)
         return self.o_proj(out.reshape(b, t, -1)), (k, v)
+
+
+def _cached_attention(q, k, v, mask):
+    """Grouped-query softmax attention: q [B, T, N, H], k/v [B, K, S, H], mask [B, 1, T, S].
+
+    Query heads are grouped per kv head ([B, K, G·T, H]) so keys and values are never
+    repeated per head and both products are plain batched matmuls over (B, K) that read the
+    cache in its own layout; logits and softmax are float32.
+    """
+    b, t, n, h = q.shape
+    kv_heads, group = k.shape[1], n // k.shape[1]
+    q = q.reshape(b, t, kv_heads, group, h).transpose(0, 2, 3, 1, 4)  # [B, K, G, T, H]
+    q = q.reshape(b, kv_heads, group * t, h)
+    logits = jnp.einsum("bkqh,bksh->bkqs", q, k.astype(q.dtype),
+                        preferred_element_type=jnp.float32)
+    logits = logits.reshape(b, kv_heads, group, t, -1) * jnp.float32(h**-0.5)
+    logits = jnp.where(mask[:, :, None], logits, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(logits, axis=-1).astype(q.dtype)
+    probs = probs.reshape(b, kv_heads, group * t, -1)
+    out = jnp.einsum("bkqs,bksh->bkqh", probs, v.astype(q.dtype))
+    out = out.reshape(b, kv_heads, group, t, h).transpose(0, 3, 1, 2, 4)
+    return out.reshape(b, t, n, h)
 
 
 class MLP(nnx.Module):
