@@ -64,11 +64,11 @@ from jaxrl_agentic.data import (
 from jaxrl_agentic.data.samples import trajectory_sample
 from jaxrl_agentic.learner import (
     _constrain_rows,
-    _decay_mask,
     _micro_groups,
     _strong_types,
     accumulate_gradients,
     apply_if_finite,
+    make_optimizer,
     set_learning_rate,
 )
 from jaxrl_agentic.models.value import ValueModel, state_values
@@ -136,22 +136,9 @@ class CriticState:
 
 
 def make_critic_optimizer(config: CriticConfig) -> optax.GradientTransformation:
-    """``clip_by_global_norm(max_grad_norm) ∘ AdamW`` with the LR in the optimizer state
-    (the policy optimizer's layout, so ``learner.set_learning_rate`` applies)."""
-    clip = (
-        optax.identity()
-        if config.max_grad_norm is None
-        else optax.clip_by_global_norm(config.max_grad_norm)
-    )
-    adamw = optax.inject_hyperparams(optax.adamw, static_args=("mask",))(
-        learning_rate=config.learning_rate,
-        b1=config.adam_b1,
-        b2=config.adam_b2,
-        eps=config.adam_eps,
-        weight_decay=config.weight_decay,
-        mask=_decay_mask,
-    )
-    return optax.chain(clip, adamw)
+    """The policy's optimizer (``learner.make_optimizer``: clip by global norm ∘ AdamW with
+    the LR in its state) built from the critic's own settings, which use the same names."""
+    return make_optimizer(config)
 
 
 def value_model_from_policy(graphdef, params, *, seed: int = 0) -> ValueModel:

@@ -202,6 +202,9 @@ def _decay_mask(params):
 def make_optimizer(config: LearnerConfig) -> optax.GradientTransformation:
     """``clip_by_global_norm(max_grad_norm) ∘ AdamW`` with an injectable learning rate.
 
+    Reads ``max_grad_norm, learning_rate, adam_b1, adam_b2, adam_eps, weight_decay`` (the
+    critic's config has the same fields and shares this optimizer).
+
     ``inject_hyperparams`` keeps the LR in the optimizer state, so the host sets it per
     update (:func:`set_learning_rate`) without recompiling.
     """
