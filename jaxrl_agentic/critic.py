@@ -53,11 +53,8 @@ from jax import lax
 from jaxrl_agentic.algos.advantages import token_advantages
 from jaxrl_agentic.algos.losses import value_loss
 from jaxrl_agentic.data import (
-    PackedBatch,
     Sample,
     pack_minibatches,
-    pack_samples,
-    pad_rows,
     split_minibatches,
     updates_per_step,
 )
@@ -69,6 +66,9 @@ from jaxrl_agentic.learner import (
     accumulate_gradients,
     apply_if_finite,
     make_optimizer,
+    pad_to_shards,
+    per_sample_outputs,
+    put_batch,
     set_learning_rate,
 )
 from jaxrl_agentic.models.value import ValueModel, state_values
@@ -372,38 +372,12 @@ class Critic:
     def params(self):
         return self.state.params
 
-    def _pad_to_shards(self, batch: PackedBatch) -> PackedBatch:
-        shards = num_batch_shards(self.mesh)
-        rows = -(-batch.num_micro_batches // shards) * shards
-        if rows == batch.num_micro_batches:
-            return batch
-        return pad_rows(batch, rows, pad_token_id=self.config.pad_token_id)
-
-    def _put(self, batch: PackedBatch, keys: Sequence[str]) -> dict[str, jax.Array]:
-        arrays = batch.token_arrays()
-        return jax.device_put({k: arrays[k] for k in keys}, batch_sharding(self.mesh))
-
     # ---- values -----------------------------------------------------------------------------
     def sample_values(self, samples: Sequence[Sample]) -> list[np.ndarray]:
         """Per-sample ``[len(sample)]`` fp32 ``V_k`` (the value of the state token ``k`` was
         generated in); 0 on each sample's first token and beyond ``sequence_length``."""
-        cfg = self.config
-        batch = self._pad_to_shards(
-            pack_samples(
-                samples,
-                micro_batch_max_tokens=cfg.micro_batch_max_tokens,
-                sequence_length=cfg.sequence_length,
-                rows_bucket=cfg.rows_bucket,
-                pad_token_id=cfg.pad_token_id,
-            )
-        )
-        values = np.asarray(self.compute_values(self.state.params,
-                                                self._put(batch, VALUE_BATCH_KEYS)))
-        out = [np.zeros(len(s), np.float32) for s in samples]
-        for row, column in zip(*np.nonzero(batch.sample_index >= 0), strict=True):
-            v = values[row][batch.segment_ids[row] == column + 1]
-            out[batch.sample_index[row, column]][: len(v)] = v
-        return out
+        return per_sample_outputs(samples, self.config, self.mesh, self.compute_values,
+                                  self.state.params, VALUE_BATCH_KEYS)
 
     # ---- one pipeline step ------------------------------------------------------------------
     def step(
@@ -442,7 +416,8 @@ class Critic:
         )
         per_update = []
         for batch, lr_i in zip(packed, lrs, strict=True):
-            arrays = self._put(self._pad_to_shards(batch), CRITIC_BATCH_KEYS)
+            arrays = put_batch(pad_to_shards(batch, self.mesh, cfg.pad_token_id),
+                               CRITIC_BATCH_KEYS, self.mesh)
             self.state, metrics = self.train_step(self.state, arrays, lr_i)
             per_update.append(metrics)
         per_update = jax.device_get(per_update)

@@ -530,6 +530,45 @@ def _aggregate(per_update: list[dict[str, np.ndarray]]) -> dict[str, float]:
     return out
 
 
+def pad_to_shards(batch: PackedBatch, mesh, pad_token_id: int) -> PackedBatch:
+    """``batch`` with empty rows appended so its row count divides the batch shards."""
+    shards = num_batch_shards(mesh)
+    rows = -(-batch.num_micro_batches // shards) * shards
+    if rows == batch.num_micro_batches:
+        return batch
+    return pad_rows(batch, rows, pad_token_id=pad_token_id)
+
+
+def put_batch(batch: PackedBatch, keys: Sequence[str], mesh) -> dict[str, jax.Array]:
+    """The named token arrays of ``batch``, placed with the mesh's batch sharding."""
+    arrays = batch.token_arrays()
+    return jax.device_put({k: arrays[k] for k in keys}, batch_sharding(mesh))
+
+
+def per_sample_outputs(samples: Sequence[Sample], config, mesh, compute, params,
+                       keys: Sequence[str]) -> list[np.ndarray]:
+    """Per-sample ``[len(sample)]`` fp32 results of a jitted per-token ``compute(params,
+    batch) -> [n_micro, row_len]`` run on ``samples`` packed for ``mesh``; 0 beyond
+    ``sequence_length``. ``config`` supplies the packing fields (learner's or critic's)."""
+    batch = pad_to_shards(
+        pack_samples(
+            samples,
+            micro_batch_max_tokens=config.micro_batch_max_tokens,
+            sequence_length=config.sequence_length,
+            rows_bucket=config.rows_bucket,
+            pad_token_id=config.pad_token_id,
+        ),
+        mesh,
+        config.pad_token_id,
+    )
+    per_token = np.asarray(compute(params, put_batch(batch, keys, mesh)))
+    out = [np.zeros(len(s), np.float32) for s in samples]
+    for row, column in zip(*np.nonzero(batch.sample_index >= 0), strict=True):
+        values = per_token[row][batch.segment_ids[row] == column + 1]
+        out[batch.sample_index[row, column]][: len(values)] = values
+    return out
+
+
 class Learner:
     """Host driver of one pipeline step: samples in, ``ppo_epochs · ceil(n / mini_batch)``
     optimizer updates, metrics out.
@@ -570,39 +609,14 @@ class Learner:
         return self.state.params
 
     # ---- logprobs -------------------------------------------------------------------------
-    def _pad_to_shards(self, batch: PackedBatch) -> PackedBatch:
-        shards = num_batch_shards(self.mesh)
-        rows = -(-batch.num_micro_batches // shards) * shards
-        if rows == batch.num_micro_batches:
-            return batch
-        return pad_rows(batch, rows, pad_token_id=self.config.pad_token_id)
-
-    def _put(self, batch: PackedBatch, keys: Sequence[str]) -> dict[str, jax.Array]:
-        arrays = batch.token_arrays()
-        return jax.device_put({k: arrays[k] for k in keys}, batch_sharding(self.mesh))
-
     def sample_logprobs(self, samples: Sequence[Sample], *, reference: bool = False):
         """Per-sample ``[len(sample)]`` logprobs under the current (or reference) params;
         0 on each sample's first token and beyond ``sequence_length`` (truncated)."""
         params = self.state.ref_params if reference else self.state.params
         if params is None:
             raise ValueError("no reference parameters: the config uses no KL")
-        cfg = self.config
-        batch = self._pad_to_shards(
-            pack_samples(
-                samples,
-                micro_batch_max_tokens=cfg.micro_batch_max_tokens,
-                sequence_length=cfg.sequence_length,
-                rows_bucket=cfg.rows_bucket,
-                pad_token_id=cfg.pad_token_id,
-            )
-        )
-        logprobs = np.asarray(self.compute_logprobs(params, self._put(batch, LOGPROB_BATCH_KEYS)))
-        out = [np.zeros(len(s), np.float32) for s in samples]
-        for row, column in zip(*np.nonzero(batch.sample_index >= 0), strict=True):
-            values = logprobs[row][batch.segment_ids[row] == column + 1]
-            out[batch.sample_index[row, column]][: len(values)] = values
-        return out
+        return per_sample_outputs(samples, self.config, self.mesh, self.compute_logprobs,
+                                  params, LOGPROB_BATCH_KEYS)
 
     def fill_ref_logprobs(self, samples: Sequence[Sample]) -> list[Sample]:
         """Samples with ``ref_logprobs`` from the frozen reference (on generated tokens)."""
@@ -654,10 +668,10 @@ class Learner:
             rows_bucket=cfg.rows_bucket,
             pad_token_id=cfg.pad_token_id,
         )
-        packed = [self._pad_to_shards(b) for b in packed]
+        packed = [pad_to_shards(b, self.mesh, cfg.pad_token_id) for b in packed]
         per_update = []
         for batch, lr in zip(packed, lrs, strict=True):
-            arrays = self._put(batch, self._batch_keys)
+            arrays = put_batch(batch, self._batch_keys, self.mesh)
             self.state, metrics = self.train_step(self.state, arrays, lr)
             per_update.append(metrics)
         per_update = jax.device_get(per_update)  # one host sync for the whole step
