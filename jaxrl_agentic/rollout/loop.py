@@ -93,6 +93,7 @@ class RolloutRunner:
         self.base_key = jax.random.PRNGKey(run_seed)
         self._reset = jax.jit(jax.vmap(env.reset_env, in_axes=(0, None)))
         self._step = jax.jit(jax.vmap(env.step_env, in_axes=(0, 0, 0, None)))
+        self._step_one = jax.jit(env.step_env)  # for replays; built once, not per call
         self._where = jax.jit(_rows_where)
 
     def _episode_keys(self, episodes: Sequence[EpisodeSpec]):
@@ -226,9 +227,9 @@ def replay_frames(runner: RolloutRunner, traj: Trajectory) -> list[np.ndarray]:
     map_keys, noise_keys = runner._episode_keys([spec])
     _, state = env.reset_env(map_keys[0], p)
     frames = [env.render_rgb(state, p)]
-    step = jax.jit(env.step_env)
     for t, turn in enumerate(traj.turns):
-        _, state, _, _, _ = step(jax.random.fold_in(noise_keys[0], t), state, turn.action, p)
+        key = jax.random.fold_in(noise_keys[0], t)
+        _, state, _, _, _ = runner._step_one(key, state, turn.action, p)
         frames.append(env.render_rgb(state, p))
     return frames
 
