@@ -121,7 +121,13 @@ def default_config() -> ml_collections.ConfigDict:
         steps=0, learning_rate=2e-3, episodes_per_step=16, max_turns=2,
     ))
     # distribution and debugging
-    c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+    # mesh.sampler_devices: 0 = the sampler shares the learner's devices and params;
+    # k > 0 = each process's last k devices sample, with params resharded after updates.
+    c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, sampler_devices=0))
+    # several processes (one per host): jax.distributed; ""/0/-1 = JAX auto-detects
+    c.distributed = ml_collections.ConfigDict(dict(
+        enabled=False, coordinator_address="", num_processes=0, process_id=-1,
+    ))
     c.debug = ml_collections.ConfigDict(dict(dump_dir=""))
     return c
 
@@ -176,7 +182,7 @@ def validate(c) -> None:
     if unknown:
         field = sorted(unknown)[0]
         _fail(field, f"unknown field; known fields: {', '.join(sorted(defaults.keys()))}")
-    for field in ("generation", "mesh", "debug", "format_warmup"):
+    for field in ("generation", "mesh", "debug", "format_warmup", "distributed"):
         extra = set(c[field].keys()) - set(defaults[field].keys())
         if extra:
             _fail(f"{field}.{sorted(extra)[0]}",
@@ -268,3 +274,26 @@ def validate(c) -> None:
             _fail("pretrain", f"{path} has no config.json (not a Hugging Face model directory)")
     if c.mesh.data == 0 or c.mesh.fsdp == 0 or c.mesh.tensor == 0:
         _fail("mesh", "axis sizes must be >= 1, or -1 to fill the remaining devices")
+    _positive(c, "mesh.sampler_devices", allow_zero=True)
+    validate_distributed(c)
+
+
+def validate_distributed(c) -> None:
+    """The `distributed` fields alone: checked before jax.distributed starts (which must
+    happen before the rest of validation imports the environments)."""
+    d = c.distributed
+    address = d.coordinator_address
+    if address and (":" not in address or not address.rsplit(":", 1)[1].isdigit()):
+        _fail("distributed.coordinator_address", f"expected 'host:port', got {address!r}")
+    if d.num_processes < 0:
+        _fail("distributed.num_processes", f"must be >= 0 (0 = auto-detect), got "
+              f"{d.num_processes}")
+    if d.process_id < -1 or (d.num_processes and d.process_id >= d.num_processes):
+        _fail("distributed.process_id", f"must be -1 (auto-detect) or in [0, "
+              f"num_processes={d.num_processes}), got {d.process_id}")
+    if (d.num_processes > 0) != (d.process_id >= 0):
+        _fail("distributed", "set num_processes and process_id together (or neither, to "
+              "auto-detect)")
+    if not d.enabled and (address or d.num_processes):
+        _fail("distributed.enabled", "coordinator_address/num_processes are set but "
+              "distributed.enabled is False")

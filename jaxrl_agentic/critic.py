@@ -76,6 +76,7 @@ from jaxrl_agentic.parallel import (
     batch_sharding,
     make_mesh,
     num_batch_shards,
+    place,
     replicated,
     train_state_shardings,
 )
@@ -359,7 +360,7 @@ class Critic:
         )
         state = init_critic_state(value_params, config)
         self.state_shardings = train_state_shardings(state, self.mesh)
-        self.state = jax.device_put(state, self.state_shardings)
+        self.state = place(state, self.state_shardings)
         self.train_step = make_critic_train_step(
             self.graphdef, config, self.mesh, self.state_shardings
         )

@@ -67,7 +67,10 @@ from jaxrl_agentic.parallel import (
     constrain_like_params,
     make_mesh,
     num_batch_shards,
+    place,
+    put_rows,
     replicated,
+    to_host,
     train_state_shardings,
 )
 from pallas_kernels import token_logprobs
@@ -542,7 +545,7 @@ def pad_to_shards(batch: PackedBatch, mesh, pad_token_id: int) -> PackedBatch:
 def put_batch(batch: PackedBatch, keys: Sequence[str], mesh) -> dict[str, jax.Array]:
     """The named token arrays of ``batch``, placed with the mesh's batch sharding."""
     arrays = batch.token_arrays()
-    return jax.device_put({k: arrays[k] for k in keys}, batch_sharding(mesh))
+    return put_rows({k: arrays[k] for k in keys}, mesh)
 
 
 def per_sample_outputs(samples: Sequence[Sample], config, mesh, compute, params,
@@ -561,7 +564,7 @@ def per_sample_outputs(samples: Sequence[Sample], config, mesh, compute, params,
         mesh,
         config.pad_token_id,
     )
-    per_token = np.asarray(compute(params, put_batch(batch, keys, mesh)))
+    per_token = to_host(compute(params, put_batch(batch, keys, mesh)))
     out = [np.zeros(len(s), np.float32) for s in samples]
     for row, column in zip(*np.nonzero(batch.sample_index >= 0), strict=True):
         values = per_token[row][batch.segment_ids[row] == column + 1]
@@ -594,7 +597,7 @@ class Learner:
         self.mesh = make_mesh() if mesh is None else mesh
         state = init_train_state(params, config, ref_params=ref_params)
         self.state_shardings = train_state_shardings(state, self.mesh)
-        self.state = jax.device_put(state, self.state_shardings)
+        self.state = place(state, self.state_shardings)
         self.train_step = make_train_step(graphdef, config, self.mesh, self.state_shardings)
         self.compute_logprobs = make_compute_logprobs(
             graphdef, config, self.mesh, self.state_shardings.params
@@ -681,7 +684,7 @@ class Learner:
         if self.state.kl.adaptive and applied_kl:
             # Sequence-level KL for seq_mean_token_sum, per-token otherwise (the reduction's).
             kl_state = update_kl_controller(self.state.kl, np.mean(applied_kl), len(samples))
-            kl_state = jax.device_put(kl_state, self.state_shardings.kl)
+            kl_state = place(kl_state, self.state_shardings.kl)
             self.state = self.state.replace(kl=kl_state)
 
         stats = [token_stats(b) for b in packed]

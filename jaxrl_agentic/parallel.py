@@ -153,3 +153,177 @@ def constrain_like_params(tree: Any, mesh: Mesh) -> Any:
     to the parameter shardings, inside ``jit``: under fsdp the gradient sums then stay
     reduce-scattered instead of being replicated on every device."""
     return jax.lax.with_sharding_constraint(tree, _sharding_tree(tree, mesh))
+
+
+def kv_cache_sharding(mesh: Mesh, shape: Sequence[int]) -> NamedSharding:
+    """``[rows, kv_heads, slots, head_dim]`` cache arrays: rows over ``data × fsdp`` (each
+    device decodes its own streams), kv heads over ``tensor`` (as the k/v projections
+    produce them). An axis that does not divide its dimension is left unsharded."""
+    rows, heads = shape[0], shape[1]
+    row_axes = BATCH_AXES if rows % num_batch_shards(mesh) == 0 else None
+    head_axis = "tensor" if heads % mesh.shape["tensor"] == 0 else None
+    return NamedSharding(mesh, P(row_axes, head_axis, None, None))
+
+
+def rows_sharding(mesh: Mesh, rows: int) -> NamedSharding:
+    """``[rows, ...]`` sampler inputs (any rank): rows over ``data × fsdp`` when they
+    divide, else replicated."""
+    if rows % num_batch_shards(mesh):
+        return replicated(mesh)
+    return NamedSharding(mesh, P(BATCH_AXES))
+
+
+# ---- several processes (jax.distributed) ---------------------------------------------------
+
+
+def initialize_distributed(coordinator_address: str = "", num_processes: int = 0,
+                           process_id: int = -1) -> None:
+    """``jax.distributed.initialize`` for a multi-controller run (one process per host).
+
+    Empty/0/−1 arguments are left to JAX's auto-detection (Cloud TPU VMs, SLURM, …). Must run
+    before anything touches the JAX backend (creating an array, listing devices, importing
+    gymnax). CPU processes exchange collectives through gloo.
+    """
+    if jax.distributed.is_initialized():
+        return
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    kwargs: dict[str, Any] = {}
+    if coordinator_address:
+        kwargs["coordinator_address"] = coordinator_address
+    if num_processes > 0:
+        kwargs["num_processes"] = num_processes
+    if process_id >= 0:
+        kwargs["process_id"] = process_id
+    jax.distributed.initialize(**kwargs)
+
+
+def process_share(n: int) -> tuple[int, int]:
+    """``[start, stop)`` of this process's contiguous share of ``n`` items."""
+    index, count = jax.process_index(), jax.process_count()
+    return index * n // count, (index + 1) * n // count
+
+
+def allgather_objects(obj: Any) -> list[Any]:
+    """Every process's ``obj`` (picklable), in process order, on every process."""
+    if jax.process_count() == 1:
+        return [obj]
+    import pickle
+
+    from jax.experimental import multihost_utils
+
+    data = np.frombuffer(pickle.dumps(obj), np.uint8)
+    sizes = np.asarray(multihost_utils.process_allgather(np.array([data.size], np.int32)))
+    sizes = sizes.reshape(-1)
+    buffer = np.zeros(int(sizes.max()), np.uint8)
+    buffer[: data.size] = data
+    gathered = np.asarray(multihost_utils.process_allgather(buffer))
+    return [pickle.loads(gathered[i, : sizes[i]].tobytes()) for i in range(len(sizes))]
+
+
+def _local_row_range(sharding: NamedSharding, shape: Sequence[int]) -> tuple[int, int]:
+    """Rows of a ``[rows, ...]`` global array held by this process's devices (contiguous:
+    devices are ordered by process, so data × fsdp shards of a process are neighbours)."""
+    spans = set()
+    for index in sharding.addressable_devices_indices_map(tuple(shape)).values():
+        start, stop, _ = index[0].indices(shape[0])
+        spans.add((start, stop))
+    start, stop = min(s for s, _ in spans), max(e for _, e in spans)
+    if sum(e - s for s, e in spans) != stop - start and len(spans) > 1:
+        raise ValueError(f"this process's rows are not contiguous: {sorted(spans)}")
+    return start, stop
+
+
+def put_rows(arrays: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+    """Host ``[rows, ...]`` arrays (the same on every process) → global arrays sharded
+    with :func:`batch_sharding`. With several processes each contributes only the rows its
+    own devices hold (``make_array_from_process_local_data``): nothing crosses hosts."""
+    sharding = batch_sharding(mesh)
+    if jax.process_count() == 1:
+        return jax.device_put(dict(arrays), sharding)
+    out = {}
+    for name, array in arrays.items():
+        start, stop = _local_row_range(sharding, array.shape)
+        out[name] = jax.make_array_from_process_local_data(sharding, array[start:stop],
+                                                           array.shape)
+    return out
+
+
+def place(tree: Any, shardings: Any) -> Any:
+    """``jax.device_put(tree, shardings)`` that also works when the shardings span several
+    processes: each process then builds only its own shards from its (identical) host copy
+    of every leaf (``make_array_from_callback``). PRNG key leaves go through their data."""
+    if jax.process_count() == 1:
+        return jax.device_put(tree, shardings)
+
+    def put(leaf, sharding):
+        if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype,
+                                                                 jax.dtypes.prng_key):
+            data = put(jax.random.key_data(leaf), sharding)
+            return jax.random.wrap_key_data(data, impl=jax.random.key_impl(leaf))
+        if isinstance(leaf, jax.Array) and leaf.sharding == sharding:
+            return leaf
+        host = np.asarray(leaf)
+        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+    return jax.tree.map(put, tree, shardings)
+
+
+def to_host(x: jax.Array) -> np.ndarray:
+    """The whole value of a (possibly multi-process) array as numpy, on every process."""
+    if x.is_fully_addressable or x.is_fully_replicated:
+        return np.asarray(x)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+class SamplerPlacement:
+    """Where the sampler's copy of the policy lives, and how it is refreshed.
+
+    * One process, no reserved devices: **colocated** — the sampler reads the learner's
+      sharded params in place (no copy) and its KV cache is sharded on the same mesh.
+    * ``sampler_devices = k > 0``: each process's last ``k`` local devices belong to the
+      sampler; the learner's mesh is built from the others. After each update the params
+      are resharded onto the sampler's devices (replicated there; streams split over them).
+    * Several processes: every process samples its own episodes independently (no
+      lock-step generation across hosts), so its sampler holds a process-local replica:
+      the params are all-gathered once per refresh and placed on its local devices.
+    """
+
+    def __init__(self, sampler_devices: int = 0, learner_devices: Sequence[Any] | None = None):
+        per_process = len(jax.local_devices())
+        if sampler_devices < 0 or (sampler_devices and sampler_devices >= per_process):
+            raise ValueError(
+                f"mesh.sampler_devices={sampler_devices}: must be 0 (colocated) or leave "
+                f"the learner at least one of each process's {per_process} devices")
+        # Every process reserves its own last `sampler_devices` devices.
+        self.learner_devices = [d for d in jax.devices()
+                                if _local_rank(d) < _num_local(d) - sampler_devices]
+        own = [d for d in jax.local_devices() if d not in self.learner_devices]
+        if learner_devices is not None:  # an explicit subset (tests compare meshes)
+            self.learner_devices = list(learner_devices)
+        self.colocated = sampler_devices == 0 and jax.process_count() == 1
+        self.mesh = None if self.colocated else make_mesh(devices=own or jax.local_devices())
+        self._gather = None
+
+    def params_for_sampler(self, params: Any, learner_mesh: Mesh) -> Any:
+        """``params`` (on the learner's mesh) as the sampler should read them."""
+        if self.colocated:
+            return params
+        target = replicated(self.mesh)
+        if jax.process_count() == 1:
+            return jax.device_put(params, target)
+        if self._gather is None:  # jit once: an all-gather of every parameter
+            self._gather = jax.jit(lambda tree: tree, out_shardings=replicated(learner_mesh))
+        full = self._gather(params)
+        return jax.tree.map(lambda x: jax.device_put(x.addressable_data(0), target), full)
+
+
+def _local_rank(device) -> int:
+    """Position of ``device`` among its own process's devices (ordered by id)."""
+    same = sorted(d.id for d in jax.devices() if d.process_index == device.process_index)
+    return same.index(device.id)
+
+
+def _num_local(device) -> int:
+    return sum(d.process_index == device.process_index for d in jax.devices())

@@ -17,17 +17,24 @@ import time
 import jax
 import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding
 
 from jaxrl_agentic.algos import advantages as adv
 from jaxrl_agentic.algos.kl import kl_estimate
 from jaxrl_agentic.algos.schedules import ChunkEstimator, planned_total_updates, step_learning_rates
-from jaxrl_agentic.config import TOKEN_ESTIMATORS, resolve_model_path
+from jaxrl_agentic.config import TOKEN_ESTIMATORS, ConfigError, resolve_model_path
 from jaxrl_agentic.critic import Critic, CriticConfig, gae_samples
 from jaxrl_agentic.data.samples import build_samples, trajectory_sample
 from jaxrl_agentic.envs import make
 from jaxrl_agentic.learner import Learner, LearnerConfig
 from jaxrl_agentic.models import load_pretrained
-from jaxrl_agentic.parallel import make_mesh
+from jaxrl_agentic.parallel import (
+    SamplerPlacement,
+    allgather_objects,
+    make_mesh,
+    param_partition_spec,
+    process_share,
+)
 from jaxrl_agentic.rollout.conversation import ChatFormatter
 from jaxrl_agentic.rollout.groups import EnvManagerConfig, plan_episodes
 from jaxrl_agentic.rollout.loop import GenerationConfig, RolloutRunner
@@ -97,8 +104,18 @@ def trajectory_metrics(trajs, prefix: str) -> dict[str, float]:
 
 
 class Pipeline:
-    def __init__(self, c, *, model_dir: str | None = None):
+    """``devices``: the learner's devices (default: all, less any reserved for the sampler
+    by ``mesh.sampler_devices``); tests pass a subset to compare meshes in one process."""
+
+    def __init__(self, c, *, model_dir: str | None = None, devices=None):
         self.c = c
+        try:  # the device count is only known now: a mismatch is still a config error
+            self.placement = SamplerPlacement(c.mesh.sampler_devices, learner_devices=devices)
+            self.mesh = mesh = make_mesh(data=c.mesh.data, fsdp=c.mesh.fsdp,
+                                         tensor=c.mesh.tensor,
+                                         devices=self.placement.learner_devices)
+        except ValueError as e:
+            raise ConfigError(f"config.mesh: {e}") from None
         if model_dir is None:
             model_dir = resolve_model_path(c)
             if c.format_warmup.steps > 0:
@@ -106,15 +123,20 @@ class Pipeline:
 
                 model_dir = warmed_model_dir(model_dir, c)
         self.model_dir = model_dir
-        model, tokenizer = load_pretrained(model_dir, dtype=c.dtype, param_dtype=c.param_dtype)
+
+        def shardings(path, shape):  # parameters are read straight into their shards
+            return NamedSharding(mesh, param_partition_spec(path, shape, mesh.shape))
+
+        model, tokenizer = load_pretrained(model_dir, dtype=c.dtype, param_dtype=c.param_dtype,
+                                           shardings=shardings)
         self.tokenizer = tokenizer
         self.formatter = ChatFormatter(tokenizer)
         max_new = max(spec.max_tokens_per_step for spec in c.custom_envs.values())
         total = c.max_input_length + max_new + 1
-        self.sampler = Sampler(model, tokenizer, max_total_len=-(-total // 64) * 64)
+        self.sampler = Sampler(model, tokenizer, max_total_len=-(-total // 64) * 64,
+                               mesh=mesh if self.placement.colocated else self.placement.mesh)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.learner_cfg = learner_config(c, pad_id)
-        mesh = make_mesh(data=c.mesh.data, fsdp=c.mesh.fsdp, tensor=c.mesh.tensor)
         self.critic = None
         if c.adv_estimator == "gae":  # the critic starts from the policy's backbone
             self.critic = Critic(self.sampler.graphdef, self.sampler.params, CriticConfig(
@@ -163,18 +185,36 @@ class Pipeline:
         self.cursor = 0
 
     # ---- rollouts ---------------------------------------------------------------------------
+    def sampler_params(self):
+        """The policy as the sampler reads it: the learner's params in place when colocated,
+        else a replica on the sampler's devices, refreshed once per learner version."""
+        version = int(self.learner.state.step)
+        if getattr(self, "_sampler_version", None) != version:
+            self._sampler_params = self.placement.params_for_sampler(self.learner.params,
+                                                                     self.mesh)
+            self._sampler_version = version
+        return self._sampler_params
+
     def rollout(self, split: str, *, greedy: bool = False):
+        """Plays this step's episodes. With several processes each plays a contiguous share
+        of every tag's episodes and all processes then hold all trajectories (in episode
+        order), so everything after the rollout is computed identically everywhere."""
         m = self.train_manager if split == "train" else self.val_manager
         plan = plan_episodes(m, split=split, cursor=self.cursor)
+        params = self.sampler_params()
         trajs, next_id = [], 0
         for tag, episodes in plan.items():
-            # Sampling noise is a function of (run seed, step, split): resumable exactly.
+            # Sampling noise is a function of (run seed, step, split, episode id): resumable
+            # exactly, and the same whichever process plays the episode.
             seed = self.c.seed * 1_000_003 + self.step * 2 + (split == "val")
-            out = self.runners[tag].run(episodes, sample_seed=seed, traj_id_start=next_id,
-                                        params=self.learner.params, greedy=greedy)
-            next_id += len(out)
-            trajs.extend(out)
-        return trajs
+            start, stop = process_share(len(episodes))
+            if stop > start:
+                trajs.extend(self.runners[tag].run(
+                    episodes[start:stop], sample_seed=seed, traj_id_start=next_id + start,
+                    params=params, greedy=greedy))
+            next_id += len(episodes)
+        shares = allgather_objects(trajs)
+        return sorted((t for share in shares for t in share), key=lambda t: t.traj_id)
 
     # ---- advantages and samples ---------------------------------------------------------------
     def make_samples(self, trajs):

@@ -37,6 +37,7 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_agentic.models.transformer import KVCache, Transformer
+from jaxrl_agentic.parallel import kv_cache_sharding, rows_sharding
 
 STOP_REASONS = ("none", "eos", "stop", "length")
 _EOS, _STOP, _LENGTH = 1, 2, 3
@@ -83,8 +84,12 @@ def _argmax_last(x: jax.Array) -> jax.Array:
     return jnp.min(jnp.where(hit, index, x.shape[-1]), axis=-1)
 
 
-def _sample(logits, key, temperature, top_k, top_p, greedy):
-    """(token [B], logprob [B]) with logprob under the untruncated temperature distribution."""
+def _sample(logits, keys, temperature, top_k, top_p, greedy):
+    """(token [B], logprob [B]) with logprob under the untruncated temperature distribution.
+
+    ``keys`` holds one PRNG key per row, so a row's draws depend only on its own key, not
+    on which other rows share the batch (or which process runs it).
+    """
     z = logits.astype(jnp.float32) / temperature
     logp = jax.nn.log_softmax(z, axis=-1)
 
@@ -93,7 +98,8 @@ def _sample(logits, key, temperature, top_k, top_p, greedy):
         filtered = jax.lax.cond(needs_filter, lambda: _filter_logits(z, top_k, top_p),
                                 lambda: z)
         # Gumbel-max, as jax.random.categorical does, with the faster argmax.
-        return _argmax_last(filtered + jax.random.gumbel(key, z.shape, jnp.float32))
+        noise = jax.vmap(lambda k: jax.random.gumbel(k, z.shape[-1:], jnp.float32))(keys)
+        return _argmax_last(filtered + noise)
 
     token = jax.lax.cond(greedy, lambda: _argmax_last(z), draw).astype(jnp.int32)
     return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
@@ -112,8 +118,12 @@ class Sampler:
         min_cache_bucket: int = 128,
         eos_token_id: int | None = None,
         cache_dtype=None,
+        mesh=None,
     ):
         self.graphdef, self.params = nnx.split(model)
+        # With a mesh, session caches and inputs are placed on it: streams split over the
+        # batch axes, kv heads over `tensor` (see parallel.kv_cache_sharding).
+        self.mesh = mesh
         self.cfg = model.cfg
         self.tokenizer = tokenizer
         self.max_total_len = int(max_total_len)
@@ -192,15 +202,28 @@ class Session:
         self.streams: list[list[int]] = [[] for _ in range(num_rows)]
         self.cached = np.zeros(num_rows, np.int64)  # tokens of each stream already in cache
         cfg = sampler.cfg
-        self.cache = KVCache.zeros(cfg, self.capacity, sampler.cache_bucket(0),
-                                   sampler.cache_dtype)
+        self.cache = self._placed(KVCache.zeros(cfg, self.capacity, sampler.cache_bucket(0),
+                                                sampler.cache_dtype))
+
+    def _placed(self, cache: KVCache) -> KVCache:
+        if self.sampler.mesh is None:
+            return cache
+        return jax.device_put(cache, kv_cache_sharding(self.sampler.mesh, cache.k[0].shape))
+
+    def _rows(self, array: np.ndarray) -> jax.Array:
+        """A per-row input, placed like the cache's rows."""
+        if self.sampler.mesh is None:
+            return jnp.asarray(array)
+        return jax.device_put(array, rows_sharding(self.sampler.mesh, self.capacity))
 
     def length(self, row: int) -> int:
         return len(self.streams[row])
 
     def reserve(self, end: int) -> None:
         """Grows the cache (if needed) to hold slots below `end` (capped at max_total_len)."""
-        self.cache = self.cache.grow(self.sampler.cache_bucket(end))
+        grown = self.cache.grow(self.sampler.cache_bucket(end))
+        if grown is not self.cache:
+            self.cache = self._placed(grown)
 
     def extend(self, rows: Sequence[int], new_ids: Sequence[Sequence[int]]) -> None:
         """Appends tokens to rows' streams (prefilled lazily by the next `generate`)."""
@@ -236,7 +259,7 @@ class Session:
         self.sampler.stats["prefill_calls"] += 1
         self.reserve(max(int(self.cached[row]) for row in tails))
         self.cache, logits = self.sampler._prefill(
-            params, self.cache, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(valid)
+            params, self.cache, self._rows(tokens), self._rows(positions), self._rows(valid)
         )
         return logits
 
@@ -252,8 +275,14 @@ class Session:
         seed: int = 0,
         stop_token_ids: Sequence[int] | None = None,
         params=None,
+        row_seeds: Sequence[int] | None = None,
     ) -> GenerationResult:
-        """Continues each of `rows` from the end of its stream; appends what it generates."""
+        """Continues each of `rows` from the end of its stream; appends what it generates.
+
+        Row ``r`` draws its noise from ``fold_in(PRNGKey(seed), row_seeds[r])`` (default: the
+        row index): give each stream a global id (e.g. its episode id) and its tokens no
+        longer depend on the batch it was generated in or the process that ran it.
+        """
         rows = list(rows)
         if temperature <= 0:
             raise ValueError("temperature must be > 0 (use greedy=True for argmax decoding)")
@@ -273,6 +302,12 @@ class Session:
         stops = np.full(_MAX_STOP_IDS, -1, np.int32)
         stops[: len(stop_token_ids)] = stop_token_ids
         positions = np.array([len(s) for s in self.streams] + [0] * (self.capacity - self.num_rows))
+        row_ids = np.arange(self.capacity, dtype=np.int32)
+        if row_seeds is not None:
+            if len(row_seeds) != self.num_rows:
+                raise ValueError(f"row_seeds has {len(row_seeds)} entries for "
+                                 f"{self.num_rows} rows")
+            row_ids[: self.num_rows] = row_seeds
         max_new_bucket = next_power_of_two(max(1, int(budget.max())))
         # Fed tokens land below len(stream) + budget - 1 (the last one is not fed).
         self.reserve(max(len(self.streams[r]) + int(budget[r]) for r in rows))
@@ -280,10 +315,11 @@ class Session:
             params,
             self.cache,
             logits,
-            jnp.asarray(positions, jnp.int32),
-            jnp.asarray(active & (budget > 0)),
-            jnp.asarray(budget),
+            self._rows(positions.astype(np.int32)),
+            self._rows(active & (budget > 0)),
+            self._rows(budget),
             jax.random.PRNGKey(seed),
+            self._rows(row_ids),
             jnp.float32(temperature),
             jnp.int32(top_k),
             jnp.float32(top_p),
@@ -326,6 +362,7 @@ def _decode(
     active,
     budget,
     key,
+    row_ids,
     temperature,
     top_k,
     top_p,
@@ -343,12 +380,12 @@ def _decode(
     """
     model = nnx.merge(graphdef, params)
     batch = logits.shape[0]
+    row_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, row_ids)
 
     def draw(step, logits, state):
         done, n_gen, reason, toks, lps = state
-        token, logprob = _sample(
-            logits, jax.random.fold_in(key, step), temperature, top_k, top_p, greedy
-        )
+        step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys, step)
+        token, logprob = _sample(logits, step_keys, temperature, top_k, top_p, greedy)
         live = ~done
         toks = toks.at[:, step].set(jnp.where(live, token, 0))
         lps = lps.at[:, step].set(jnp.where(live, logprob, 0.0))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-from jaxrl_agentic.config import ConfigError, output_paths, validate
+from jaxrl_agentic.config import ConfigError, output_paths, validate, validate_distributed
 
 EXIT_BAD_INPUT = 2
 EXIT_NONFINITE = 3
@@ -53,8 +53,16 @@ def sample_episode_text(formatter, traj, max_chars: int = 4000) -> str:
 
 def run(c, *, log=print) -> dict[str, float]:
     """Trains according to `c`; returns the last step's metrics."""
+    import jax
     from tqdm import tqdm
 
+    # Before anything else touches the JAX backend (validation imports the environments).
+    validate_distributed(c)
+    if c.distributed.enabled:
+        from jaxrl_agentic.parallel import initialize_distributed
+
+        initialize_distributed(c.distributed.coordinator_address,
+                               c.distributed.num_processes, c.distributed.process_id)
     from jaxrl_agentic.checkpoint import Checkpointer, resolve_checkpoint
     from jaxrl_agentic.data import pack_samples
     from jaxrl_agentic.data.debug import dump_batch
@@ -63,10 +71,17 @@ def run(c, *, log=print) -> dict[str, float]:
     from jaxrl_agentic.rollout.loop import replay_frames
 
     validate(c)
+    # Every process plays and trains; only process 0 writes logs, text and GIFs.
+    # Checkpoints are written by all processes together (orbax coordinates them).
+    main_process = jax.process_index() == 0
+    if not main_process:
+        def log(*_args, **_kwargs):
+            return None
     paths = output_paths(c)
     os.makedirs(paths["output_dir"], exist_ok=True)
-    with open(os.path.join(paths["output_dir"], "config.json"), "w") as f:
-        f.write(c.to_json_best_effort(indent=2))
+    if main_process:
+        with open(os.path.join(paths["output_dir"], "config.json"), "w") as f:
+            f.write(c.to_json_best_effort(indent=2))
     checkpointer = Checkpointer(os.path.join(paths["output_dir"], "checkpoints"))
     if c.resume_from_checkpoint:  # a bad path fails before any model is built
         directory, step = resolve_checkpoint(c.resume_from_checkpoint, paths["output_dir"])
@@ -77,9 +92,10 @@ def run(c, *, log=print) -> dict[str, float]:
         pipeline.load_train_states(states)
         pipeline.load_host_state(host)
         log(f"resumed from {directory} at step {pipeline.step}")
-    writer = MetricsWriter(paths["output_dir"], paths["logging_dir"], resume_step=pipeline.step)
+    writer = (MetricsWriter(paths["output_dir"], paths["logging_dir"], resume_step=pipeline.step)
+              if main_process else None)
     bar = tqdm(total=c.max_steps, initial=pipeline.step, desc=c.exp_name, file=sys.stderr,
-               disable=not sys.stderr.isatty())
+               disable=not (main_process and sys.stderr.isatty()))
     nonfinite_streak = 0
     metrics: dict[str, float] = {}
     try:
@@ -93,19 +109,20 @@ def run(c, *, log=print) -> dict[str, float]:
                 log(f"step {step}: non-finite loss or gradient; update skipped "
                     f"({nonfinite_streak} in a row)")
             if nonfinite_streak >= MAX_CONSECUTIVE_NONFINITE:
-                writer.write(step, metrics)
+                if writer:
+                    writer.write(step, metrics)
                 raise NonFiniteError(
                     f"non-finite loss or gradient in {nonfinite_streak} consecutive steps "
                     f"(last at step {step}); stopping. The last checkpoint holds finite params."
                 )
-            if c.debug.dump_dir and samples:
+            if c.debug.dump_dir and samples and main_process:
                 dump_batch(c.debug.dump_dir, step, pack_samples(
                     samples, micro_batch_max_tokens=c.micro_batch_max_tokens,
                     sequence_length=c.sequence_length))
             if step % c.eval_steps == 0 or step == c.max_steps:
                 eval_metrics, _ = pipeline.evaluate()
                 metrics.update(eval_metrics)
-            if step % c.logging_steps == 0 or step == c.max_steps:
+            if writer and (step % c.logging_steps == 0 or step == c.max_steps):
                 writer.write(step, metrics)
                 if trajs and trajs[0].turns:
                     writer.write_text(step, "episodes/train",
@@ -121,7 +138,8 @@ def run(c, *, log=print) -> dict[str, float]:
                             tok_s=f"{metrics.get('perf/tokens_per_s', 0):.0f}")
     finally:
         bar.close()
-        writer.close()
+        if writer:
+            writer.close()
     return metrics
 
 

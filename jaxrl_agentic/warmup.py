@@ -84,6 +84,7 @@ def warmup_cache_key(base_model_dir: str, c) -> str:
 
 def format_warmup(base_model_dir: str, c, out_dir: str, *, log=print) -> dict[str, float]:
     """Trains the reply format on random valid actions and saves the model to `out_dir`."""
+    import jax
     from flax import nnx
 
     from jaxrl_agentic.data.samples import trajectory_sample
@@ -109,7 +110,7 @@ def format_warmup(base_model_dir: str, c, out_dir: str, *, log=print) -> dict[st
         pad_token_id=tokenizer.pad_token_id or 0,
         max_grad_norm=1.0,
         seed=c.seed,
-    ), make_mesh())
+    ), make_mesh(devices=jax.local_devices()))  # per process: others wait on the cache lock
     runners = []
     for i, (tag, spec) in enumerate(c.custom_envs.items()):
         env, env_params = make(spec.env_type, format_penalty=spec.format_penalty,

@@ -6,6 +6,7 @@ safetensors, never pickle. Every failure is one `CheckpointError` line naming th
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -126,8 +127,13 @@ def load_tokenizer(path: str):
         raise CheckpointError(f"{path}: cannot load tokenizer: {e}".splitlines()[0]) from None
 
 
-def load_params(path: str, cfg: ModelConfig):
-    """(graphdef, params state) with the checkpoint's tensors, cast to cfg.param_dtype."""
+def load_params(path: str, cfg: ModelConfig, shardings=None):
+    """(graphdef, params state) with the checkpoint's tensors, cast to cfg.param_dtype.
+
+    ``shardings``: optional ``(path names, shape) -> jax.sharding.Sharding``. Each parameter
+    is then built shard by shard (``make_array_from_callback``) from slices read out of the
+    safetensors file, so no process ever holds a whole-model copy.
+    """
     from safetensors import safe_open
 
     abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
@@ -148,14 +154,22 @@ def load_params(path: str, cfg: ModelConfig):
                 if not os.path.exists(file):
                     raise CheckpointError(f"{file}: shard listed in the index is missing")
                 handles[file] = safe_open(file, framework="flax").__enter__()
-            tensor = handles[file].get_tensor(name)
-            tensor = tensor.T if transposed else tensor
-            if tuple(tensor.shape) != tuple(leaf.shape):
+            stored = handles[file].get_slice(name)
+            shape = tuple(stored.get_shape())
+            shape = shape[::-1] if transposed else shape
+            if shape != tuple(leaf.shape):
                 raise CheckpointError(
-                    f"{file}: tensor {name!r} has shape {tuple(tensor.shape)}, "
+                    f"{file}: tensor {name!r} has shape {shape}, "
                     f"expected {tuple(leaf.shape)} for this config"
                 )
-            _set_path(pure, p, jnp.asarray(tensor, dtype=leaf.dtype))
+            if shardings is None:
+                tensor = handles[file].get_tensor(name)
+                tensor = tensor.T if transposed else tensor
+                _set_path(pure, p, jnp.asarray(tensor, dtype=leaf.dtype))
+            else:
+                _set_path(pure, p, jax.make_array_from_callback(
+                    shape, shardings(p, shape),
+                    functools.partial(_read_slice, stored, transposed, leaf.dtype)))
     finally:
         for h in handles.values():
             h.__exit__(None, None, None)
@@ -173,15 +187,23 @@ def load_params(path: str, cfg: ModelConfig):
     return graphdef, abstract_state
 
 
-def load_pretrained(path: str, dtype: str = "float32", param_dtype: str | None = None):
+def _read_slice(stored, transposed: bool, dtype, index: tuple) -> jax.Array:
+    """One shard's block of a stored tensor (HF keeps linear weights as [out, in])."""
+    block = stored[index[::-1]].T if transposed else stored[index]
+    return jnp.asarray(block, dtype=dtype)
+
+
+def load_pretrained(path: str, dtype: str = "float32", param_dtype: str | None = None,
+                    shardings=None):
     """Reads a local HF directory → (Transformer, tokenizer).
 
     `dtype` is the compute dtype; parameters are stored in `param_dtype` (default: dtype).
+    `shardings` places each parameter straight into its shards (see `load_params`).
     """
     path = os.path.expanduser(str(path))
     cfg = _read_config(path, dtype, param_dtype)
     tokenizer = load_tokenizer(path)
-    graphdef, state = load_params(path, cfg)
+    graphdef, state = load_params(path, cfg, shardings)
     return nnx.merge(graphdef, state), tokenizer
 
 

@@ -155,6 +155,9 @@ class RolloutRunner:
                 greedy=gen.greedy,
                 seed=sample_seed * 100_003 + turn_index,
                 params=params,
+                # Noise keyed by episode id: the same episode samples the same reply in
+                # any batch and on any process.
+                row_seeds=[t.traj_id for t in trajs],
             )
             actions = np.full(n, INVALID_ACTION, np.int32)
             replies = {}
