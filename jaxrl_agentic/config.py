@@ -27,14 +27,23 @@ class ConfigError(ValueError):
     """A configuration value that cannot work; the message is one line naming the field."""
 
 
+ENV_BACKENDS = ("jax", "python")
+
+
 def env_spec(env_type: str, max_turns: int = 10, max_tokens_per_step: int = 64,
-             format_penalty: float = 0.1, **env_config) -> ml_collections.ConfigDict:
+             format_penalty: float = 0.1, env_backend: str = "jax", step_timeout_s: float = 0.0,
+             env_max_workers: int = 0, **env_config) -> ml_collections.ConfigDict:
+    """`env_backend="python"`: host-side environments stepped in a thread pool, each step
+    with a deadline of `step_timeout_s` (0 = none); see rollout/python_runner.py."""
     return ml_collections.ConfigDict(dict(
         env_type=env_type,
         env_config=dict(env_config),
         max_turns=max_turns,
         max_tokens_per_step=max_tokens_per_step,
         format_penalty=format_penalty,
+        env_backend=env_backend,
+        step_timeout_s=float(step_timeout_s),
+        env_max_workers=env_max_workers,
     ))
 
 
@@ -89,6 +98,11 @@ def default_config() -> ml_collections.ConfigDict:
     c.entropy_loss_coef = 0.0
     c.loss_reduction = "token_mean"
     c.recompute_old_logprobs = False
+    # off-policy: rollouts may come from a policy up to this many versions old (0 = sync)
+    c.async_generation_ratio = 0
+    # truncated importance weight min(π_old/π_behaviour, cap) on the policy loss (0 = off);
+    # needs recompute_old_logprobs (else π_old is the behaviour policy and the weight is 1)
+    c.tis_imp_ratio_cap = 0.0
     c.critic_learning_rate = 1e-5  # gae only: the critic's AdamW learning rate
     c.value_clip = 0.2  # gae only: ε_v of the clipped value loss (0 = unclipped)
     c.kernel_impl = "auto"
@@ -263,9 +277,27 @@ def validate(c) -> None:
                   f"{c.max_input_length + spec.max_tokens_per_step}: step samples would be cut")
         from jaxrl_agentic.envs import registered_envs
 
-        if spec.env_type not in registered_envs() and not spec.env_type.startswith("gymnax:"):
+        backend = spec.get("env_backend", "jax")
+        if backend not in ENV_BACKENDS:
+            _fail(f"custom_envs.{tag}.env_backend", f"{backend!r} is not allowed; "
+                  f"allowed: {', '.join(ENV_BACKENDS)}")
+        known = registered_envs()
+        if backend == "python":
+            from jaxrl_agentic.envs.python_env import registered_python_envs
+
+            known = sorted(set(known) | set(registered_python_envs()))
+        if spec.env_type not in known and not spec.env_type.startswith("gymnax:"):
             _fail(f"custom_envs.{tag}.env_type", f"unknown environment {spec.env_type!r}; "
-                  f"registered: {', '.join(registered_envs())} or gymnax:<id>")
+                  f"registered: {', '.join(known)} or gymnax:<id>")
+        if spec.get("step_timeout_s", 0.0) < 0 or spec.get("env_max_workers", 0) < 0:
+            _fail(f"custom_envs.{tag}", "step_timeout_s and env_max_workers must be >= 0")
+    _positive(c, "async_generation_ratio", allow_zero=True)
+    if not isinstance(c.async_generation_ratio, int):
+        _fail("async_generation_ratio", f"must be an integer, got {c.async_generation_ratio!r}")
+    _positive(c, "tis_imp_ratio_cap", allow_zero=True)
+    if c.tis_imp_ratio_cap > 0 and not c.recompute_old_logprobs:
+        _fail("tis_imp_ratio_cap", "needs recompute_old_logprobs=True (without it the old "
+              "policy is the behaviour policy and every weight is 1)")
     if c.pretrain != "tiny":
         path = os.path.expanduser(c.pretrain)
         if not os.path.isdir(path):

@@ -98,7 +98,12 @@ class LearnerConfig:
     ``kl_horizon``), ``kl_estimator`` k1/k2/k3, ``kl_in_reward`` (penalise rewards instead of
     the loss: the loss then carries no KL term, the reported KL is still measured).
     ``recompute_old_logprobs``: replace the sampler's logprobs by the learner's at the start
-    of each pipeline step. ``kernel_impl``: ``token_logprobs`` implementation.
+    of each pipeline step. ``tis_imp_ratio_cap`` C (0 = off, needs recompute): truncated
+    importance sampling of the off-policy gap between the behaviour (sampler) policy μ and
+    the recomputed old policy π_old, w_t = min(π_old(y_t)/μ(y_t), C), detached, multiplies
+    each token's policy loss. As w_t ≥ 0 it is applied to the advantage: for PPO's
+    max(−A·r, −A·clip(r)) (and the dual clip), w·loss(A) = loss(w·A).
+    ``kernel_impl``: ``token_logprobs`` implementation.
     Packing: rows of ``micro_batch_max_tokens``, samples cut to ``sequence_length``, row
     counts bucketed by ``rows_bucket`` (0 = powers of two).
     """
@@ -123,6 +128,7 @@ class LearnerConfig:
     entropy_loss_coef: float = 0.0
     temperature: float = 1.0
     recompute_old_logprobs: bool = False
+    tis_imp_ratio_cap: float = 0.0
     kernel_impl: str = "auto"
     micro_batch_max_tokens: int = 4096
     sequence_length: int = 4096
@@ -572,6 +578,22 @@ def per_sample_outputs(samples: Sequence[Sample], config, mesh, compute, params,
     return out
 
 
+def truncated_importance_weights(samples: Sequence[Sample], old_logprobs: Sequence[np.ndarray],
+                                 cap: float) -> tuple[list[Sample], dict[str, float]]:
+    """Samples whose advantages carry w_t = min(exp(log π_old − log μ), cap) on loss tokens
+    (μ = the sampler's behaviour logprobs in ``sample.old_logprobs``), and the metrics
+    ``off_policy/tis_weight_mean`` and ``off_policy/tis_capped_frac`` over loss tokens."""
+    out, weights = [], []
+    for s, old in zip(samples, old_logprobs, strict=True):
+        mask = s.loss_mask > 0
+        w = np.where(mask, np.minimum(np.exp(old - s.old_logprobs), cap), 1.0).astype(np.float32)
+        weights.append(w[mask])
+        out.append(dataclasses.replace(s, advantages=(s.advantages * w).astype(np.float32)))
+    w = np.concatenate(weights) if weights else np.zeros(0, np.float32)
+    return out, {"off_policy/tis_weight_mean": float(w.mean()) if w.size else 1.0,
+                 "off_policy/tis_capped_frac": float((w >= cap).mean()) if w.size else 0.0}
+
+
 class Learner:
     """Host driver of one pipeline step: samples in, ``ppo_epochs · ceil(n / mini_batch)``
     optimizer updates, metrics out.
@@ -653,6 +675,10 @@ class Learner:
                 for s, r in zip(samples, recomputed, strict=True)
             )
             extra["rollout/logprob_mismatch"] = gap / max(loss_tokens, 1)
+            if cfg.tis_imp_ratio_cap > 0:
+                samples, tis_metrics = truncated_importance_weights(
+                    samples, recomputed, cfg.tis_imp_ratio_cap)
+                extra.update(tis_metrics)
             samples = [
                 dataclasses.replace(s, old_logprobs=np.where(s.loss_mask > 0, r, 0.0))
                 for s, r in zip(samples, recomputed, strict=True)

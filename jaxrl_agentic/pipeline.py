@@ -26,6 +26,7 @@ from jaxrl_agentic.config import TOKEN_ESTIMATORS, ConfigError, resolve_model_pa
 from jaxrl_agentic.critic import Critic, CriticConfig, gae_samples
 from jaxrl_agentic.data.samples import build_samples, trajectory_sample
 from jaxrl_agentic.envs import make
+from jaxrl_agentic.envs.python_env import make_python_env
 from jaxrl_agentic.learner import Learner, LearnerConfig
 from jaxrl_agentic.models import load_pretrained
 from jaxrl_agentic.parallel import (
@@ -38,6 +39,8 @@ from jaxrl_agentic.parallel import (
 from jaxrl_agentic.rollout.conversation import ChatFormatter
 from jaxrl_agentic.rollout.groups import EnvManagerConfig, plan_episodes
 from jaxrl_agentic.rollout.loop import GenerationConfig, RolloutRunner
+from jaxrl_agentic.rollout.producer import RolloutProducer
+from jaxrl_agentic.rollout.python_runner import PythonRolloutRunner
 from jaxrl_agentic.sampler import Sampler
 
 
@@ -62,6 +65,7 @@ def learner_config(c, pad_token_id: int) -> LearnerConfig:
         entropy_loss_coef=c.entropy_loss_coef,
         temperature=c.generation.temperature,
         recompute_old_logprobs=c.recompute_old_logprobs,
+        tis_imp_ratio_cap=c.tis_imp_ratio_cap,
         kernel_impl=c.kernel_impl,
         micro_batch_max_tokens=c.micro_batch_max_tokens,
         sequence_length=c.sequence_length,
@@ -99,6 +103,8 @@ def trajectory_metrics(trajs, prefix: str) -> dict[str, float]:
         out[f"{p}num_turns"] = _mean(len(t.turns) for t in group)
         out[f"{p}action_is_valid"] = _mean(t.metrics["action_is_valid"] for t in group)
         out[f"{p}action_is_effective"] = _mean(t.metrics["action_is_effective"] for t in group)
+        # Python envs: an env call that missed its deadline ended the episode.
+        out[f"{p}timeout"] = _mean(t.metrics.get("env_timeout", 0.0) for t in group)
     out[f"{prefix}truncated_by_length"] = _mean(t.truncated_by_length for t in trajs)
     return out
 
@@ -158,19 +164,25 @@ class Pipeline:
         self.val_manager = manager(c.val_env_manager)
         self.runners = {}
         for tag, spec in c.custom_envs.items():
-            env, env_params = make(spec.env_type, format_penalty=spec.format_penalty,
-                                   **dict(spec.env_config))
             gen = GenerationConfig(
                 max_tokens_per_step=spec.max_tokens_per_step,
                 temperature=c.generation.temperature,
                 top_p=c.generation.top_p,
                 top_k=c.generation.top_k,
             )
-            self.runners[tag] = RolloutRunner(
-                env, env_params, self.sampler, self.formatter, tag=tag,
-                max_turns=spec.max_turns, max_input_length=c.max_input_length,
-                generation=gen, run_seed=c.seed,
-            )
+            common = dict(tag=tag, max_turns=spec.max_turns, max_input_length=c.max_input_length,
+                          generation=gen, run_seed=c.seed)
+            if spec.get("env_backend", "jax") == "python":  # host-side envs, thread pool
+                factory = make_python_env(spec.env_type, format_penalty=spec.format_penalty,
+                                          **dict(spec.env_config))
+                self.runners[tag] = PythonRolloutRunner(
+                    factory, self.sampler, self.formatter, step_timeout_s=spec.step_timeout_s,
+                    max_workers=spec.env_max_workers, **common)
+            else:
+                env, env_params = make(spec.env_type, format_penalty=spec.format_penalty,
+                                       **dict(spec.env_config))
+                self.runners[tag] = RolloutRunner(env, env_params, self.sampler, self.formatter,
+                                                  **common)
         max_turns = max(spec.max_turns for spec in c.custom_envs.values())
         chunks_mode = "trajectory" if c.sample_mode == "trajectory" else "step"
         self.chunks = ChunkEstimator.from_config(c.estimated_chunks_per_traj, chunks_mode,
@@ -183,6 +195,11 @@ class Pipeline:
         self.step = 0
         self.updates_done = 0
         self.cursor = 0
+        self.producer = None  # async_generation_ratio ≥ 1: rollouts made ahead in a thread
+        if c.async_generation_ratio and jax.process_count() > 1:
+            # Two threads issuing collectives in a different order on each host deadlock.
+            raise ConfigError("config.async_generation_ratio: not supported with several "
+                              "processes (distributed.enabled); use 0")
 
     # ---- rollouts ---------------------------------------------------------------------------
     def sampler_params(self):
@@ -195,18 +212,23 @@ class Pipeline:
             self._sampler_version = version
         return self._sampler_params
 
-    def rollout(self, split: str, *, greedy: bool = False):
-        """Plays this step's episodes. With several processes each plays a contiguous share
-        of every tag's episodes and all processes then hold all trajectories (in episode
-        order), so everything after the rollout is computed identically everywhere."""
+    def rollout(self, split: str, *, greedy: bool = False, step: int | None = None,
+                cursor: int | None = None, params=None):
+        """Plays the episodes of pipeline step `step` (default: the current one) with
+        `params` (default: the current policy). With several processes each plays a
+        contiguous share of every tag's episodes and all processes then hold all
+        trajectories (in episode order), so everything after the rollout is computed
+        identically everywhere."""
+        step = self.step if step is None else step
+        cursor = self.cursor if cursor is None else cursor
         m = self.train_manager if split == "train" else self.val_manager
-        plan = plan_episodes(m, split=split, cursor=self.cursor)
-        params = self.sampler_params()
+        plan = plan_episodes(m, split=split, cursor=cursor)
+        params = self.sampler_params() if params is None else params
         trajs, next_id = [], 0
         for tag, episodes in plan.items():
             # Sampling noise is a function of (run seed, step, split, episode id): resumable
             # exactly, and the same whichever process plays the episode.
-            seed = self.c.seed * 1_000_003 + self.step * 2 + (split == "val")
+            seed = self.c.seed * 1_000_003 + step * 2 + (split == "val")
             start, stop = process_share(len(episodes))
             if stop > start:
                 trajs.extend(self.runners[tag].run(
@@ -261,9 +283,9 @@ class Pipeline:
         """One pipeline step → (metrics, trajectories, samples)."""
         c = self.c
         t0 = time.perf_counter()
-        trajs = self.rollout("train")
-        t_rollout = time.perf_counter() - t0
-        metrics = {"step": float(self.step + 1), **trajectory_metrics(trajs, "env/")}
+        trajs, t_rollout, off_policy = self.train_rollout()
+        metrics = {"step": float(self.step + 1), **trajectory_metrics(trajs, "env/"),
+                   **off_policy}
         # Non-finite sampler logprobs mean non-finite parameters: nothing can be learned
         # from this batch. Skip the update and count it (train.py stops after 3 in a row).
         bad_turns = sum(not np.isfinite(u.logprobs).all() for t in trajs for u in t.turns)
@@ -293,7 +315,7 @@ class Pipeline:
                 if s.loss_mask.sum() > 0)
         else:
             metrics["optim/nonfinite_updates"] = float(bad_turns > 0)
-        if not bad_turns:  # a skipped batch says nothing about samples per trajectory
+        if not bad_turns and trajs:  # a skipped batch says nothing about samples/trajectory
             self.chunks = self.chunks.observe(sample_stats["batch/sequences_after_merge"],
                                               max(len(trajs), 1))
         metrics["optim/estimated_chunks_per_traj"] = self.chunks.chunks_per_traj
@@ -304,12 +326,67 @@ class Pipeline:
         t_train = time.perf_counter() - t1
         self.step += 1
         self.cursor += self.train_manager.num_env_groups
+        if self.producer is not None:
+            self.producer.publish(self.step, self.published_params())
         metrics["time/rollout"] = t_rollout
         metrics["time/train"] = t_train
         metrics["time/step"] = time.perf_counter() - t0
         metrics["perf/tokens_per_s"] = metrics.get("tokens/real", 0.0) / max(
             metrics["time/step"], 1e-9)
         return metrics, trajs, samples
+
+    # ---- asynchronous rollouts ------------------------------------------------------------------
+    def published_params(self):
+        """The params the producer may use while the learner goes on: a copy, since the
+        train step donates (overwrites) the learner's buffers."""
+        params = self.sampler_params()
+        if params is self.learner.params:
+            params = jax.tree.map(lambda x: x.copy(), params)
+        return params
+
+    def train_rollout(self) -> tuple[list, float, dict[str, float]]:
+        """(trajectories for this step, seconds of rollout, off-policy metrics).
+
+        `async_generation_ratio = 0`: played now with the current params. `n ≥ 1`: taken
+        from the producer thread, which plays step j with the newest params published
+        (version ≥ j − n) while the learner trains; older trajectories are dropped.
+        """
+        ratio = self.c.async_generation_ratio
+        if ratio == 0:
+            start = time.perf_counter()
+            trajs = self.rollout("train")
+            seconds = time.perf_counter() - start
+            return trajs, seconds, {"off_policy/staleness_mean": 0.0,
+                                    "off_policy/staleness_max": 0.0,
+                                    "off_policy/dropped": 0.0, "time/wait_for_rollout": seconds}
+        if self.producer is None:
+            # The env-group cursor advances by num_env_groups per step, so the seeds of
+            # step j are known in advance (the thread must not read self.step/self.cursor,
+            # which this thread changes).
+            base_step, base_cursor = self.step, self.cursor
+            groups = self.train_manager.num_env_groups
+
+            def produce(step, params):
+                return self.rollout("train", step=step, params=params,
+                                    cursor=base_cursor + (step - base_step) * groups)
+
+            self.producer = RolloutProducer(produce, ratio=ratio, first_step=self.step,
+                                            version=self.step, params=self.published_params())
+        produced, waited = self.producer.take(self.step)
+        staleness = self.step - produced.version
+        trajs, dropped = produced.trajectories, 0
+        if staleness > ratio:  # cannot happen with the producer's gating; never train on it
+            trajs, dropped = [], len(produced.trajectories)
+        return trajs, produced.seconds, {
+            "off_policy/staleness_mean": float(staleness) if trajs else 0.0,
+            "off_policy/staleness_max": float(staleness) if trajs else 0.0,
+            "off_policy/dropped": float(dropped), "time/wait_for_rollout": waited}
+
+    def close(self) -> None:
+        """Stops the producer thread (if any)."""
+        if self.producer is not None:
+            self.producer.close()
+            self.producer = None
 
     def fold_kl_into_rewards(self, trajs) -> dict[str, float]:
         """r'_turn = r_turn − β · Σ_{tokens of its reply} k(logπ_old − logπ_ref).

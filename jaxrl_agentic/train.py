@@ -137,6 +137,7 @@ def run(c, *, log=print) -> dict[str, float]:
             bar.set_postfix(reward=f"{metrics.get('env/return', 0):.3f}",
                             tok_s=f"{metrics.get('perf/tokens_per_s', 0):.0f}")
     finally:
+        pipeline.close()
         bar.close()
         if writer:
             writer.close()

@@ -338,3 +338,31 @@ def test_config_and_input_checks():
     with pytest.raises(ValueError, match="dual_clip"):
         LearnerConfig(dual_clip=0.5)
     assert not LearnerConfig().uses_reference and LearnerConfig(init_kl_coef=0.1).uses_reference
+
+
+def test_truncated_importance_weights_scale_each_tokens_advantage():
+    """TIS: w_t = min(π_old/μ, C) on loss tokens, μ = the sampler's (made-up) logprobs.
+    The update equals a plain update on advantages multiplied by hand-computed weights."""
+    cap = 1.5
+    base = dataclasses.replace(BASE, recompute_old_logprobs=True, mini_batch_size=8,
+                               micro_batch_max_tokens=32, sequence_length=32)
+    samples = [dataclasses.replace(s, ref_logprobs=None) for s in make_samples(1)]
+    weighted, weights = [], []
+    for s in samples:
+        old = independent_logprobs(PARAMS, s)
+        w = np.where(s.loss_mask > 0, np.minimum(np.exp(old - s.old_logprobs), cap), 1.0)
+        weights.append(w[s.loss_mask > 0])
+        weighted.append(dataclasses.replace(s, advantages=(s.advantages * w).astype(np.float32)))
+    w = np.concatenate(weights)
+    assert 0 < (w >= cap).mean() < 1  # some weights are capped, some are not
+
+    with_tis = Learner(GRAPHDEF, PARAMS, dataclasses.replace(base, tis_imp_ratio_cap=cap))
+    metrics = with_tis.step(samples, [1e-3])
+    by_hand = Learner(GRAPHDEF, PARAMS, base)
+    by_hand.step(weighted, [1e-3])
+    assert metrics["off_policy/tis_weight_mean"] == pytest.approx(float(w.mean()), rel=1e-5)
+    assert metrics["off_policy/tis_capped_frac"] == pytest.approx(float((w >= cap).mean()))
+    assert rel_err(with_tis.params, by_hand.params) < 1e-5
+    plain = Learner(GRAPHDEF, PARAMS, base)
+    plain.step(samples, [1e-3])
+    assert rel_err(with_tis.params, plain.params) > 1e-3  # the weights did change the update

@@ -35,6 +35,10 @@ CASES = [
      "config.distributed: set num_processes and process_id together"),
     (["--config.distributed.num_processes=2", "--config.distributed.process_id=0"],
      "config.distributed.enabled: coordinator_address/num_processes are set"),
+    (["--config.tis_imp_ratio_cap=2.0"], "config.tis_imp_ratio_cap: needs recompute_old_logprobs"),
+    (["--config.async_generation_ratio=-1"], "config.async_generation_ratio: must be >= 0"),
+    (["--config.custom_envs.frozen_lake.env_backend=ray"],
+     "config.custom_envs.frozen_lake.env_backend: 'ray' is not allowed"),
     (["--config.resume_from_checkpoint=/nonexistent/ckpt", "--config.max_steps=1"],
      "checkpoint not found: /nonexistent/ckpt"),
 ]

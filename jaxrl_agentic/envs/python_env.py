@@ -1,0 +1,227 @@
+"""Host-side (non-JAX) text environments: one stateful Python object per episode.
+
+An environment that calls a tool, a sandbox or a web service cannot be vmapped and jitted.
+`PythonTextEnv` is the contract such an environment implements, and
+`rollout/python_runner.py` plays it, each episode's calls on a worker thread with a deadline:
+
+    env = factory(spec, run_seed)   # one instance per episode (spec: an EpisodeSpec)
+    text = env.reset(spec.seed)     # first user message: instructions + first observation
+    h = env.state_hash()            # bytes: hash of the state the next reply answers
+    step = env.step(reply)          # -> PyStep
+    ...
+
+- `reply` is the raw decoded model reply (special tokens stripped); the environment parses
+  it itself. `PyStep.action` is the parsed action id the turn records (`Turn.action`), or
+  `INVALID_ACTION` (-1) when there is none or the environment has no action ids.
+- `PyStep.observation` is the next user message (feedback on the reply + the new state); the
+  runner sends it only if the episode goes on. `terminated` ends the episode; so does
+  `max_steps_in_episode` steps (an attribute), counted like the JAX rollout does.
+- `state_hash()` returns bytes equal exactly when two states are the same situation: it
+  anchors GiGPO step groups across the episodes of a group, so it must be stable across
+  processes (hashlib, not Python's salted `hash()`); see `text_state_hash`.
+- One instance never sees two calls at once, but calls may come from different threads.
+  A call that misses the runner's deadline is abandoned (its thread cannot be killed): the
+  instance is never called again.
+
+`JaxEnvAsPython` plays any registered JAX `TextEnvironment` through this contract with the
+same messages, keys, rewards and flags as `RolloutRunner`, so the two runners can be checked
+against each other; `step_delay_s` / `hang_on_step` stand in for a slow / hung tool call.
+
+Registry: `make_python_env(name, **config)` returns a factory `(spec, run_seed) -> env`.
+Every JAX environment name (`jaxrl_agentic.envs.make`'s, `gymnax:<id>` included) works through
+the adapter, with config = `step_delay_s`, `hang_on_step` and the environment's own params.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import jax
+
+from jaxrl_agentic.envs.base import INVALID_ACTION
+from jaxrl_agentic.envs.gymnax_adapter import PREFIX as GYMNAX_PREFIX
+from jaxrl_agentic.envs.registry import make, registered_envs
+
+if TYPE_CHECKING:
+    from jaxrl_agentic.rollout.loop import EpisodeSpec
+
+# How long `hang_on_step` sleeps: "forever" for a test, finite so the thread ends one day.
+HANG_SECONDS = 3600.0
+
+
+@dataclasses.dataclass(frozen=True)
+class PyStep:
+    observation: str  # the next user message: feedback on the reply, then the new state
+    reward: float
+    terminated: bool  # the environment ended the episode
+    action_is_valid: bool  # the reply held an action the environment accepted
+    action_is_effective: bool  # the action changed the state
+    success: bool  # the episode was solved by this step
+    action: int = INVALID_ACTION  # parsed action id recorded in the Turn, -1 if none/unknown
+
+
+class PythonTextEnv:
+    """Base class of a stateful host-side text environment; see the module docstring."""
+
+    max_steps_in_episode: int = 100
+
+    def reset(self, seed: int) -> str:
+        """Starts the episode of map `seed`; returns the first user message."""
+        raise NotImplementedError(f"{type(self).__name__} must implement reset()")
+
+    def step(self, reply: str) -> PyStep:
+        """Applies the model's raw reply; returns the outcome and the next user message."""
+        raise NotImplementedError(f"{type(self).__name__} must implement step()")
+
+    def state_hash(self) -> bytes:
+        """Process-stable bytes identifying the current state (GiGPO anchor)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement state_hash()")
+
+
+PythonEnvFactory = Callable[["EpisodeSpec", int], PythonTextEnv]
+FactoryBuilder = Callable[..., PythonEnvFactory]
+
+
+def text_state_hash(text: str) -> bytes:
+    """16-byte digest of a text rendering of a state (stable across processes)."""
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest()
+
+
+# ---- the JAX adapter ------------------------------------------------------------------------
+
+
+class JaxEnvAsPython(PythonTextEnv):
+    """One episode of a JAX `TextEnvironment`, keyed exactly as `RolloutRunner` keys it:
+
+        map_key   = fold_in(PRNGKey(run_seed), seed)     # reset: the map
+        noise_key = fold_in(map_key, 1 + member)         # members share the map, not the noise
+        step t    = step_env(fold_in(noise_key, t), state, parse_action(reply) or -1, params)
+
+    Messages are `first_message` / `feedback_message` of the rollout loop.
+    """
+
+    def __init__(self, env, params, *, member: int, run_seed: int, step_delay_s: float = 0.0,
+                 hang_on_step: int = -1, _compiled=None):
+        self.env, self.params = env, params
+        self.member, self.run_seed = int(member), int(run_seed)
+        self.step_delay_s, self.hang_on_step = float(step_delay_s), int(hang_on_step)
+        self.max_steps_in_episode = int(params.max_steps_in_episode)
+        self._reset, self._step = _compiled or _compile(env)
+        self._state = None
+        self._noise_key = None
+        self._steps = 0
+
+    def reset(self, seed: int) -> str:
+        first_message, _ = _messages()
+        map_key = jax.random.fold_in(jax.random.PRNGKey(self.run_seed), seed)
+        self._noise_key = jax.random.fold_in(map_key, 1 + self.member)
+        _, state = self._reset(map_key, self.params)
+        self._state = jax.device_get(state)
+        self._steps = 0
+        return first_message(self.env, self._state, self.params)
+
+    def step(self, reply: str) -> PyStep:
+        if self._state is None:
+            raise RuntimeError("step() before reset()")
+        if self._steps == self.hang_on_step:
+            time.sleep(HANG_SECONDS)
+        if self.step_delay_s > 0:
+            time.sleep(self.step_delay_s)
+        _, feedback_message = _messages()
+        parsed = self.env.parse_action(reply)
+        action = INVALID_ACTION if parsed is None else int(parsed)
+        key = jax.random.fold_in(self._noise_key, self._steps)
+        _, state, reward, terminated, info = self._step(key, self._state, action, self.params)
+        state, reward, terminated, info = jax.device_get((state, reward, terminated, info))
+        self._state, self._steps = state, self._steps + 1
+        return PyStep(
+            observation=feedback_message(self.env, state, self.params, float(reward), action),
+            reward=float(reward),
+            terminated=bool(terminated),
+            action_is_valid=bool(info["action_is_valid"]),
+            action_is_effective=bool(info["action_is_effective"]),
+            success=bool(info["success"]),
+            action=action,
+        )
+
+    def state_hash(self) -> bytes:
+        if self._state is None:
+            raise RuntimeError("state_hash() before reset()")
+        return self.env.state_hash(self._state)
+
+
+def _compile(env):
+    return jax.jit(env.reset_env), jax.jit(env.step_env)
+
+
+def _messages():
+    # The message texts live with the rollout loop; imported late so that envs/ does not
+    # depend on rollout/ at import time (they would better live in envs/).
+    from jaxrl_agentic.rollout.loop import feedback_message, first_message
+
+    return first_message, feedback_message
+
+
+def jax_env_factory(env_type: str, *, step_delay_s: float = 0.0, hang_on_step: int = -1,
+                    **env_config: Any) -> PythonEnvFactory:
+    """Factory of `JaxEnvAsPython` episodes of `make(env_type, **env_config)`.
+
+    The environment is built and its reset/step jitted once here, shared by all episodes.
+    """
+    if not float(step_delay_s) >= 0.0:
+        raise ValueError(f"step_delay_s must be >= 0, got {step_delay_s}")
+    if isinstance(hang_on_step, bool) or not isinstance(hang_on_step, int):
+        raise ValueError(f"hang_on_step must be an int (-1 = never), got {hang_on_step!r}")
+    env, params = make(env_type, **env_config)
+    compiled = _compile(env)
+
+    def factory(spec: EpisodeSpec, run_seed: int) -> JaxEnvAsPython:
+        return JaxEnvAsPython(env, params, member=spec.member, run_seed=run_seed,
+                              step_delay_s=step_delay_s, hang_on_step=hang_on_step,
+                              _compiled=compiled)
+
+    return factory
+
+
+# ---- registry -------------------------------------------------------------------------------
+
+_REGISTRY: dict[str, FactoryBuilder] = {}
+
+
+def register_python_env(name: str, factory_builder: FactoryBuilder) -> None:
+    """Make `make_python_env(name, **config)` return `factory_builder(**config)`."""
+    if not isinstance(name, str) or not name:
+        raise ValueError("python environment name must be a non-empty str")
+    if not callable(factory_builder):
+        raise TypeError(f"factory_builder for {name!r} must be callable, "
+                        f"got {type(factory_builder).__name__}")
+    if name in _REGISTRY:
+        raise ValueError(f"python environment {name!r} is already registered")
+    _REGISTRY[name] = factory_builder
+
+
+def registered_python_envs() -> list[str]:
+    """Registered names, sorted (any JAX environment name works too, through the adapter)."""
+    return sorted(_REGISTRY)
+
+
+def make_python_env(name: str, **config: Any) -> PythonEnvFactory:
+    """The episode factory `(spec, run_seed) -> PythonTextEnv` for `name` with `config`."""
+    if name in _REGISTRY:
+        return _REGISTRY[name](**config)
+    if name.startswith(GYMNAX_PREFIX) or name in registered_envs():
+        return jax_env_factory(name, **config)  # a JAX env registered after this module
+    raise ValueError(
+        f"unknown python environment {name!r}; registered: "
+        f"{', '.join(registered_python_envs())}; or any JAX environment name "
+        f"(jaxrl_agentic.envs.registered_envs() or {GYMNAX_PREFIX}<id>)"
+    )
+
+
+for _name in registered_envs():
+    register_python_env(_name, functools.partial(jax_env_factory, _name))

@@ -1,0 +1,321 @@
+"""The multi-turn rollout loop for host-side Python environments (`envs/python_env.py`).
+
+Same conversation, truncation rules, sampler calls and trajectories as `RolloutRunner`
+(`loop.py`), with the environment side run in a thread pool at environment granularity:
+each episode's env is built and reset, then stepped, on a worker thread; all of a turn's
+steps are submitted at once and waited on together, so slow environments (tool calls)
+overlap each other while the sampler waits for the slowest.
+
+Timeouts. With `step_timeout_s > 0` every reset and step must finish within that many seconds
+of its submission (with `max_workers` below the number of episodes, time spent queued
+counts, and a hung call keeps its worker). One that does not ends its episode as truncated
+instead of hanging the run:
+
+- a step that timed out is still recorded as a Turn (the model did generate those tokens, so
+  the sample stays well formed) with reward 0, action -1, `action_is_valid`,
+  `action_is_effective`, `success` and `done` all False (the environment never confirmed
+  any of them), and the state hash of the state the reply answered;
+- a reset that timed out leaves an episode without turns;
+- either way `truncated` is True, `metrics["env_timeout"]` is 1.0 (0.0 for every other
+  episode), and `stats["timeouts"]` counts it.
+
+A hung call's thread cannot be killed: it runs on a daemon thread of a pool made for this
+`run()` alone, which is abandoned, never joined, so neither later runs nor interpreter exit
+wait for it. Note that the first call of a JAX-backed env compiles inside its deadline.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from jaxrl_agentic.data.trajectory import Trajectory, Turn
+from jaxrl_agentic.envs import INVALID_ACTION, episode_metrics
+from jaxrl_agentic.envs.python_env import PyStep, PythonEnvFactory, PythonTextEnv
+from jaxrl_agentic.rollout.conversation import ChatFormatter
+from jaxrl_agentic.rollout.loop import EpisodeSpec, GenerationConfig
+from jaxrl_agentic.sampler import Sampler
+
+_TIMED_OUT = object()
+
+
+class PythonRolloutRunner:
+    """Plays batches of episodes of a Python environment with one sampler."""
+
+    def __init__(
+        self,
+        env_factory: PythonEnvFactory,
+        sampler: Sampler,
+        formatter: ChatFormatter,
+        *,
+        tag: str,
+        max_turns: int,
+        max_input_length: int,
+        generation: GenerationConfig,
+        run_seed: int = 0,
+        step_timeout_s: float = 0.0,
+        max_workers: int = 0,
+    ):
+        need = max_input_length + generation.max_tokens_per_step + 1
+        if sampler.max_total_len < need:
+            raise ValueError(
+                f"sampler max_total_len={sampler.max_total_len} < max_input_length + "
+                f"max_tokens_per_step + 1 = {need}"
+            )
+        if not callable(env_factory):
+            raise TypeError(f"env_factory must be callable (spec, run_seed) -> PythonTextEnv, "
+                            f"got {type(env_factory).__name__}")
+        if not float(step_timeout_s) >= 0.0:
+            raise ValueError(f"step_timeout_s must be >= 0 (0 = no timeout), got "
+                             f"{step_timeout_s}")
+        if int(max_workers) < 0:
+            raise ValueError(f"max_workers must be >= 0 (0 = one per episode), got "
+                             f"{max_workers}")
+        self.env_factory = env_factory
+        self.sampler, self.formatter = sampler, formatter
+        self.tag, self.max_turns, self.max_input_length = tag, max_turns, max_input_length
+        self.generation = generation
+        self.run_seed = int(run_seed)
+        self.step_timeout_s = float(step_timeout_s)
+        self.max_workers = int(max_workers)
+        self.stats = {"resets": 0, "env_steps": 0, "timeouts": 0}
+
+    def run(
+        self,
+        episodes: Sequence[EpisodeSpec],
+        *,
+        sample_seed: int,
+        traj_id_start: int = 0,
+        params=None,
+        greedy: bool | None = None,
+    ) -> list[Trajectory]:
+        """Plays `episodes` to the end; `greedy` overrides the generation config (eval)."""
+        gen = self.generation
+        if greedy is not None:
+            gen = dataclasses.replace(gen, greedy=greedy)
+        n = len(episodes)
+        trajs = [
+            Trajectory(traj_id=traj_id_start + i, group_id=e.group_id, tag=self.tag, seed=e.seed,
+                       tokens=[], turns=[], member=e.member)
+            for i, e in enumerate(episodes)
+        ]
+        timed_out = np.zeros(n, bool)
+        active = np.zeros(n, bool)
+        envs: dict[int, PythonTextEnv] = {}
+        hashes: dict[int, bytes] = {}  # hash of the state the next reply answers
+        pending: dict[int, list[int]] = {}
+        pool = _DaemonThreadPool(self.max_workers or max(n, 1))
+        try:
+            # 0. build and reset every environment at once
+            started = self._gather(pool, {
+                i: (_start_episode, self.env_factory, e, self.run_seed)
+                for i, e in enumerate(episodes)
+            }, episodes, "reset")
+            self.stats["resets"] += n
+            for i, result in started.items():
+                if result is _TIMED_OUT:
+                    trajs[i].truncated = timed_out[i] = True
+                    continue
+                envs[i], text, hashes[i] = result
+                pending[i] = self.formatter.first_prompt(text)
+                active[i] = True
+            session = self.sampler.new_session(n)
+            for turn_index in range(self.max_turns):
+                # 1. append the new user messages; end episodes whose prompt would not fit
+                rows = []
+                for i in np.flatnonzero(active):
+                    ids = pending.pop(int(i))
+                    if len(trajs[i].tokens) + len(ids) > self.max_input_length:
+                        trajs[i].truncated = trajs[i].truncated_by_length = True
+                        active[i] = False
+                        continue
+                    trajs[i].tokens.extend(ids)
+                    session.extend([int(i)], [ids])
+                    rows.append(int(i))
+                if not rows:
+                    break
+                # 2. one batched generation for every running episode
+                out = session.generate(
+                    rows,
+                    max_new_tokens=gen.max_tokens_per_step,
+                    temperature=gen.temperature,
+                    top_p=gen.top_p,
+                    top_k=gen.top_k,
+                    greedy=gen.greedy,
+                    seed=sample_seed * 100_003 + turn_index,
+                    params=params,
+                    row_seeds=[t.traj_id for t in trajs],
+                )
+                replies = {}
+                for row, ids, logprobs, reason in zip(
+                    rows, out.tokens, out.logprobs, out.stop_reasons, strict=True
+                ):
+                    context_len = len(trajs[row].tokens)
+                    trajs[row].tokens.extend(ids)
+                    eos_appended = reason != "eos"
+                    if eos_appended:  # 3. close the reply; not generated → loss mask 0
+                        session.extend([row], [[self.formatter.eos_token_id]])
+                        trajs[row].tokens.append(self.formatter.eos_token_id)
+                    reply = self.formatter.decode_reply(ids)
+                    replies[row] = (context_len, ids, logprobs, reason, eos_appended, reply)
+                # 4. step every environment at once, on the pool, under one deadline
+                stepped = self._gather(pool, {
+                    row: (_step_episode, envs[row], replies[row][5]) for row in rows
+                }, episodes, "step")
+                self.stats["env_steps"] += len(rows)
+                for row in rows:
+                    context_len, ids, logprobs, reason, eos_appended, reply = replies[row]
+                    result = stepped[row]
+                    if result is _TIMED_OUT:
+                        step, next_hash = _TIMEOUT_STEP, hashes[row]
+                    else:
+                        step, next_hash = result
+                    done = step.terminated
+                    trajs[row].turns.append(Turn(
+                        context_len=context_len,
+                        generated=list(ids),
+                        logprobs=np.asarray(logprobs, np.float32),
+                        stop_reason=reason,
+                        eos_appended=eos_appended,
+                        reward=float(step.reward),
+                        action=int(step.action),
+                        action_is_valid=bool(step.action_is_valid),
+                        action_is_effective=bool(step.action_is_effective),
+                        success=bool(step.success),
+                        done=done,
+                        state_hash=hashes[row],
+                        reply=reply,
+                    ))
+                    hashes[row] = next_hash
+                    if result is _TIMED_OUT:
+                        trajs[row].truncated = timed_out[row] = True
+                        active[row] = False
+                    elif done:
+                        trajs[row].terminated = True
+                        active[row] = False
+                    elif (len(trajs[row].turns) >= envs[row].max_steps_in_episode
+                          or turn_index == self.max_turns - 1):
+                        trajs[row].truncated = True
+                        active[row] = False
+                    else:
+                        pending[row] = self.formatter.next_prompt(step.observation)
+        finally:
+            pool.shutdown()
+        self.stats["timeouts"] += int(timed_out.sum())
+        for t, late in zip(trajs, timed_out, strict=True):
+            t.metrics = episode_metrics(
+                [turn.reward for turn in t.turns],
+                [{"action_is_valid": u.action_is_valid,
+                  "action_is_effective": u.action_is_effective,
+                  "success": u.success} for u in t.turns],
+            )
+            t.metrics["env_timeout"] = float(late)
+        return trajs
+
+    def _gather(self, pool: _DaemonThreadPool, calls: dict[int, tuple], episodes, what: str):
+        """{row: fn(*args)} run on `pool`, or `_TIMED_OUT` for calls past the deadline."""
+        deadline = time.monotonic() + self.step_timeout_s
+        futures = {row: pool.submit(*call) for row, call in calls.items()}
+        timeout = max(0.0, deadline - time.monotonic()) if self.step_timeout_s > 0 else None
+        concurrent.futures.wait(futures.values(), timeout=timeout)
+        results = {}
+        for row, future in futures.items():
+            if not future.done():
+                future.cancel()  # only takes if it never started (a smaller pool)
+                results[row] = _TIMED_OUT
+                continue
+            try:
+                results[row] = future.result()
+            except Exception as exc:
+                e = episodes[row]
+                raise RuntimeError(
+                    f"python env {self.tag!r} episode seed={e.seed} member={e.member}: "
+                    f"{what} raised {type(exc).__name__}: {exc}"
+                ) from exc
+        return results
+
+
+# What a step that missed its deadline records (see the module docstring).
+_TIMEOUT_STEP = PyStep(observation="", reward=0.0, terminated=False, action_is_valid=False,
+                       action_is_effective=False, success=False, action=INVALID_ACTION)
+
+
+def _start_episode(factory: PythonEnvFactory, spec: EpisodeSpec, run_seed: int):
+    env = factory(spec, run_seed)
+    text = env.reset(spec.seed)
+    if not isinstance(text, str):
+        raise TypeError(f"reset() must return the first user message (str), "
+                        f"got {type(text).__name__}")
+    return env, text, _checked_hash(env)
+
+
+def _step_episode(env: PythonTextEnv, reply: str):
+    step = env.step(reply)
+    if not isinstance(step, PyStep):
+        raise TypeError(f"step() must return a PyStep, got {type(step).__name__}")
+    return step, _checked_hash(env)
+
+
+def _checked_hash(env: PythonTextEnv) -> bytes:
+    h = env.state_hash()
+    if not isinstance(h, bytes):
+        raise TypeError(f"state_hash() must return bytes (e.g. text_state_hash(...)), "
+                        f"got {type(h).__name__}")
+    return h
+
+
+class _DaemonThreadPool:
+    """A minimal thread pool on daemon threads.
+
+    `concurrent.futures.ThreadPoolExecutor` joins its workers at interpreter exit, so one
+    hung environment would hang the end of the run; these workers are never joined.
+    """
+
+    def __init__(self, max_workers: int):
+        self._max_workers = max_workers
+        self._work: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+
+    def submit(self, fn: Callable, *args) -> concurrent.futures.Future:
+        future = concurrent.futures.Future()
+        self._work.put((future, fn, args))
+        if len(self._threads) < self._max_workers:
+            thread = threading.Thread(target=_work_loop, args=(self._work,), daemon=True,
+                                      name=f"python-env-{len(self._threads)}")
+            thread.start()
+            self._threads.append(thread)
+        return future
+
+    def shutdown(self) -> None:
+        """Cancels calls not started yet; returns without waiting for running ones."""
+        while True:
+            try:
+                item = self._work.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                item[0].cancel()
+        for _ in self._threads:
+            self._work.put(None)  # a worker stuck in a hung call exits once it returns
+
+
+def _work_loop(work: queue.SimpleQueue) -> None:
+    while True:
+        item = work.get()
+        if item is None:
+            return
+        future, fn, args = item
+        if not future.set_running_or_notify_cancel():
+            continue
+        try:
+            result = fn(*args)
+        except BaseException as exc:  # handed to the waiting thread
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
