@@ -20,7 +20,7 @@ import jax
 
 from jaxrl_agentic.envs import INVALID_ACTION, episode_metrics, make
 from jaxrl_agentic.envs.base import TextEnvironment, TextEnvParams
-from jaxrl_agentic.rollout.loop import feedback_message, first_message
+from jaxrl_agentic.envs.messages import feedback_message, first_message
 
 Policy = Callable[[str], str]
 

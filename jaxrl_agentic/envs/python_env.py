@@ -45,6 +45,7 @@ import jax
 
 from jaxrl_agentic.envs.base import INVALID_ACTION
 from jaxrl_agentic.envs.gymnax_adapter import PREFIX as GYMNAX_PREFIX
+from jaxrl_agentic.envs.messages import feedback_message, first_message
 from jaxrl_agentic.envs.registry import make, registered_envs
 
 if TYPE_CHECKING:
@@ -102,7 +103,7 @@ class JaxEnvAsPython(PythonTextEnv):
         noise_key = fold_in(map_key, 1 + member)         # members share the map, not the noise
         step t    = step_env(fold_in(noise_key, t), state, parse_action(reply) or -1, params)
 
-    Messages are `first_message` / `feedback_message` of the rollout loop.
+    Messages are `envs/messages.py`'s `first_message` / `feedback_message`.
     """
 
     def __init__(self, env, params, *, member: int, run_seed: int, step_delay_s: float = 0.0,
@@ -117,7 +118,6 @@ class JaxEnvAsPython(PythonTextEnv):
         self._steps = 0
 
     def reset(self, seed: int) -> str:
-        first_message, _ = _messages()
         map_key = jax.random.fold_in(jax.random.PRNGKey(self.run_seed), seed)
         self._noise_key = jax.random.fold_in(map_key, 1 + self.member)
         _, state = self._reset(map_key, self.params)
@@ -132,7 +132,6 @@ class JaxEnvAsPython(PythonTextEnv):
             time.sleep(HANG_SECONDS)
         if self.step_delay_s > 0:
             time.sleep(self.step_delay_s)
-        _, feedback_message = _messages()
         parsed = self.env.parse_action(reply)
         action = INVALID_ACTION if parsed is None else int(parsed)
         key = jax.random.fold_in(self._noise_key, self._steps)
@@ -157,14 +156,6 @@ class JaxEnvAsPython(PythonTextEnv):
 
 def _compile(env):
     return jax.jit(env.reset_env), jax.jit(env.step_env)
-
-
-def _messages():
-    # The message texts live with the rollout loop; imported late so that envs/ does not
-    # depend on rollout/ at import time (they would better live in envs/).
-    from jaxrl_agentic.rollout.loop import feedback_message, first_message
-
-    return first_message, feedback_message
 
 
 def jax_env_factory(env_type: str, *, step_delay_s: float = 0.0, hang_on_step: int = -1,

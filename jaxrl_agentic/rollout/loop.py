@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +30,7 @@ import numpy as np
 
 from jaxrl_agentic.data.trajectory import Trajectory, Turn
 from jaxrl_agentic.envs import INVALID_ACTION, episode_metrics
+from jaxrl_agentic.envs.messages import feedback_message, first_message  # noqa: F401 (re-exported)
 from jaxrl_agentic.rollout.conversation import ChatFormatter
 from jaxrl_agentic.sampler import Sampler
 
@@ -49,19 +51,6 @@ class EpisodeSpec:
     seed: int
     group_id: int
     member: int  # index within the group (members share the map, not the dynamics noise)
-
-
-def feedback_message(env, state, params, reward: float, action: int) -> str:
-    """The user message after a turn: what the last reply did, then the new state."""
-    if action == INVALID_ACTION:
-        head = f"Your reply had no valid action; the state did not change. Reward: {reward:g}."
-    else:
-        head = f"You chose {env.action_names[action]}. Reward: {reward:g}."
-    return f"{head}\n{env.render_text(state, params)}"
-
-
-def first_message(env, state, params) -> str:
-    return f"{env.instructions(params)}\n{env.render_text(state, params)}"
 
 
 class RolloutRunner:
@@ -133,47 +122,16 @@ class RolloutRunner:
         max_steps = int(p.max_steps_in_episode)
         for turn_index in range(self.max_turns):
             # 1. append the new user messages; end episodes whose prompt would not fit
-            rows = []
-            for i in np.flatnonzero(active):
-                ids = pending.pop(int(i))
-                if len(trajs[i].tokens) + len(ids) > self.max_input_length:
-                    trajs[i].truncated = trajs[i].truncated_by_length = True
-                    active[i] = False
-                    continue
-                trajs[i].tokens.extend(ids)
-                session.extend([int(i)], [ids])
-                rows.append(int(i))
+            rows = append_prompts(trajs, session, pending, active, self.max_input_length)
             if not rows:
                 break
-            # 2. one batched generation for every running episode
-            out = session.generate(
-                rows,
-                max_new_tokens=gen.max_tokens_per_step,
-                temperature=gen.temperature,
-                top_p=gen.top_p,
-                top_k=gen.top_k,
-                greedy=gen.greedy,
-                seed=sample_seed * 100_003 + turn_index,
-                params=params,
-                # Noise keyed by episode id: the same episode samples the same reply in
-                # any batch and on any process.
-                row_seeds=[t.traj_id for t in trajs],
-            )
+            # 2. one batched generation for every running episode; 3. close the replies
+            replies = generate_replies(session, rows, trajs, self.formatter, gen, params=params,
+                                       seed=sample_seed * 100_003 + turn_index)
             actions = np.full(n, INVALID_ACTION, np.int32)
-            replies = {}
-            for row, ids, logprobs, reason in zip(
-                rows, out.tokens, out.logprobs, out.stop_reasons, strict=True
-            ):
-                context_len = len(trajs[row].tokens)
-                trajs[row].tokens.extend(ids)
-                eos_appended = reason != "eos"
-                if eos_appended:  # 3. close the reply; not generated → loss mask 0
-                    session.extend([row], [[self.formatter.eos_token_id]])
-                    trajs[row].tokens.append(self.formatter.eos_token_id)
-                reply = self.formatter.decode_reply(ids)
-                action = env.parse_action(reply)
+            for row, r in replies.items():
+                action = env.parse_action(r.reply)
                 actions[row] = INVALID_ACTION if action is None else action
-                replies[row] = (context_len, ids, logprobs, reason, eos_appended, reply)
             # 4. step every environment at once; finished ones keep their state
             step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(noise_keys, turn_index)
             _, stepped, reward, terminated, info = self._step(
@@ -186,14 +144,8 @@ class RolloutRunner:
                 (reward, terminated, info, new_states)
             )
             for row in rows:
-                context_len, ids, logprobs, reason, eos_appended, reply = replies[row]
                 done = bool(terminated[row])
-                trajs[row].turns.append(Turn(
-                    context_len=context_len,
-                    generated=list(ids),
-                    logprobs=np.asarray(logprobs, np.float32),
-                    stop_reason=reason,
-                    eos_appended=eos_appended,
+                trajs[row].turns.append(replies[row].turn(
                     reward=float(reward[row]),
                     action=int(actions[row]),
                     action_is_valid=bool(info["action_is_valid"][row]),
@@ -201,7 +153,6 @@ class RolloutRunner:
                     success=bool(info["success"][row]),
                     done=done,
                     state_hash=env.state_hash(_row(host, row)),
-                    reply=reply,
                 ))
                 if done:
                     trajs[row].terminated = True
@@ -213,14 +164,88 @@ class RolloutRunner:
                     pending[row] = self.formatter.next_prompt(feedback_message(
                         env, _row(new_host, row), p, float(reward[row]), int(actions[row])))
             states, host = new_states, new_host
-        for t in trajs:
-            t.metrics = episode_metrics(
-                [turn.reward for turn in t.turns],
-                [{"action_is_valid": u.action_is_valid,
-                  "action_is_effective": u.action_is_effective,
-                  "success": u.success} for u in t.turns],
-            )
+        set_episode_metrics(trajs)
         return trajs
+
+
+# ---- the conversation side of a turn (shared with python_runner.py) --------------------------
+
+
+class Reply(NamedTuple):
+    """One generated reply, as appended to its episode's stream."""
+
+    context_len: int  # stream length before the reply
+    ids: list[int]
+    logprobs: np.ndarray
+    stop_reason: str
+    eos_appended: bool  # the code closed the reply with EOS (loss mask 0)
+    reply: str  # decoded text, for the environment's parser
+
+    def turn(self, **env_fields) -> Turn:
+        return Turn(context_len=self.context_len, generated=list(self.ids),
+                    logprobs=np.asarray(self.logprobs, np.float32),
+                    stop_reason=self.stop_reason, eos_appended=self.eos_appended,
+                    reply=self.reply, **env_fields)
+
+
+def append_prompts(trajs: list[Trajectory], session, pending: dict[int, list[int]],
+                   active: np.ndarray, max_input_length: int) -> list[int]:
+    """Appends each active episode's pending user message to its stream and the session;
+    ends (truncated by length) those whose prompt would not fit. → rows that go on.
+
+    The check runs on the real current stream, the exact prompt the sampler will see."""
+    rows = []
+    for i in np.flatnonzero(active):
+        ids = pending.pop(int(i))
+        if len(trajs[i].tokens) + len(ids) > max_input_length:
+            trajs[i].truncated = trajs[i].truncated_by_length = True
+            active[i] = False
+            continue
+        trajs[i].tokens.extend(ids)
+        session.extend([int(i)], [ids])
+        rows.append(int(i))
+    return rows
+
+
+def generate_replies(session, rows: list[int], trajs: list[Trajectory], formatter,
+                     gen: GenerationConfig, *, params, seed: int) -> dict[int, Reply]:
+    """One batched generation for `rows`; each reply is appended to its stream, and one that
+    stopped without EOS is closed with an EOS the model did not generate (loss mask 0)."""
+    out = session.generate(
+        rows,
+        max_new_tokens=gen.max_tokens_per_step,
+        temperature=gen.temperature,
+        top_p=gen.top_p,
+        top_k=gen.top_k,
+        greedy=gen.greedy,
+        seed=seed,
+        params=params,
+        # Noise keyed by episode id: the same episode samples the same reply in any batch
+        # and on any process.
+        row_seeds=[t.traj_id for t in trajs],
+    )
+    replies = {}
+    for row, ids, logprobs, reason in zip(rows, out.tokens, out.logprobs, out.stop_reasons,
+                                          strict=True):
+        context_len = len(trajs[row].tokens)
+        trajs[row].tokens.extend(ids)
+        eos_appended = reason != "eos"
+        if eos_appended:
+            session.extend([row], [[formatter.eos_token_id]])
+            trajs[row].tokens.append(formatter.eos_token_id)
+        replies[row] = Reply(context_len, ids, logprobs, reason, eos_appended,
+                             formatter.decode_reply(ids))
+    return replies
+
+
+def set_episode_metrics(trajs: list[Trajectory]) -> None:
+    for t in trajs:
+        t.metrics = episode_metrics(
+            [turn.reward for turn in t.turns],
+            [{"action_is_valid": u.action_is_valid,
+              "action_is_effective": u.action_is_effective,
+              "success": u.success} for u in t.turns],
+        )
 
 
 def replay_frames(runner: RolloutRunner, traj: Trajectory) -> list[np.ndarray]:

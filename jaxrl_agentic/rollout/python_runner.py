@@ -35,11 +35,17 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from jaxrl_agentic.data.trajectory import Trajectory, Turn
-from jaxrl_agentic.envs import INVALID_ACTION, episode_metrics
+from jaxrl_agentic.data.trajectory import Trajectory
+from jaxrl_agentic.envs import INVALID_ACTION
 from jaxrl_agentic.envs.python_env import PyStep, PythonEnvFactory, PythonTextEnv
 from jaxrl_agentic.rollout.conversation import ChatFormatter
-from jaxrl_agentic.rollout.loop import EpisodeSpec, GenerationConfig
+from jaxrl_agentic.rollout.loop import (
+    EpisodeSpec,
+    GenerationConfig,
+    append_prompts,
+    generate_replies,
+    set_episode_metrics,
+)
 from jaxrl_agentic.sampler import Sampler
 
 _TIMED_OUT = object()
@@ -128,61 +134,25 @@ class PythonRolloutRunner:
             session = self.sampler.new_session(n)
             for turn_index in range(self.max_turns):
                 # 1. append the new user messages; end episodes whose prompt would not fit
-                rows = []
-                for i in np.flatnonzero(active):
-                    ids = pending.pop(int(i))
-                    if len(trajs[i].tokens) + len(ids) > self.max_input_length:
-                        trajs[i].truncated = trajs[i].truncated_by_length = True
-                        active[i] = False
-                        continue
-                    trajs[i].tokens.extend(ids)
-                    session.extend([int(i)], [ids])
-                    rows.append(int(i))
+                rows = append_prompts(trajs, session, pending, active, self.max_input_length)
                 if not rows:
                     break
-                # 2. one batched generation for every running episode
-                out = session.generate(
-                    rows,
-                    max_new_tokens=gen.max_tokens_per_step,
-                    temperature=gen.temperature,
-                    top_p=gen.top_p,
-                    top_k=gen.top_k,
-                    greedy=gen.greedy,
-                    seed=sample_seed * 100_003 + turn_index,
-                    params=params,
-                    row_seeds=[t.traj_id for t in trajs],
-                )
-                replies = {}
-                for row, ids, logprobs, reason in zip(
-                    rows, out.tokens, out.logprobs, out.stop_reasons, strict=True
-                ):
-                    context_len = len(trajs[row].tokens)
-                    trajs[row].tokens.extend(ids)
-                    eos_appended = reason != "eos"
-                    if eos_appended:  # 3. close the reply; not generated → loss mask 0
-                        session.extend([row], [[self.formatter.eos_token_id]])
-                        trajs[row].tokens.append(self.formatter.eos_token_id)
-                    reply = self.formatter.decode_reply(ids)
-                    replies[row] = (context_len, ids, logprobs, reason, eos_appended, reply)
+                # 2. one batched generation for every running episode; 3. close the replies
+                replies = generate_replies(session, rows, trajs, self.formatter, gen,
+                                           params=params, seed=sample_seed * 100_003 + turn_index)
                 # 4. step every environment at once, on the pool, under one deadline
                 stepped = self._gather(pool, {
-                    row: (_step_episode, envs[row], replies[row][5]) for row in rows
+                    row: (_step_episode, envs[row], replies[row].reply) for row in rows
                 }, episodes, "step")
                 self.stats["env_steps"] += len(rows)
                 for row in rows:
-                    context_len, ids, logprobs, reason, eos_appended, reply = replies[row]
                     result = stepped[row]
                     if result is _TIMED_OUT:
                         step, next_hash = _TIMEOUT_STEP, hashes[row]
                     else:
                         step, next_hash = result
                     done = step.terminated
-                    trajs[row].turns.append(Turn(
-                        context_len=context_len,
-                        generated=list(ids),
-                        logprobs=np.asarray(logprobs, np.float32),
-                        stop_reason=reason,
-                        eos_appended=eos_appended,
+                    trajs[row].turns.append(replies[row].turn(
                         reward=float(step.reward),
                         action=int(step.action),
                         action_is_valid=bool(step.action_is_valid),
@@ -190,7 +160,6 @@ class PythonRolloutRunner:
                         success=bool(step.success),
                         done=done,
                         state_hash=hashes[row],
-                        reply=reply,
                     ))
                     hashes[row] = next_hash
                     if result is _TIMED_OUT:
@@ -208,13 +177,8 @@ class PythonRolloutRunner:
         finally:
             pool.shutdown()
         self.stats["timeouts"] += int(timed_out.sum())
+        set_episode_metrics(trajs)
         for t, late in zip(trajs, timed_out, strict=True):
-            t.metrics = episode_metrics(
-                [turn.reward for turn in t.turns],
-                [{"action_is_valid": u.action_is_valid,
-                  "action_is_effective": u.action_is_effective,
-                  "success": u.success} for u in t.turns],
-            )
             t.metrics["env_timeout"] = float(late)
         return trajs
 
