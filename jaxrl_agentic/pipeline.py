@@ -109,6 +109,31 @@ def trajectory_metrics(trajs, prefix: str) -> dict[str, float]:
     return out
 
 
+def model_files_digest(model_dir: str) -> str:
+    """sha256 over the weight and config files of an HF directory (names and contents)."""
+    import hashlib
+    import os
+
+    digest = hashlib.sha256()
+    for name in sorted(os.listdir(model_dir)):
+        if name.endswith((".safetensors", ".json")):
+            digest.update(name.encode())
+            with open(os.path.join(model_dir, name), "rb") as f:
+                for block in iter(lambda: f.read(1 << 24), b""):
+                    digest.update(block)
+    return digest.hexdigest()
+
+
+def check_same_model_everywhere(model_dir: str) -> None:
+    """Each process loads its own shards from its own copy of the model (and may have run
+    its own format warm-up): different files would silently mix two models."""
+    digests = allgather_objects(model_files_digest(model_dir))
+    if len(set(digests)) > 1:
+        odd = [i for i, d in enumerate(digests) if d != digests[0]]
+        raise ConfigError(f"config.pretrain: the model files in {model_dir} differ between "
+                          f"processes (process 0 vs {odd}); copy the same model to every host")
+
+
 class Pipeline:
     """``devices``: the learner's devices (default: all, less any reserved for the sampler
     by ``mesh.sampler_devices``); tests pass a subset to compare meshes in one process."""
@@ -129,6 +154,8 @@ class Pipeline:
 
                 model_dir = warmed_model_dir(model_dir, c)
         self.model_dir = model_dir
+        if jax.process_count() > 1:
+            check_same_model_everywhere(model_dir)
 
         def shardings(path, shape):  # parameters are read straight into their shards
             return NamedSharding(mesh, param_partition_spec(path, shape, mesh.shape))
