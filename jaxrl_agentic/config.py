@@ -122,6 +122,9 @@ def default_config() -> ml_collections.ConfigDict:
     # Micro-batch counts are rounded up to a multiple of this (0 = next power of two): a
     # handful of compiled shapes, without doubling the rows as powers of two can.
     c.rows_bucket = 4
+    # Pack every mini-batch to mini_batch_size rows (the most it can need); padding rows are
+    # skipped in the scan. Shapes no longer follow episode lengths: no recompilation.
+    c.fixed_rows = True
     # generation
     c.generation = ml_collections.ConfigDict(dict(
         temperature=1.0, top_p=1.0, top_k=0, num_return_sequences=1,

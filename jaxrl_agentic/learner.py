@@ -55,6 +55,7 @@ from jaxrl_agentic.algos.schedules import LR_SCHEDULER_TYPES, make_progress_lr_s
 from jaxrl_agentic.data import (
     PackedBatch,
     Sample,
+    bucket_rows,
     pack_minibatches,
     pack_samples,
     pad_rows,
@@ -105,7 +106,11 @@ class LearnerConfig:
     max(−A·r, −A·clip(r)) (and the dual clip), w·loss(A) = loss(w·A).
     ``kernel_impl``: ``token_logprobs`` implementation.
     Packing: rows of ``micro_batch_max_tokens``, samples cut to ``sequence_length``, row
-    counts bucketed by ``rows_bucket`` (0 = powers of two).
+    counts bucketed by ``rows_bucket`` (0 = powers of two). ``fixed_rows``: every
+    mini-batch is packed to the most rows it can need (``mini_batch_size``: each sample fits
+    one row), so the train step's shape never changes with episode lengths and a run
+    compiles it once; all-padding rows are skipped inside the scan (``lax.cond``), so they
+    cost no compute.
     """
 
     learning_rate: float = 1e-6
@@ -133,6 +138,7 @@ class LearnerConfig:
     micro_batch_max_tokens: int = 4096
     sequence_length: int = 4096
     rows_bucket: int = 0
+    fixed_rows: bool = False
     pad_token_id: int = 0
     adam_b1: float = 0.9
     adam_b2: float = 0.999
@@ -365,9 +371,16 @@ def accumulate_gradients(micro_objective, params, batch, zero_sums, mesh=None):
     group_rows = 1 if mesh is None else num_batch_shards(mesh)
     grad_fn = jax.grad(micro_objective, has_aux=True)
 
+    def zeros(_):
+        return (jax.tree.map(jnp.zeros_like, params),
+                (jax.tree.map(jnp.zeros_like, zero_sums), jnp.zeros((), _F32)))
+
     def body(carry, micro):
         grad_sum, sums_acc, denominator_acc = carry
-        grads, (sums, denominator) = grad_fn(params, _constrain_rows(micro, mesh))
+        micro = _constrain_rows(micro, mesh)
+        # A group of padding rows adds exactly nothing: skip its forward and backward.
+        grads, (sums, denominator) = lax.cond(
+            jnp.any(micro["segment_ids"] > 0), lambda m: grad_fn(params, m), zeros, micro)
         grad_sum = jax.tree.map(lambda a, g: a + g.astype(_F32), grad_sum, grads)
         if mesh is not None:
             grad_sum = constrain_like_params(grad_sum, mesh)
@@ -489,8 +502,7 @@ def make_compute_logprobs(graphdef, config: LearnerConfig, mesh, param_shardings
     group_rows = num_batch_shards(mesh)
 
     def compute_logprobs(params, batch):
-        def body(_, micro):
-            micro = _constrain_rows(micro, mesh)
+        def rows_logprobs(micro):
             hidden, head = _hidden_and_head(graphdef, params, micro)
             b, t, d = hidden.shape
             logprobs = token_logprobs(
@@ -501,7 +513,12 @@ def make_compute_logprobs(graphdef, config: LearnerConfig, mesh, param_shardings
                 impl=config.kernel_impl,
             ).reshape(b, t)
             valid = next_token_valid(micro["segment_ids"])
-            return None, _shift_right(jnp.where(valid, logprobs, 0.0))
+            return _shift_right(jnp.where(valid, logprobs, 0.0))
+
+        def body(_, micro):
+            micro = _constrain_rows(micro, mesh)
+            return None, lax.cond(jnp.any(micro["segment_ids"] > 0), rows_logprobs,
+                                  lambda m: jnp.zeros(m["tokens"].shape, _F32), micro)
 
         batch = {k: batch[k] for k in LOGPROB_BATCH_KEYS}
         _, out = lax.scan(body, None, _micro_groups(batch, group_rows))
@@ -559,12 +576,17 @@ def per_sample_outputs(samples: Sequence[Sample], config, mesh, compute, params,
     """Per-sample ``[len(sample)]`` fp32 results of a jitted per-token ``compute(params,
     batch) -> [n_micro, row_len]`` run on ``samples`` packed for ``mesh``; 0 beyond
     ``sequence_length``. ``config`` supplies the packing fields (learner's or critic's)."""
+    num_rows = None
+    if getattr(config, "fixed_rows", False):  # one sample per row at most: a stable shape
+        shards = num_batch_shards(mesh)
+        num_rows = -(-bucket_rows(len(samples), 0) // shards) * shards
     batch = pad_to_shards(
         pack_samples(
             samples,
             micro_batch_max_tokens=config.micro_batch_max_tokens,
             sequence_length=config.sequence_length,
             rows_bucket=config.rows_bucket,
+            num_rows=num_rows,
             pad_token_id=config.pad_token_id,
         ),
         mesh,
@@ -690,11 +712,15 @@ class Learner:
             samples = [dataclasses.replace(s, ref_logprobs=None) for s in samples]
 
         minibatches = split_minibatches(samples, cfg.mini_batch_size, cfg.ppo_epochs, self.np_rng)
+        shards = num_batch_shards(self.mesh)
         packed = pack_minibatches(
             minibatches,
             micro_batch_max_tokens=cfg.micro_batch_max_tokens,
             sequence_length=cfg.sequence_length,
             rows_bucket=cfg.rows_bucket,
+            # A mini-batch never needs more rows than samples (each fits one row).
+            num_micro_batches=-(-cfg.mini_batch_size // shards) * shards if cfg.fixed_rows
+            else None,
             pad_token_id=cfg.pad_token_id,
         )
         packed = [pad_to_shards(b, self.mesh, cfg.pad_token_id) for b in packed]

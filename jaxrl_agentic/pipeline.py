@@ -70,6 +70,7 @@ def learner_config(c, pad_token_id: int) -> LearnerConfig:
         micro_batch_max_tokens=c.micro_batch_max_tokens,
         sequence_length=c.sequence_length,
         rows_bucket=c.rows_bucket,
+        fixed_rows=c.fixed_rows,
         pad_token_id=pad_token_id,
         seed=c.seed,
     )

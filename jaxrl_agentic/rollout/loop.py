@@ -82,7 +82,9 @@ class RolloutRunner:
         self.base_key = jax.random.PRNGKey(run_seed)
         self._reset = jax.jit(jax.vmap(env.reset_env, in_axes=(0, None)))
         self._step = jax.jit(jax.vmap(env.step_env, in_axes=(0, 0, 0, None)))
-        self._step_one = jax.jit(env.step_env)  # for replays; built once, not per call
+        # For replays; built once: the un-jitted reset's while_loop would compile every call.
+        self._reset_one = jax.jit(env.reset_env)
+        self._step_one = jax.jit(env.step_env)
         self._where = jax.jit(_rows_where)
 
     def _episode_keys(self, episodes: Sequence[EpisodeSpec]):
@@ -253,7 +255,7 @@ def replay_frames(runner: RolloutRunner, traj: Trajectory) -> list[np.ndarray]:
     env, p = runner.env, runner.env_params
     spec = EpisodeSpec(seed=traj.seed, group_id=traj.group_id, member=traj.member)
     map_keys, noise_keys = runner._episode_keys([spec])
-    _, state = env.reset_env(map_keys[0], p)
+    _, state = runner._reset_one(map_keys[0], p)
     frames = [env.render_rgb(state, p)]
     for t, turn in enumerate(traj.turns):
         key = jax.random.fold_in(noise_keys[0], t)
