@@ -556,6 +556,15 @@ def _aggregate(per_update: list[dict[str, np.ndarray]]) -> dict[str, float]:
     return out
 
 
+def computed_slots(batch: PackedBatch, mesh) -> int:
+    """Token slots the train step really computes: the scan skips groups of rows (one per
+    batch shard, rows ``j, j + groups, …``) that hold only padding."""
+    shards = num_batch_shards(mesh)
+    groups = batch.num_micro_batches // shards
+    busy = (batch.segment_ids > 0).any(axis=1).reshape(shards, groups).any(axis=0)
+    return int(busy.sum()) * shards * batch.row_len
+
+
 def pad_to_shards(batch: PackedBatch, mesh, pad_token_id: int) -> PackedBatch:
     """``batch`` with empty rows appended so its row count divides the batch shards."""
     shards = num_batch_shards(mesh)
@@ -749,7 +758,7 @@ class Learner:
                 "optim/nonfinite_updates": float(sum(int(m["nonfinite"]) for m in per_update)),
                 "tokens/real": sum(s["real_tokens"] for s in stats),
                 "tokens/loss": float(sum(float(m["tokens"]) for m in per_update)),
-                "tokens/computed": sum(s["computed_slots"] for s in stats),
+                "tokens/computed": float(sum(computed_slots(b, self.mesh) for b in packed)),
                 "batch/num_samples": float(len(samples)),
                 "batch/num_micro_batches": float(packed[0].num_micro_batches),
                 "batch/max_micro_batch_tokens": max(
