@@ -162,11 +162,13 @@ def test_kl_in_reward_penalises_rewards_once_the_policy_moves(tmp_path):
     out = str(tmp_path / "klr")
     args = [*tiny_overrides("frozen_lake", out, 2), "--config.kl_in_reward=True",
             "--config.init_kl_coef=0.5", "--config.learning_rate=1e-3",
-            "--config.kl_estimator=k1"]
+            "--config.kl_estimator=k1", "--config.warmup_steps=0"]
     assert train.main(["train", *args]) == 0
     first, second = read_metrics(out)
     assert abs(first["actor/reward_kl"]) < 1e-5  # policy == reference before any update
-    assert second["actor/reward_kl"] > 0  # after an update the penalty is applied
+    # After a real update (no LR warm-up: step 1's LR is not 0) the penalty is applied, and
+    # it is well above the ~1e-7 sampler/learner rounding noise.
+    assert second["actor/reward_kl"] > 1e-4
     # and the loss carries no KL term (KL is still measured and reported)
     assert abs(second["actor/loss"] - second["actor/pg_loss"]) < 1e-7
 
