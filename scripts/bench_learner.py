@@ -1,0 +1,524 @@
+"""One PPO update (forward + backward + AdamW) of our learner vs a PyTorch reference on CPU.
+
+Both sides start from the same random-weight Qwen2 checkpoint (written here with
+`transformers` + torch, one per `--sizes` entry) and make one optimizer update on the same
+samples with the same loss and optimizer:
+
+    r_t  = exp(logp_t − old_t)
+    loss = Σ_t m_t · max(−A_t·r_t, −A_t·clip(r_t, 1−ε, 1+ε)) / Σ_t m_t     (token mean)
+    g    = clip_by_global_norm(∇loss, 1.0);  θ ← AdamW(θ, g)  (decay 0.01, matrices only)
+
+with ε = 0.2, no KL, no entropy term, one mini-batch = one update. The samples look like
+multi-turn rollouts: `--samples` sequences of `--min-len`..`--max-len` random tokens (fixed
+seed), a prompt, then generated chunks (8–32 tokens, loss mask 1) alternating with
+observations (30–100 tokens, mask 0); one N(0, 1) advantage per sample; old logprobs = the
+model's own logprobs + N(0, 0.1) noise, so ratios sit around 1 and some tokens clip.
+
+* **Ours**: `jaxrl_agentic.learner.Learner` with `LearnerConfig(loss_reduction="token_mean",
+  init_kl_coef=0, entropy_loss_coef=0, ppo_epochs=1, mini_batch_size=--samples)`, packing
+  as the trainer's defaults do (`fixed_rows`, `rows_bucket=4`) into rows of `--row-len`
+  tokens (`micro_batch_max_tokens = sequence_length`). The first `Learner.step(samples,
+  [lr])` compiles, and the batch it hands to the jitted `train_step` is kept: the timed
+  call (`ours_*`) is that `train_step` on that batch, already on the device (device work
+  only). `ours_step_*` times the whole `Learner.step` instead: shuffling, packing and the
+  host→device copy included.
+* **Torch** (`transformers`' `Qwen2ForCausalLM`, its default `sdpa` attention, float32,
+  `use_cache=False`): `--torch-layout padded` (default) is what a PyTorch user does on CPU:
+  samples sorted by length and cut into micro-batches of at most `--torch-micro-tokens`
+  padded slots (default 1024: mostly one to three samples, little padding), each padded
+  to its own longest sample (2-D attention mask); gradients accumulated, then one
+  `clip_grad_norm_` + `torch.optim.AdamW` step. `--torch-layout packed` feeds torch our
+  packed rows instead (positions restarting per segment, which `transformers` turns into
+  a block-diagonal causal mask). The defaults are torch's fastest of the layouts tried
+  (padded ≤ 1024 / 4096 / 8192 slots, packed rows). Log-probs come from `cross_entropy`
+  on the full logits. Torch gets as many intra-op threads as XLA's CPU client uses (one
+  per core this process may run on).
+
+Both sides count the same real tokens (Σ sample lengths). Each side runs one untimed
+warm-up update on identical weights and samples; its loss and gradient norm (before
+clipping) are `loss_*` / `grad_norm_*`, which must agree to ~1e-4 (the same computation).
+Then `--repeats` rounds of: the matmul below, our `train_step`, torch's update, our
+`Learner.step`, so all see the same background load; medians (`round_s` lists every
+round). Other jobs on the cores slow torch's OpenMP threads far more than XLA's:
+`loadavg_1m` is recorded for that reason.
+
+Machine limit and model FLOP utilisation:
+
+    matmul_flops_per_s = 2·n³ / median time of a jitted fp32 jnp.dot of two n×n matrices
+                         (`--matmul-n`, measured in every round)
+    N                  = Σ_layers (q, k, v, o, gate, up, down weight sizes) + D·V (LM head;
+                         the input embedding is a lookup and norms/biases are not counted)
+    model_flops        = 6·N·real_tokens + 12·layers·heads·head_dim·Σ_i Lᵢ(Lᵢ+1)/2
+                         (matmuls fwd + bwd; causal attention: QKᵀ and PV, 2·head_dim FLOPs
+                         per query-key pair each, ×3 for fwd + bwd)
+    mfu                = model_flops / update time / matmul_flops_per_s
+
+`*_computed_flops` count what a layout computes: every slot of every computed row through
+the matmuls and its full row_len² query-key square (dense masked attention).
+Prints ONE JSON line per size.
+
+    python scripts/bench_learner.py                               # tiny and 25m, ~6 min idle
+    python scripts/bench_learner.py --sizes tiny --repeats 3      # ~1 min
+    python scripts/bench_learner.py --sizes 25m --torch-layout packed
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from jaxrl_agentic.data import Sample  # noqa: E402
+from jaxrl_agentic.learner import Learner, LearnerConfig  # noqa: E402
+from jaxrl_agentic.models import load_pretrained  # noqa: E402
+
+# Qwen2-architecture configs (tied embeddings, q/k/v biases, as the tiny default model).
+SIZES = {
+    "tiny": dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2, intermediate_size=384, vocab_size=576),
+    "25m": dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8,
+                num_key_value_heads=2, intermediate_size=1408, vocab_size=8192),
+}
+CLIP = 0.2
+WEIGHT_DECAY = 0.01
+MAX_GRAD_NORM = 1.0
+TOKEN_KEYS = ("tokens", "positions", "segment_ids", "loss_mask", "advantages", "old_logprobs")
+
+
+def _parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="tiny,25m", help=f"comma list of {sorted(SIZES)}")
+    parser.add_argument("--samples", type=int, default=32, help="samples in the mini-batch")
+    parser.add_argument("--min-len", type=int, default=100)
+    parser.add_argument("--max-len", type=int, default=700)
+    parser.add_argument("--row-len", type=int, default=1024,
+                        help="our packed row length: micro_batch_max_tokens = sequence_length")
+    parser.add_argument("--rows-bucket", type=int, default=4,
+                        help="LearnerConfig.rows_bucket (the trainer's default: 4)")
+    parser.add_argument("--no-fixed-rows", action="store_true",
+                        help="LearnerConfig.fixed_rows=False (the trainer's default is True)")
+    parser.add_argument("--torch-layout", choices=("padded", "packed"), default="padded")
+    parser.add_argument("--torch-micro-tokens", type=int, default=1024,
+                        help="torch micro-batch: at most this many (padded) token slots")
+    parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds")
+    parser.add_argument("--matmul-n", type=int, default=2048)
+    parser.add_argument("--skip-torch", action="store_true", help="time ours only")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    if args.max_len > args.row_len:
+        parser.error("--max-len must not exceed --row-len (samples would be truncated)")
+    return args
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+def _build_checkpoint(size: str, path: str, seed: int) -> None:
+    """Random-weight Qwen2 (every tensor perturbed off its init) + a small BPE tokenizer."""
+    import torch
+    import transformers
+
+    from jaxrl_agentic.models.tiny import build_tokenizer
+
+    cfg = transformers.Qwen2Config(**SIZES[size], max_position_embeddings=4096,
+                                   tie_word_embeddings=True, rms_norm_eps=1e-6)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    model.save_pretrained(path)
+    build_tokenizer(["a b c d e f g"] * 4, vocab_size=300).save_pretrained(path)
+
+
+def _loss_mask(length: int, rng: np.random.Generator) -> tuple[int, np.ndarray]:
+    """(prompt_len, loss_mask) of a multi-turn-like sample: a prompt, then generated chunks
+    (8–32 tokens, mask 1) alternating with observations (30–100 tokens, mask 0)."""
+    prompt_len = int(rng.integers(40, max(41, length // 3)))
+    mask = np.zeros(length, np.float32)
+    t, generating = prompt_len, True
+    while t < length:
+        chunk = int(rng.integers(8, 33) if generating else rng.integers(30, 101))
+        if generating:
+            mask[t:t + chunk] = 1.0
+        t, generating = t + chunk, not generating
+    return prompt_len, mask
+
+
+def _make_samples(args, vocab: int) -> list[Sample]:
+    """Samples with zero old logprobs (filled in by `_with_old_logprobs`)."""
+    rng = np.random.default_rng(args.seed)
+    samples = []
+    for i in range(args.samples):
+        length = int(rng.integers(args.min_len, args.max_len + 1))
+        prompt_len, mask = _loss_mask(length, rng)
+        samples.append(Sample(
+            tokens=rng.integers(0, vocab, length), loss_mask=mask,
+            old_logprobs=np.zeros(length, np.float32),
+            advantages=np.float32(rng.normal()) * mask, traj_id=i, prompt_len=prompt_len))
+    return samples
+
+
+def _with_old_logprobs(samples, path, seed):
+    """Old logprobs = the model's own logprobs of the generated tokens (`transformers`, one
+    sample at a time) + N(0, 0.1) noise."""
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    rng = np.random.default_rng(seed + 1)
+    out = []
+    with torch.no_grad():
+        for s in samples:
+            ids = torch.from_numpy(s.tokens.astype(np.int64))[None]
+            logits = model(input_ids=ids, use_cache=False).logits[0, :-1]
+            logp = -torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="none")
+            old = np.zeros(len(s), np.float32)
+            old[1:] = logp.numpy() + rng.normal(0.0, 0.1, len(s) - 1)
+            out.append(dataclasses.replace(s, old_logprobs=np.where(s.loss_mask > 0, old, 0.0)))
+    return out
+
+
+# ----------------------------------------------------------------------------- ours
+
+
+def _learner_config(args) -> LearnerConfig:
+    return LearnerConfig(
+        learning_rate=args.lr, weight_decay=WEIGHT_DECAY, max_grad_norm=MAX_GRAD_NORM,
+        mini_batch_size=args.samples, ppo_epochs=1, loss_reduction="token_mean",
+        pg_clip=CLIP, init_kl_coef=0.0, entropy_loss_coef=0.0,
+        micro_batch_max_tokens=args.row_len, sequence_length=args.row_len,
+        rows_bucket=args.rows_bucket, fixed_rows=not args.no_fixed_rows, seed=args.seed)
+
+
+def _prepare_ours(path, samples, args):
+    """Runs the first `Learner.step` (compiles) and keeps the batch it gave `train_step`.
+
+    Returns (device-step closure, Learner.step closure, learner, packed numpy arrays,
+    first-step metrics, first-step seconds)."""
+    model, _ = load_pretrained(path)
+    graphdef, params = nnx.split(model)
+    learner = Learner(graphdef, params, _learner_config(args))
+    train_step, captured = learner.train_step, []
+
+    def recording_step(state, batch, lr):
+        captured.append(batch)
+        return train_step(state, batch, lr)
+
+    learner.train_step = recording_step
+    start = time.perf_counter()
+    first = learner.step(samples, [args.lr])
+    first_s = time.perf_counter() - start
+    learner.train_step = train_step
+    (batch,) = captured
+    lr = np.float32(args.lr)
+
+    def device_step():
+        learner.state, metrics = learner.train_step(learner.state, batch, lr)
+        if int(metrics["nonfinite"]):  # waits for the update
+            raise RuntimeError("our train step skipped a non-finite update")
+
+    def full_step():
+        if learner.step(samples, [args.lr])["optim/nonfinite_updates"]:
+            raise RuntimeError("Learner.step skipped a non-finite update")
+
+    packed = {k: np.asarray(batch[k]) for k in TOKEN_KEYS}
+    return device_step, full_step, learner, packed, first, first_s
+
+
+# ----------------------------------------------------------------------------- torch
+
+
+def _torch_micro_batches(samples, packed, args):
+    """Torch micro-batches: dicts of [b, T] tensors (token-aligned loss_mask, advantages,
+    old_logprobs) and the model's keyword arguments."""
+    import torch
+
+    def micro_batch(loss_mask, advantages, old_logprobs, **model_kwargs):
+        return dict(loss_mask=torch.from_numpy(loss_mask),
+                    advantages=torch.from_numpy(advantages),
+                    old_logprobs=torch.from_numpy(old_logprobs), model_kwargs=model_kwargs)
+
+    micro = []
+    if args.torch_layout == "packed":
+        busy = np.flatnonzero((packed["segment_ids"] > 0).any(axis=1))  # padding rows: none
+        per_micro = max(1, args.torch_micro_tokens // packed["tokens"].shape[1])
+        for start in range(0, len(busy), per_micro):
+            rows = busy[start:start + per_micro]
+            seg = packed["segment_ids"][rows]
+            # Token t is predicted from t − 1 only inside one segment (as the learner masks).
+            same = np.zeros(seg.shape, np.float32)
+            same[:, 1:] = (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] > 0)
+            micro.append(micro_batch(
+                packed["loss_mask"][rows] * same, packed["advantages"][rows],
+                packed["old_logprobs"][rows],
+                input_ids=torch.from_numpy(packed["tokens"][rows].astype(np.int64)),
+                position_ids=torch.from_numpy(packed["positions"][rows].astype(np.int64))))
+        return micro
+    groups, current = [], []
+    for i in sorted(range(len(samples)), key=lambda i: -len(samples[i])):
+        # Longest first, so a group's first sample sets its padded width.
+        if current and len(samples[current[0]]) * (len(current) + 1) > args.torch_micro_tokens:
+            groups.append(current)
+            current = []
+        current.append(i)
+    groups.append(current)
+    for group in groups:
+        width = len(samples[group[0]])
+        tokens = np.zeros((len(group), width), np.int64)
+        floats = {k: np.zeros((len(group), width), np.float32)
+                  for k in ("attention_mask", "loss_mask", "advantages", "old_logprobs")}
+        for r, i in enumerate(group):
+            s = samples[i]
+            tokens[r, :len(s)] = s.tokens
+            floats["attention_mask"][r, :len(s)] = 1
+            for k in ("loss_mask", "advantages", "old_logprobs"):
+                floats[k][r, :len(s)] = getattr(s, k)
+        micro.append(micro_batch(
+            floats["loss_mask"], floats["advantages"], floats["old_logprobs"],
+            input_ids=torch.from_numpy(tokens),
+            attention_mask=torch.from_numpy(floats["attention_mask"].astype(np.int64))))
+    return micro
+
+
+def _prepare_torch(path, samples, packed, args):
+    """(update closure returning (loss, gradient norm) before the update, model,
+    micro-batches)."""
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model.train()
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": WEIGHT_DECAY},
+         {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.lr, betas=(0.9, 0.999), eps=1e-8)
+    micro = _torch_micro_batches(samples, packed, args)
+    denominator = float(sum(float(m["loss_mask"][:, 1:].sum()) for m in micro))
+
+    def update():
+        total = 0.0
+        for m in micro:
+            logits = model(use_cache=False, **m["model_kwargs"]).logits[:, :-1]
+            targets = m["model_kwargs"]["input_ids"][:, 1:]
+            logp = -torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none"
+            ).view_as(targets)
+            adv, mask = m["advantages"][:, 1:], m["loss_mask"][:, 1:]
+            ratio = torch.exp(logp - m["old_logprobs"][:, 1:])
+            pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - CLIP, 1 + CLIP))
+            loss = (pg * mask).sum() / denominator  # one global token-mean denominator
+            loss.backward()
+            total += float(loss.detach())
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return total, float(grad_norm)
+
+    return update, model, micro
+
+
+# ----------------------------------------------------------------------------- figures
+
+
+def make_matmul(n: int):
+    """A jitted fp32 n×n @ n×n jnp.dot and its operands, compiled."""
+    rng = np.random.default_rng(0)
+    a, b = (jnp.asarray(rng.standard_normal((n, n), np.float32)) for _ in range(2))
+    dot = jax.jit(jnp.dot)
+    dot(a, b).block_until_ready()
+    return dot, a, b
+
+
+def matmul_flops_per_s(n: int, matmul, repeats: int = 5) -> float:
+    """Achievable fp32 matmul FLOP/s: 2n³ / median time of the jitted n×n @ n×n jnp.dot."""
+    dot, a, b = matmul
+    times = [_seconds(lambda: dot(a, b).block_until_ready()) for _ in range(repeats)]
+    return 2 * n**3 / statistics.median(times)
+
+
+def _matmul_params(cfg) -> int:
+    """N: weights applied as matmuls to every token (LM head included, embedding lookup and
+    norms/biases not)."""
+    d, h = cfg.hidden_size, cfg.head_dim
+    q, kv = cfg.num_attention_heads * h, cfg.num_key_value_heads * h
+    per_layer = d * q + 2 * d * kv + q * d + 3 * d * cfg.intermediate_size
+    return cfg.num_hidden_layers * per_layer + d * cfg.vocab_size
+
+
+def _attention_flops(cfg, query_key_pairs: float) -> float:
+    """fwd + bwd FLOPs of QKᵀ and PV over `query_key_pairs` pairs, all layers and heads."""
+    return 12.0 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * query_key_pairs
+
+
+def _layout_flops(cfg, n_matmul: int, rows: int, row_len: int) -> float:
+    """FLOPs of `rows` dense rows of `row_len` slots (full row_len² attention square)."""
+    return 6.0 * n_matmul * rows * row_len + _attention_flops(cfg, rows * row_len**2)
+
+
+def _seconds(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _version(name: str) -> str:
+    try:
+        return __import__(name).__version__
+    except ImportError:
+        return "missing"
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def bench_size(size, args, threads, matmul):
+    import torch
+
+    load_before = os.getloadavg()[0]
+    torch.set_num_threads(threads)
+    with tempfile.TemporaryDirectory(prefix="bench_learner_") as path:
+        _build_checkpoint(size, path, args.seed)
+        samples = _with_old_logprobs(_make_samples(args, SIZES[size]["vocab_size"]), path,
+                                     args.seed)
+        # Warm-up update per side, on identical initial weights (ours compiles here).
+        device_step, full_step, learner, packed, first, ours_first_s = _prepare_ours(
+            path, samples, args)
+        cfg = nnx.merge(learner.graphdef, learner.state.params).cfg
+        torch_update = ref = micro = torch_first_s = None
+        loss_torch = grad_norm_torch = None
+        if not args.skip_torch:
+            torch_update, ref, micro = _prepare_torch(path, samples, packed, args)
+            start = time.perf_counter()
+            loss_torch, grad_norm_torch = torch_update()
+            torch_first_s = time.perf_counter() - start
+
+    times = {"matmul": [], "ours": [], "torch": [], "step": []}
+    for _ in range(args.repeats):
+        times["matmul"].append(matmul_flops_per_s(args.matmul_n, matmul))
+        times["ours"].append(_seconds(device_step))
+        if torch_update is not None:
+            times["torch"].append(_seconds(torch_update))
+        times["step"].append(_seconds(full_step))
+    median = {k: statistics.median(v) if v else None for k, v in times.items()}
+    peak = median["matmul"]
+
+    lengths = np.array([len(s) for s in samples])
+    real = int(lengths.sum())
+    rows, row_len = packed["tokens"].shape
+    busy_rows = int((packed["segment_ids"] > 0).any(axis=1).sum())  # padding rows: skipped
+    assert int((packed["segment_ids"] > 0).sum()) == real
+    n_matmul = _matmul_params(cfg)
+    model_flops = 6.0 * n_matmul * real + _attention_flops(
+        cfg, float((lengths * (lengths + 1) // 2).sum()))
+
+    def rate(key):
+        return None if median[key] is None else real / median[key]
+
+    def mfu(key):
+        return None if median[key] is None else round(model_flops / median[key] / peak, 4)
+
+    def r(x, digits=1):
+        return None if x is None else round(x, digits)
+
+    ours_tps, torch_tps = rate("ours"), rate("torch")
+    torch_layout = None
+    if micro is not None:
+        shapes = [tuple(m["model_kwargs"]["input_ids"].shape) for m in micro]
+        slots = sum(b * t for b, t in shapes)
+        torch_layout = {
+            "layout": args.torch_layout,
+            "rule": ("samples sorted by length, micro-batches of <= torch_micro_tokens padded "
+                     "slots, each padded to its longest sample; 2-D attention mask"
+                     if args.torch_layout == "padded" else
+                     "our packed rows, torch_micro_tokens // row_len rows per micro-batch; "
+                     "block-diagonal causal mask from position_ids"),
+            "micro_batches": len(micro), "micro_tokens": args.torch_micro_tokens,
+            "slots": slots, "efficiency": round(real / slots, 4),
+            "attn": ref.config._attn_implementation}
+    return {
+        "size": size,
+        "ours_tokens_per_s": r(ours_tps),
+        "torch_tokens_per_s": r(torch_tps),
+        "ratio": None if torch_tps is None else round(ours_tps / torch_tps, 2),
+        "mfu": mfu("ours"),
+        "torch_mfu": mfu("torch"),
+        "ours_step_tokens_per_s": r(rate("step")),
+        "ours_s": r(median["ours"], 3),
+        "torch_s": r(median["torch"], 3),
+        "ours_step_s": r(median["step"], 3),
+        "loss_ours": first["loss/total"],
+        "loss_torch": loss_torch,
+        "loss_rel_diff": None if loss_torch is None else float(
+            f"{abs(first['loss/total'] - loss_torch) / max(abs(loss_torch), 1e-12):.2e}"),
+        "grad_norm_ours": first["optim/grad_norm"],
+        "grad_norm_torch": grad_norm_torch,
+        "matmul_flops_per_s": round(peak),
+        "matmul_n": args.matmul_n,
+        "model_flops_per_update": model_flops,
+        "flops_formula": "6*N*real_tokens + 12*layers*heads*head_dim*sum_i L_i*(L_i+1)/2, "
+                         "N = per-layer q,k,v,o,gate,up,down weights + hidden*vocab (LM head)",
+        "ours_computed_flops": _layout_flops(cfg, n_matmul, busy_rows, row_len),
+        "torch_computed_flops": None if micro is None else sum(
+            _layout_flops(cfg, n_matmul, b, t) for b, t in shapes),
+        "real_tokens": real,
+        "loss_tokens": int(sum(s.num_loss_tokens for s in samples)),
+        "samples": len(samples),
+        "sample_len_min_median_max": [int(lengths.min()), int(np.median(lengths)),
+                                      int(lengths.max())],
+        "ours_layout": {"rows": rows, "computed_rows": busy_rows, "row_len": row_len,
+                        "efficiency": round(real / (busy_rows * row_len), 4),
+                        "rows_bucket": args.rows_bucket, "fixed_rows": not args.no_fixed_rows},
+        "torch_layout": torch_layout,
+        "model": {"model_type": cfg.model_type, "hidden": cfg.hidden_size,
+                  "layers": cfg.num_hidden_layers, "heads": cfg.num_attention_heads,
+                  "kv_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
+                  "intermediate": cfg.intermediate_size, "vocab": cfg.vocab_size,
+                  "tied": cfg.tie_word_embeddings, "dtype": cfg.dtype,
+                  "params": int(sum(x.size for x in jax.tree.leaves(learner.state.params))),
+                  "matmul_params": n_matmul},
+        "threads": threads,
+        "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "round_s": {k: [round(t, 3) for t in v] for k, v in times.items() if k != "matmul"},
+        "round_matmul_gflops": [round(f / 1e9, 1) for f in times["matmul"]],
+        "ours_first_call_s": round(ours_first_s, 2),
+        "torch_first_call_s": r(torch_first_s, 2),
+        "timing": f"median of {args.repeats} rounds (matmul, ours train_step, torch update, "
+                  "ours Learner.step) after 1 warm-up update per side; tokens_per_s = real "
+                  "tokens / update time",
+        "versions": {"jax": jax.__version__, "transformers": _version("transformers"),
+                     "torch": _version("torch")},
+    }
+
+
+def main():
+    args = _parse_args()
+    sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
+    unknown = [s for s in sizes if s not in SIZES]
+    if unknown:
+        raise SystemExit(f"unknown --sizes {unknown}; choose from {sorted(SIZES)}")
+    threads = len(os.sched_getaffinity(0))  # XLA's CPU client: one intra-op thread per core
+    matmul = make_matmul(args.matmul_n)
+    for size in sizes:
+        print(json.dumps(bench_size(size, args, threads, matmul)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
