@@ -45,7 +45,8 @@ round). Other jobs on the cores slow torch's OpenMP threads far more than XLA's:
 Machine limit and model FLOP utilisation:
 
     matmul_flops_per_s = 2·n³ / median time of a jitted fp32 jnp.dot of two n×n matrices
-                         (`--matmul-n`, measured in every round)
+                         (`--matmul-n`, measured in every round; `torch_matmul_flops_per_s`:
+                         the same with torch.matmul, whose GEMM library is a bit faster)
     N                  = Σ_layers (q, k, v, o, gate, up, down weight sizes) + D·V (LM head;
                          the input embedding is a lookup and norms/biases are not counted)
     model_flops        = 6·N·real_tokens + 12·layers·heads·head_dim·Σ_i Lᵢ(Lᵢ+1)/2
@@ -57,7 +58,7 @@ Machine limit and model FLOP utilisation:
 the matmuls and its full row_len² query-key square (dense masked attention).
 Prints ONE JSON line per size.
 
-    python scripts/bench_learner.py                               # tiny and 25m, ~6 min idle
+    python scripts/bench_learner.py                               # tiny and 25m, ~5 min idle
     python scripts/bench_learner.py --sizes tiny --repeats 3      # ~1 min
     python scripts/bench_learner.py --sizes 25m --torch-layout packed
 """
@@ -354,6 +355,22 @@ def matmul_flops_per_s(n: int, matmul, repeats: int = 5) -> float:
     return 2 * n**3 / statistics.median(times)
 
 
+def make_torch_matmul(n: int):
+    """Torch's fp32 n×n @ n×n (its own GEMM library): a second reference for the limit."""
+    import torch
+
+    rng = np.random.default_rng(0)
+    a, b = (torch.from_numpy(rng.standard_normal((n, n), np.float32)) for _ in range(2))
+    torch.matmul(a, b)
+    return lambda: torch.matmul(a, b)
+
+
+def torch_matmul_flops_per_s(n: int, matmul, repeats: int = 5) -> float:
+    """2n³ / median time of torch's n×n @ n×n."""
+    times = [_seconds(matmul) for _ in range(repeats)]
+    return 2 * n**3 / statistics.median(times)
+
+
 def _matmul_params(cfg) -> int:
     """N: weights applied as matmuls to every token (LM head included, embedding lookup and
     norms/biases not)."""
@@ -410,9 +427,11 @@ def bench_size(size, args, threads, matmul):
             loss_torch, grad_norm_torch = torch_update()
             torch_first_s = time.perf_counter() - start
 
-    times = {"matmul": [], "ours": [], "torch": [], "step": []}
+    times = {"matmul": [], "torch_matmul": [], "ours": [], "torch": [], "step": []}
+    torch_matmul = make_torch_matmul(args.matmul_n)
     for _ in range(args.repeats):
         times["matmul"].append(matmul_flops_per_s(args.matmul_n, matmul))
+        times["torch_matmul"].append(torch_matmul_flops_per_s(args.matmul_n, torch_matmul))
         times["ours"].append(_seconds(device_step))
         if torch_update is not None:
             times["torch"].append(_seconds(torch_update))
@@ -471,6 +490,7 @@ def bench_size(size, args, threads, matmul):
         "grad_norm_ours": first["optim/grad_norm"],
         "grad_norm_torch": grad_norm_torch,
         "matmul_flops_per_s": round(peak),
+        "torch_matmul_flops_per_s": round(median["torch_matmul"]),
         "matmul_n": args.matmul_n,
         "model_flops_per_update": model_flops,
         "flops_formula": "6*N*real_tokens + 12*layers*heads*head_dim*sum_i L_i*(L_i+1)/2, "
@@ -496,11 +516,11 @@ def bench_size(size, args, threads, matmul):
                   "matmul_params": n_matmul},
         "threads": threads,
         "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
-        "round_s": {k: [round(t, 3) for t in v] for k, v in times.items() if k != "matmul"},
+        "round_s": {k: [round(t, 3) for t in times[k]] for k in ("ours", "torch", "step")},
         "round_matmul_gflops": [round(f / 1e9, 1) for f in times["matmul"]],
         "ours_first_call_s": round(ours_first_s, 2),
         "torch_first_call_s": r(torch_first_s, 2),
-        "timing": f"median of {args.repeats} rounds (matmul, ours train_step, torch update, "
+        "timing": f"median of {args.repeats} rounds (matmuls, ours train_step, torch update, "
                   "ours Learner.step) after 1 warm-up update per side; tokens_per_s = real "
                   "tokens / update time",
         "versions": {"jax": jax.__version__, "transformers": _version("transformers"),
