@@ -32,7 +32,7 @@ def get_config():
     c.generation.temperature = 1.0
     c.custom_envs = {"frozen_lake": env_spec("frozen_lake", max_turns=5,
                                              max_tokens_per_step=128, format_penalty=0.1,
-                                             is_slippery=False)}
+                                             is_slippery=False, cell_separator=" ")}
     c.train_env_manager = env_manager(num_env_groups=16, group_size=8, tags=("frozen_lake",))
     c.val_env_manager = env_manager(num_env_groups=64, group_size=1, tags=("frozen_lake",))
     return c

@@ -23,7 +23,8 @@ def get_config():
     c.sequence_length = 1536
     c.micro_batch_max_tokens = 3072
     c.custom_envs = {"sokoban": env_spec("sokoban", max_turns=10, max_tokens_per_step=16,
-                                         format_penalty=0.1, dim_room=6, num_boxes=1)}
+                                         format_penalty=0.1, dim_room=6, num_boxes=1,
+                                         cell_separator=" ")}
     c.train_env_manager = env_manager(num_env_groups=8, group_size=8, tags=("sokoban",))
     c.val_env_manager = env_manager(num_env_groups=32, group_size=1, tags=("sokoban",))
     return c

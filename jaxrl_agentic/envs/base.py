@@ -38,10 +38,15 @@ class TextEnvParams(environment.EnvParams):
 
     max_steps_in_episode: the episode is truncated once this many steps (valid or not) ran.
     format_penalty: a reply without a valid action costs this much (reward = -format_penalty).
+    cell_separator: text between the cells of a rendered grid row. "" is the usual compact
+        board (`__OP`); " " (`_ _ O P`) makes every cell its own token under byte-level BPE
+        tokenizers, which otherwise merge runs such as `____` or `OP` into tokens whose
+        meaning depends on the neighbours, so a small model can hardly tell where it is.
     """
 
     max_steps_in_episode: int = 100
     format_penalty: float = 0.1
+    cell_separator: str = struct.field(pytree_node=False, default="")
 
 
 def format_instructions(
@@ -210,6 +215,9 @@ class TextEnvironment(environment.Environment):
 
     def check_params(self, params: TextEnvParams) -> None:
         """Raise ValueError for params this environment cannot run with (called by `make`)."""
+        if not isinstance(params.cell_separator, str) or "\n" in params.cell_separator:
+            raise ValueError(f"cell_separator must be a one-line string, got "
+                             f"{params.cell_separator!r}")
         if not float(params.format_penalty) >= 0.0:
             raise ValueError(f"format_penalty must be >= 0, got {params.format_penalty}")
         if int(params.max_steps_in_episode) < 1:
@@ -223,9 +231,11 @@ class TextEnvironment(environment.Environment):
         return self.symbol_grid(state, params)
 
     def render_text(self, state, params: TextEnvParams) -> str:
-        """One line per grid row, one character per cell (single, un-batched state)."""
+        """One line per grid row, one symbol per cell, cells joined by `params.cell_separator`
+        (single, un-batched state)."""
         grid = np.asarray(self._host_symbol_grid(state, params))
-        return "\n".join("".join(self.symbols[code] for code in row) for row in grid)
+        sep = params.cell_separator
+        return "\n".join(sep.join(self.symbols[code] for code in row) for row in grid)
 
     def render_rgb(self, state, params: TextEnvParams) -> np.ndarray:
         """uint8 [rows*cell_pixels, cols*cell_pixels, 3]: each cell filled with its colour."""

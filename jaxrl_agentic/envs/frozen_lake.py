@@ -15,6 +15,7 @@ lives in the state.
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from jaxrl_agentic.envs.base import (
@@ -55,11 +56,21 @@ class FrozenLakeParams(TextEnvParams):
     """size: side of the square map (static: it sets array shapes).
     p_frozen: probability that a tile (other than start and goal) is frozen.
     is_slippery: deflect moves as described in the module doc.
+
+    hints: after the board, spell out where the goal is and what the four neighbouring
+        tiles are ("Goal: 2 Down, 1 Left. Next to you: Left hole, Down ice, Right edge,
+        Up ice."). Optional help for small models, which find it hard to locate two symbols
+        in a token grid; the rules, rewards and maps are unchanged.
+    progress_reward: shaping, reward += progress_reward · (d_before − d_after) per step,
+        d = Manhattan distance from the player to the goal (0 = the usual sparse reward).
+        Success is still only reaching the goal.
     """
 
     size: int = struct.field(pytree_node=False, default=4)
     p_frozen: float = 0.8
     is_slippery: bool = False
+    hints: bool = struct.field(pytree_node=False, default=False)
+    progress_reward: float = 0.0
 
 
 def reachable_cells(passable: jax.Array, start: jax.Array) -> jax.Array:
@@ -130,13 +141,36 @@ class FrozenLake(TextEnvironment):
         position = jnp.clip(state.position + MOVES[direction], 0, last)
         tile = state.grid[position[0], position[1]]
         at_goal = tile == GOAL
-        reward = at_goal.astype(jnp.float32)
+        goal = jnp.argwhere(state.grid == GOAL, size=1)[0]
+        progress = (jnp.abs(state.position - goal).sum() - jnp.abs(position - goal).sum())
+        reward = at_goal.astype(jnp.float32) + params.progress_reward * progress
         terminated = at_goal | (tile == HOLE)
         return state.replace(position=position), reward, terminated, at_goal
 
     def symbol_grid(self, state: FrozenLakeState, params) -> jax.Array:
         row, col = state.position[0], state.position[1]
         return state.grid.at[row, col].add(3)
+
+    def render_text(self, state: FrozenLakeState, params: FrozenLakeParams) -> str:
+        board = super().render_text(state, params)
+        if not params.hints:
+            return board
+        grid, (row, col) = np.asarray(state.grid), (int(p) for p in state.position)
+        if grid[row, col] != FROZEN:  # in a hole or on the goal: the game is over
+            return board
+        goal_row, goal_col = (int(x) for x in np.argwhere(grid == GOAL)[0])
+        offsets = []
+        if goal_row != row:
+            offsets.append(f"{abs(goal_row - row)} {'Down' if goal_row > row else 'Up'}")
+        if goal_col != col:
+            offsets.append(f"{abs(goal_col - col)} {'Right' if goal_col > col else 'Left'}")
+        names = {FROZEN: "ice", HOLE: "hole", GOAL: "goal"}
+        around = []
+        for name, (dr, dc) in zip(self.action_names, np.asarray(MOVES), strict=True):
+            r, c = row + dr, col + dc
+            inside = 0 <= r < grid.shape[0] and 0 <= c < grid.shape[1]
+            around.append(f"{name} {names[int(grid[r, c])] if inside else 'edge'}")
+        return f"{board}\nGoal: {', '.join(offsets)}. Next to you: {', '.join(around)}."
 
     def instructions(self, params: FrozenLakeParams) -> str:
         slippery = (

@@ -22,7 +22,8 @@ import tempfile
 
 from jaxrl_agentic.models.config import ModelConfig
 
-TINY_VERSION = "v1"
+# v2: the corpus also has spaced grids (`cell_separator=" "`) and FrozenLake `hints`.
+TINY_VERSION = "v2"
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
@@ -62,7 +63,8 @@ def environment_corpus(seed: int = 0, episodes_per_env: int = 24) -> list[str]:
 
     rng = random.Random(seed)
     texts = []
-    specs = [("frozen_lake", {}), ("sokoban", {}), ("sokoban", {"dim_room": 8, "num_boxes": 2})]
+    specs = [("frozen_lake", {}), ("frozen_lake", {"hints": True}), ("sokoban", {}),
+             ("sokoban", {"dim_room": 8, "num_boxes": 2})]
     for name, kwargs in specs:
         env, params = make(name, **kwargs)
         texts.append(env.instructions(params))
@@ -71,7 +73,8 @@ def environment_corpus(seed: int = 0, episodes_per_env: int = 24) -> list[str]:
             key, k_reset, k_step = jax.random.split(key, 3)
             _, state = env.reset(k_reset, params)
             for _ in range(3):
-                texts.append(env.render_text(state, params))
+                for sep in ("", " "):  # both board layouts (`cell_separator`)
+                    texts.append(env.render_text(state, params.replace(cell_separator=sep)))
                 action = rng.randrange(len(env.action_names))
                 k_step, k = jax.random.split(k_step)
                 _, state, _, _, _, _ = env.step(k, state, action, params)

@@ -58,6 +58,33 @@ def test_ten_thousand_random_maps_are_all_solvable(env_and_params):
     assert len({g.tobytes() + p.tobytes() for g, p in zip(grids, positions, strict=True)}) > 9000
 
 
+def test_spaced_cells_hints_and_progress_reward():
+    """`cell_separator`, `hints` and `progress_reward` on the hand-made lake, written out."""
+    env, params = make("frozen_lake", cell_separator=" ", hints=True, progress_reward=0.25)
+    state = hand_state((2, 1))
+    assert env.render_text(state, params) == (
+        "_ _ O _\n_ _ G _\nO P _ _\n_ _ _ _\n"
+        "Goal: 1 Up, 1 Right. Next to you: Left hole, Down ice, Right ice, Up ice.")
+    assert env.render_text(hand_state((3, 3)), params).endswith(
+        "Goal: 2 Up, 1 Left. Next to you: Left ice, Down edge, Right edge, Up ice.")
+    # The game is over in a hole or on the goal: no hints then.
+    assert env.render_text(hand_state((1, 2)), params) == "_ _ O _\n_ _ √ _\nO _ _ _\n_ _ _ _"
+    step = jax.jit(env.step_env)
+    key = jax.random.key(0)
+    # Manhattan distance to the goal (1, 2) from (2, 1) is 2: Up or Right gains 1, Down
+    # loses 1, and Left falls into the hole at (2, 0), which is also one step further.
+    for action, (reward, done) in {UP: (0.25, False), RIGHT: (0.25, False),
+                                   DOWN: (-0.25, False), LEFT: (-0.25, True)}.items():
+        _, _, r, d, _ = step(key, state, action, params)
+        assert (float(r), bool(d)) == (reward, done), env.action_names[action]
+    _, _, r, d, _ = step(key, hand_state((1, 1)), RIGHT, params)  # onto the goal: 1 + 0.25
+    assert (float(r), bool(d)) == (1.25, True)
+    # The usual sparse reward and compact board by default.
+    plain_env, plain = make("frozen_lake")
+    assert plain_env.render_text(state, plain) == "__O_\n__G_\nOP__\n____"
+    assert float(step(key, state, UP, plain)[2]) == 0.0
+
+
 def test_sparse_lakes_are_redrawn_until_solvable():
     env, params = make("frozen_lake", size=5, p_frozen=0.5)
     keys = jax.random.split(jax.random.key(1), 500)

@@ -61,11 +61,13 @@ def test_errors_are_one_line_and_name_the_choices():
         make("sokoban", num_box=2)
     message = str(error.value)
     assert "\n" not in message and "'num_box'" in message
-    assert "allowed: max_steps_in_episode, format_penalty, dim_room, num_boxes" in message
+    assert "allowed: max_steps_in_episode, format_penalty, cell_separator, dim_room, num_boxes" in message
     with pytest.raises(ValueError, match="size must be >= 2"):
         make("frozen_lake", size=1)
     with pytest.raises(ValueError, match="num_boxes=20 does not fit"):
         make("sokoban", num_boxes=20)
+    with pytest.raises(ValueError, match="cell_separator must be a one-line string"):
+        make("frozen_lake", cell_separator="\n")
     with pytest.raises(ValueError, match="already registered"):
         register("sokoban", Sokoban)
     with pytest.raises(TypeError, match="callable"):
