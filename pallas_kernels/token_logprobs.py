@@ -35,6 +35,7 @@ from jax.custom_derivatives import SymbolicZero
 
 from pallas_kernels._chunked import chunked_backward, chunked_forward
 from pallas_kernels._logprob_pallas import pallas_backward, pallas_forward
+from pallas_kernels._softmax_math import matmul_precision
 
 IMPLS = ("auto", "reference", "chunked", "pallas")
 FAMILIES = ("tpu", "gpu")
@@ -143,8 +144,14 @@ def resolve_impl(impl: str, platform: str | None = None) -> str:
 
 def reference_token_logprobs(hidden, lm_head, targets, temperature=1.0, *,
                              return_entropy=False):
-    """Full-logits ``log_softmax`` in fp32; autodiff gives the gradients."""
-    logits = jnp.dot(hidden, lm_head, preferred_element_type=jnp.float32) / temperature
+    """Full-logits ``log_softmax`` in fp32; autodiff gives the gradients.
+
+    fp32 inputs are multiplied at full fp32 precision, like the fused paths: on GPU the
+    default precision would be TF32 (~1e-3 logprob error, seen on an H100), which made the
+    reference the least exact implementation there.
+    """
+    logits = jnp.dot(hidden, lm_head, preferred_element_type=jnp.float32,
+                     precision=matmul_precision(hidden.dtype)) / temperature
     log_p = jax.nn.log_softmax(logits, axis=-1)
     logprobs = jnp.take_along_axis(log_p, targets.astype(jnp.int32)[:, None], axis=-1)[:, 0]
     if not return_entropy:
