@@ -1,4 +1,4 @@
-"""One PPO update (forward + backward + AdamW) of our learner vs a PyTorch reference on CPU.
+"""One PPO update (forward + backward + AdamW) of our learner vs a PyTorch reference, CPU or GPU.
 
 Both sides start from the same random-weight Qwen2 checkpoint (written here with
 `transformers` + torch, one per `--sizes` entry) and make one optimizer update on the same
@@ -46,7 +46,7 @@ Machine limit and model FLOP utilisation:
 
     matmul_flops_per_s = 2·n³ / median time of a jitted fp32 jnp.dot of two n×n matrices
                          (`--matmul-n`, measured in every round; `torch_matmul_flops_per_s`:
-                         the same with torch.matmul, whose GEMM library is a bit faster)
+                         the same with torch.matmul, whose GEMM library is a bit faster on CPU)
     N                  = Σ_layers (q, k, v, o, gate, up, down weight sizes) + D·V (LM head;
                          the input embedding is a lookup and norms/biases are not counted)
     model_flops        = 6·N·real_tokens + 12·layers·heads·head_dim·Σ_i Lᵢ(Lᵢ+1)/2
@@ -58,9 +58,25 @@ Machine limit and model FLOP utilisation:
 the matmuls and its full row_len² query-key square (dense masked attention).
 Prints ONE JSON line per size.
 
+`--device gpu` runs both sides on one NVIDIA GPU instead (default `--device cpu`: everything
+above, unchanged). JAX gets `JAX_PLATFORMS=cuda` (set before jax is imported, so `--device`
+must be spelled out in full) and, unless already set, `XLA_PYTHON_CLIENT_MEM_FRACTION=0.5`
+(torch shares the GPU); torch's model, optimizer and every tensor live on `cuda`, and every
+timed torch region ends with `torch.cuda.synchronize()` (ours ends with `block_until_ready`
+on the new train state and the metrics). fp32 matmuls run as TF32 on both sides, as JAX does
+by default on GPU: torch's cuBLAS TF32 switch is turned on (`fp32_matmul_precision` in the
+JSON: "tf32" on gpu, "fp32" on cpu), so the losses and gradient norms agree to TF32 precision
+(~1e-3) rather than ~1e-4 (our log-prob head still asks for full fp32 products). The
+matmul limit uses `--matmul-n 8192` by default there (saturates the GPU); `mfu` stays
+relative to that measured matmul, and `mfu_vs_peak` / `torch_mfu_vs_peak` are
+model_flops / update time / `--peak-flops` (default 494e12: the H100 SXM datasheet dense
+TF32 figure). Torch's `sdpa` picks its CUDA kernel itself (fp32: memory-efficient or math).
+`device` / `torch_device` name the device each side ran on (both keys on cpu too).
+
     python scripts/bench_learner.py                               # tiny and 25m, ~5 min idle
     python scripts/bench_learner.py --sizes tiny --repeats 3      # ~1 min
     python scripts/bench_learner.py --sizes 25m --torch-layout packed
+    python scripts/bench_learner.py --device gpu --samples 256    # one NVIDIA GPU
 """
 
 from __future__ import annotations
@@ -74,7 +90,9 @@ import sys
 import tempfile
 import time
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+import _device
+
+DEVICE = _device.configure(mem_fraction="0.5")  # torch shares the GPU; before jax is imported
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -117,13 +135,26 @@ def _parse_args():
                         help="torch micro-batch: at most this many (padded) token slots")
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds")
-    parser.add_argument("--matmul-n", type=int, default=2048)
+    parser.add_argument("--matmul-n", type=int, default=None,
+                        help="n of the n×n fp32 matmul limit (default: 2048 on cpu, 8192 on gpu)")
     parser.add_argument("--skip-torch", action="store_true", help="time ours only")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                        help="cpu (default), or gpu: JAX on cuda, torch on cuda, TF32 matmuls "
+                             "on both sides (read before jax is imported: spell it out)")
+    parser.add_argument("--peak-flops", type=float, default=494e12,
+                        help="gpu only: the peak for mfu_vs_peak, in FLOP/s (default 494e12: "
+                             "the NVIDIA H100 SXM datasheet dense TF32 figure, no sparsity)")
     args = parser.parse_args()
+    _device.check_flag(parser, args.device, DEVICE)
     if args.max_len > args.row_len:
         parser.error("--max-len must not exceed --row-len (samples would be truncated)")
+    if args.matmul_n is None:
+        args.matmul_n = 8192 if args.device == "gpu" else 2048
     return args
+
+
+# ----------------------------------------------------------------------------- device
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -181,16 +212,18 @@ def _with_old_logprobs(samples, path, seed):
     import torch
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    device = _device.torch_device(DEVICE)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model = model.to(device).eval()
     rng = np.random.default_rng(seed + 1)
     out = []
     with torch.no_grad():
         for s in samples:
-            ids = torch.from_numpy(s.tokens.astype(np.int64))[None]
+            ids = torch.from_numpy(s.tokens.astype(np.int64))[None].to(device)
             logits = model(input_ids=ids, use_cache=False).logits[0, :-1]
             logp = -torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="none")
             old = np.zeros(len(s), np.float32)
-            old[1:] = logp.numpy() + rng.normal(0.0, 0.1, len(s) - 1)
+            old[1:] = logp.cpu().numpy() + rng.normal(0.0, 0.1, len(s) - 1)
             out.append(dataclasses.replace(s, old_logprobs=np.where(s.loss_mask > 0, old, 0.0)))
     return out
 
@@ -231,11 +264,16 @@ def _prepare_ours(path, samples, args):
 
     def device_step():
         learner.state, metrics = learner.train_step(learner.state, batch, lr)
+        if DEVICE == "gpu":
+            jax.block_until_ready(learner.state)  # every output of the step, not just metrics
         if int(metrics["nonfinite"]):  # waits for the update
             raise RuntimeError("our train step skipped a non-finite update")
 
     def full_step():
-        if learner.step(samples, [args.lr])["optim/nonfinite_updates"]:
+        metrics = learner.step(samples, [args.lr])  # host floats: synced already
+        if DEVICE == "gpu":
+            jax.block_until_ready(learner.state)
+        if metrics["optim/nonfinite_updates"]:
             raise RuntimeError("Learner.step skipped a non-finite update")
 
     packed = {k: np.asarray(batch[k]) for k in TOKEN_KEYS}
@@ -250,10 +288,14 @@ def _torch_micro_batches(samples, packed, args):
     old_logprobs) and the model's keyword arguments."""
     import torch
 
+    device = _device.torch_device(DEVICE)
+
     def micro_batch(loss_mask, advantages, old_logprobs, **model_kwargs):
-        return dict(loss_mask=torch.from_numpy(loss_mask),
-                    advantages=torch.from_numpy(advantages),
-                    old_logprobs=torch.from_numpy(old_logprobs), model_kwargs=model_kwargs)
+        """Every tensor (the model's keyword arguments too) on torch's device."""
+        return dict(loss_mask=torch.from_numpy(loss_mask).to(device),
+                    advantages=torch.from_numpy(advantages).to(device),
+                    old_logprobs=torch.from_numpy(old_logprobs).to(device),
+                    model_kwargs={k: v.to(device) for k, v in model_kwargs.items()})
 
     micro = []
     if args.torch_layout == "packed":
@@ -304,6 +346,7 @@ def _prepare_torch(path, samples, packed, args):
     import transformers
 
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model = model.to(_device.torch_device(DEVICE))  # before the optimizer sees the parameters
     model.train()
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
@@ -315,7 +358,7 @@ def _prepare_torch(path, samples, packed, args):
     denominator = float(sum(float(m["loss_mask"][:, 1:].sum()) for m in micro))
 
     def update():
-        total = 0.0
+        losses = []
         for m in micro:
             logits = model(use_cache=False, **m["model_kwargs"]).logits[:, :-1]
             targets = m["model_kwargs"]["input_ids"][:, 1:]
@@ -327,11 +370,16 @@ def _prepare_torch(path, samples, packed, args):
             pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - CLIP, 1 + CLIP))
             loss = (pg * mask).sum() / denominator  # one global token-mean denominator
             loss.backward()
-            total += float(loss.detach())
+            losses.append(loss.detach())  # read after the update: no GPU sync per micro-batch
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return total, float(grad_norm)
+        total = 0.0
+        for loss in losses:
+            total += float(loss)
+        grad_norm = float(grad_norm)
+        _device.torch_sync(DEVICE)
+        return total, grad_norm
 
     return update, model, micro
 
@@ -356,13 +404,22 @@ def matmul_flops_per_s(n: int, matmul, repeats: int = 5) -> float:
 
 
 def make_torch_matmul(n: int):
-    """Torch's fp32 n×n @ n×n (its own GEMM library): a second reference for the limit."""
+    """Torch's fp32 n×n @ n×n (its own GEMM library): a second reference for the limit. On
+    gpu the closure ends with `torch.cuda.synchronize()` (it times the GEMM, not its launch)."""
     import torch
 
     rng = np.random.default_rng(0)
-    a, b = (torch.from_numpy(rng.standard_normal((n, n), np.float32)) for _ in range(2))
-    torch.matmul(a, b)
-    return lambda: torch.matmul(a, b)
+    device = _device.torch_device(DEVICE)
+    a, b = (torch.from_numpy(rng.standard_normal((n, n), np.float32)).to(device)
+            for _ in range(2))
+
+    def matmul():
+        out = torch.matmul(a, b)
+        _device.torch_sync(DEVICE)
+        return out
+
+    matmul()
+    return matmul
 
 
 def torch_matmul_flops_per_s(n: int, matmul, repeats: int = 5) -> float:
@@ -406,7 +463,7 @@ def _version(name: str) -> str:
 # ----------------------------------------------------------------------------- main
 
 
-def bench_size(size, args, threads, matmul):
+def bench_size(size, args, threads, matmul, device_keys):
     import torch
 
     load_before = os.getloadavg()[0]
@@ -451,8 +508,8 @@ def bench_size(size, args, threads, matmul):
     def rate(key):
         return None if median[key] is None else real / median[key]
 
-    def mfu(key):
-        return None if median[key] is None else round(model_flops / median[key] / peak, 4)
+    def mfu(key, limit=peak, digits=4):
+        return None if median[key] is None else round(model_flops / median[key] / limit, digits)
 
     def r(x, digits=1):
         return None if x is None else round(x, digits)
@@ -472,6 +529,11 @@ def bench_size(size, args, threads, matmul):
             "micro_batches": len(micro), "micro_tokens": args.torch_micro_tokens,
             "slots": slots, "efficiency": round(real / slots, 4),
             "attn": ref.config._attn_implementation}
+    gpu_keys = {} if args.device != "gpu" else {
+        "mfu_vs_peak": mfu("ours", args.peak_flops, 6),
+        "torch_mfu_vs_peak": mfu("torch", args.peak_flops, 6),
+        "peak_flops": args.peak_flops,
+    }
     return {
         "size": size,
         "ours_tokens_per_s": r(ours_tps),
@@ -525,6 +587,8 @@ def bench_size(size, args, threads, matmul):
                   "tokens / update time",
         "versions": {"jax": jax.__version__, "transformers": _version("transformers"),
                      "torch": _version("torch")},
+        **device_keys,
+        **gpu_keys,
     }
 
 
@@ -534,10 +598,11 @@ def main():
     unknown = [s for s in sizes if s not in SIZES]
     if unknown:
         raise SystemExit(f"unknown --sizes {unknown}; choose from {sorted(SIZES)}")
+    device_keys = _device.setup(DEVICE)
     threads = len(os.sched_getaffinity(0))  # XLA's CPU client: one intra-op thread per core
     matmul = make_matmul(args.matmul_n)
     for size in sizes:
-        print(json.dumps(bench_size(size, args, threads, matmul)), flush=True)
+        print(json.dumps(bench_size(size, args, threads, matmul, device_keys)), flush=True)
 
 
 if __name__ == "__main__":

@@ -72,8 +72,16 @@ warm-up are listed with the bucket that triggered them.
 
 Prints ONE JSON line (progress on stderr).
 
+``--device gpu`` runs the pipeline on one NVIDIA GPU: ``JAX_PLATFORMS=cuda`` is set before jax
+is imported (so ``--device`` must be spelled out in full on the command line), instead of the
+default ``--device cpu``, which keeps ``JAX_PLATFORMS`` if set and otherwise forces ``cpu``
+as before. Nothing else changes: the buckets already block on device outputs. ``backend``
+and ``device`` (``jax.devices()[0].device_kind``) say where it ran; ``threads`` is only the
+host's core count on gpu.
+
     python scripts/bench_pipeline.py                       # default recipe, 6 steps
     python scripts/bench_pipeline.py --steps 4 --config.train_env_manager.num_env_groups=2
+    python scripts/bench_pipeline.py --device gpu          # one NVIDIA GPU
 """
 
 from __future__ import annotations
@@ -91,7 +99,9 @@ import tempfile
 import time
 from importlib import metadata
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+import _device
+
+DEVICE = _device.configure()  # sets JAX_PLATFORMS before jax is imported
 
 import jax  # noqa: E402
 
@@ -273,10 +283,17 @@ def _parse_args(argv):
                         help="keep the temporary output directory (metrics, checkpoints)")
     parser.add_argument("--verbose", action="store_true",
                         help="per-step times and new programs on stderr")
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                        help="cpu (default) or gpu (JAX_PLATFORMS=cuda); read from the command "
+                             "line before jax is imported: spell it out")
     args, overrides = parser.parse_known_args(argv)
     bad = [a for a in overrides if not a.startswith("--config.")]
     if bad:
         parser.error(f"unrecognised arguments: {' '.join(bad)}")
+    _device.check_flag(parser, args.device, DEVICE,
+                       seen="on the command line before jax was imported")
+    if args.device == "gpu":
+        _device.require_jax_gpu(parser.error)
     if args.steps <= args.warmup_steps:
         parser.error("--steps must be larger than --warmup-steps")
     return args, overrides
@@ -393,6 +410,7 @@ def summarize(args, c, per_step, build_s, missing, load_before, pipeline) -> dic
         "config": os.path.relpath(args.config, ROOT) if args.config.startswith(ROOT)
         else args.config,
         "backend": jax.default_backend(),
+        "device": jax.devices()[0].device_kind,
         "steps": args.steps,
         "warmup_steps": args.warmup_steps,
         "step_s": round(step_s, 4),

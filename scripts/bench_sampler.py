@@ -1,4 +1,4 @@
-"""Decode tokens/s of our `Sampler.generate` vs `transformers` `model.generate` on one CPU.
+"""Decode tokens/s of our `Sampler.generate` vs `transformers` `model.generate`, CPU or GPU.
 
 Both generate from the same random-weight Qwen2 checkpoint (written here with `transformers`
 + torch unless `--model DIR` names an existing HF directory), for the same batch of random
@@ -16,9 +16,19 @@ the sides so that both see the same background load, and reports medians. Backgr
 hurts torch's OpenMP threads far more than XLA's: `loadavg_1m` is recorded for that reason.
 Prints ONE JSON line.
 
+`--device gpu` runs both on one NVIDIA GPU instead (default `--device cpu`: everything above,
+unchanged). JAX gets `JAX_PLATFORMS=cuda` (set before jax is imported, so `--device` must be
+spelled out in full) and, unless already set, `XLA_PYTHON_CLIENT_MEM_FRACTION=0.5` (torch
+shares the GPU); `transformers` loads the same weights onto `cuda`, its prompts live there,
+and each timed HF call ends with `torch.cuda.synchronize()` (ours ends by fetching the
+generated tokens to the host). fp32 matmuls run as TF32 on both sides, as JAX does by default
+on GPU: torch's cuBLAS TF32 switch is turned on (`fp32_matmul_precision`: "tf32" on gpu,
+"fp32" on cpu). `device` / `torch_device` name the device each side ran on.
+
     python scripts/bench_sampler.py                          # hidden 256, 4 layers, batch 32
     python scripts/bench_sampler.py --batch 8 --repeats 3    # quicker
     python scripts/bench_sampler.py --model ~/models/Qwen2.5-0.5B --batch 4
+    python scripts/bench_sampler.py --device gpu --batch 64  # one NVIDIA GPU
 """
 from __future__ import annotations
 
@@ -30,7 +40,9 @@ import sys
 import tempfile
 import time
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+import _device
+
+DEVICE = _device.configure(mem_fraction="0.5")  # torch shares the GPU; before jax is imported
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -68,7 +80,12 @@ def _parse_args():
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per side")
     parser.add_argument("--skip-hf", action="store_true", help="time ours only")
     parser.add_argument("--seed", type=int, default=0)
-    return parser.parse_args()
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                        help="cpu (default), or gpu: JAX on cuda, HF on cuda, TF32 matmuls on "
+                             "both sides (read before jax is imported: spell it out)")
+    args = parser.parse_args()
+    _device.check_flag(parser, args.device, DEVICE)
+    return args
 
 
 def _build_checkpoint(args, path: str) -> None:
@@ -116,10 +133,12 @@ def _prepare_hf(path, prompts, args, threads):
     import torch
     import transformers
 
-    torch.set_num_threads(threads)
-    torch.manual_seed(args.seed)
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    input_ids = torch.tensor(prompts, dtype=torch.long)
+    torch.set_num_threads(threads)  # CPU ops only (harmless on gpu)
+    torch.manual_seed(args.seed)  # seeds the CUDA generators too
+    device = _device.torch_device(DEVICE)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model = model.to(device).eval()
+    input_ids = torch.tensor(prompts, dtype=torch.long, device=device)
     kwargs = dict(attention_mask=torch.ones_like(input_ids), eos_token_id=None, pad_token_id=0)
     if args.greedy:
         kwargs.update(do_sample=False)
@@ -130,6 +149,7 @@ def _prepare_hf(path, prompts, args, threads):
         with torch.no_grad():
             out = model.generate(input_ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                                  **kwargs)
+        _device.torch_sync(DEVICE)  # the timed call ends when the GPU is done
         assert out.shape == (args.batch, args.prompt_len + new_tokens)
 
     return run, model.config._attn_implementation
@@ -143,6 +163,8 @@ def _seconds(fn, *args) -> float:
 
 def main():
     args = _parse_args()
+    # with --skip-hf, torch (if it writes the checkpoint) stays on the CPU
+    device_keys = _device.setup(DEVICE, torch_on_gpu=not args.skip_hf)
     threads = len(os.sched_getaffinity(0))  # XLA's CPU client: one intra-op thread per core
     compile_s = [0.0]
 
@@ -223,6 +245,7 @@ def main():
                   "(t(new tokens) - t(1 token))",
         "versions": {"jax": jax.__version__, "transformers": _version("transformers"),
                      "torch": _version("torch")},
+        **device_keys,
     }))
 
 
