@@ -30,7 +30,7 @@ def get_config():
     c.format_warmup.learning_rate = 2e-3
     c.custom_envs = {"frozen_lake": env_spec("frozen_lake", max_turns=6, max_tokens_per_step=16,
                                              format_penalty=0.1, cell_separator=" ", hints=True,
-                                             progress_reward=0.0)}
+                                             progress_reward=0.0, brief_instructions=True)}
     c.train_env_manager = env_manager(num_env_groups=8, group_size=8, tags=("frozen_lake",))
     c.val_env_manager = env_manager(num_env_groups=32, group_size=1, tags=("frozen_lake",))
     return c

@@ -64,6 +64,9 @@ class FrozenLakeParams(TextEnvParams):
     progress_reward: shaping, reward += progress_reward · (d_before − d_after) per step,
         d = Manhattan distance from the player to the goal (0 = the usual sparse reward).
         Success is still only reaching the goal.
+    brief_instructions: a two-line instruction text (~30 tokens instead of ~250): a small
+        model trained from scratch reads no English, and every prompt token it must attend
+        past dilutes the board.
     """
 
     size: int = struct.field(pytree_node=False, default=4)
@@ -71,6 +74,7 @@ class FrozenLakeParams(TextEnvParams):
     is_slippery: bool = False
     hints: bool = struct.field(pytree_node=False, default=False)
     progress_reward: float = 0.0
+    brief_instructions: bool = struct.field(pytree_node=False, default=False)
 
 
 def reachable_cells(passable: jax.Array, start: jax.Array) -> jax.Array:
@@ -173,6 +177,9 @@ class FrozenLake(TextEnvironment):
         return f"{board}\nGoal: {', '.join(offsets)}. Next to you: {', '.join(around)}."
 
     def instructions(self, params: FrozenLakeParams) -> str:
+        if params.brief_instructions:
+            return ("Walk P to the goal G; a hole O ends the game. "
+                    f"Reply <answer>ACTION</answer>, ACTION one of {', '.join(self.action_names)}.")
         slippery = (
             "The ice is slippery: you move in the chosen direction only 1/3 of the time, "
             "otherwise to one of its two sides."

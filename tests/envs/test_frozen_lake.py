@@ -85,6 +85,14 @@ def test_spaced_cells_hints_and_progress_reward():
     assert float(step(key, state, UP, plain)[2]) == 0.0
 
 
+def test_brief_instructions_still_name_the_actions_and_the_reply_format():
+    env, params = make("frozen_lake", brief_instructions=True)
+    brief, full = env.instructions(params), env.instructions(make("frozen_lake")[1])
+    assert "<answer>ACTION</answer>" in brief and "Left, Down, Right, Up" in brief
+    assert "\n" not in brief and len(brief) < len(full) / 4
+    assert env.parse_action("<answer>Up</answer>") == UP
+
+
 def test_sparse_lakes_are_redrawn_until_solvable():
     env, params = make("frozen_lake", size=5, p_frozen=0.5)
     keys = jax.random.split(jax.random.key(1), 500)
