@@ -91,6 +91,7 @@ import tempfile
 import time
 
 import _device
+import _reference
 
 DEVICE = _device.configure(mem_fraction="0.5")  # torch shares the GPU; before jax is imported
 
@@ -158,24 +159,6 @@ def _parse_args():
 
 
 # ----------------------------------------------------------------------------- inputs
-
-
-def _build_checkpoint(size: str, path: str, seed: int) -> None:
-    """Random-weight Qwen2 (every tensor perturbed off its init) + a small BPE tokenizer."""
-    import torch
-    import transformers
-
-    from jaxrl_agentic.models.tiny import build_tokenizer
-
-    cfg = transformers.Qwen2Config(**SIZES[size], max_position_embeddings=4096,
-                                   tie_word_embeddings=True, rms_norm_eps=1e-6)
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(cfg)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.02)
-    model.save_pretrained(path)
-    build_tokenizer(["a b c d e f g"] * 4, vocab_size=300).save_pretrained(path)
 
 
 def _loss_mask(length: int, rng: np.random.Generator) -> tuple[int, np.ndarray]:
@@ -469,7 +452,9 @@ def bench_size(size, args, threads, matmul, device_keys):
     load_before = os.getloadavg()[0]
     torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory(prefix="bench_learner_") as path:
-        _build_checkpoint(size, path, args.seed)
+        _reference.write_random_qwen2(path, args.seed, **SIZES[size],
+                                      max_position_embeddings=4096, tie_word_embeddings=True,
+                                      rms_norm_eps=1e-6)
         samples = _with_old_logprobs(_make_samples(args, SIZES[size]["vocab_size"]), path,
                                      args.seed)
         # Warm-up update per side, on identical initial weights (ours compiles here).

@@ -112,6 +112,7 @@ from jaxrl_agentic import learner as learner_module  # noqa: E402
 from jaxrl_agentic import pipeline as pipeline_module  # noqa: E402
 from jaxrl_agentic import sampler as sampler_module  # noqa: E402
 from jaxrl_agentic import train  # noqa: E402
+from jaxrl_agentic.compile_events import CompileEvents  # noqa: E402
 from jaxrl_agentic.rollout import loop as loop_module  # noqa: E402
 
 BUCKETS = (
@@ -119,10 +120,6 @@ BUCKETS = (
     "samples", "logprob_mismatch", "packing", "learner", "critic", "pipeline_other",
     "logging", "checkpoint", "eval",
 )
-BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
-JAXPR_TRACE = "/jax/core/compile/jaxpr_trace_duration"
-LOWERING = "/jax/core/compile/jaxpr_to_mlir_module_duration"
-CACHE_HIT = "/jax/compilation_cache/cache_hits"
 
 
 class Buckets:
@@ -165,39 +162,6 @@ class Buckets:
     def take(self) -> dict[str, float]:
         out, self.totals = dict(self.totals), collections.defaultdict(float)
         return out
-
-
-class CompileCounter:
-    """Counts jit traces, lowerings, backend compilations and persistent-cache hits."""
-
-    def __init__(self, buckets: Buckets):
-        self.buckets = buckets
-        self.events: list[tuple[str, str, str]] = []  # (kind, program, bucket)
-
-    def _on_duration(self, event, duration, **kwargs):
-        del duration
-        kind = {BACKEND_COMPILE: "compile", JAXPR_TRACE: "trace", LOWERING: "lower"}.get(event)
-        if kind:
-            self.events.append((kind, str(kwargs.get("fun_name", "?")), self.buckets.current))
-
-    def _on_event(self, event, **kwargs):
-        if event == CACHE_HIT:
-            self.events.append(("cache_hit", "", self.buckets.current))
-
-    def __enter__(self):
-        jax.monitoring.register_event_duration_secs_listener(self._on_duration)
-        jax.monitoring.register_event_listener(self._on_event)
-        return self
-
-    def __exit__(self, *exc):
-        jax.monitoring.unregister_event_duration_listener(self._on_duration)
-        jax.monitoring.unregister_event_listener(self._on_event)
-
-    def mark(self) -> int:
-        return len(self.events)
-
-    def since(self, mark: int, kind: str) -> list[tuple[str, str]]:
-        return [(name, bucket) for k, name, bucket in self.events[mark:] if k == kind]
 
 
 def instrument(pipeline, b: Buckets) -> list[str]:
@@ -324,7 +288,7 @@ def main(argv=None) -> dict:
                          "assume one thread")
     paths = output_paths(c)
     b = Buckets()
-    with CompileCounter(b) as counter:
+    with CompileEvents(label=lambda: b.current) as counter:
         t0 = time.perf_counter()
         pipeline = pipeline_module.Pipeline(c)
         build_s = time.perf_counter() - t0

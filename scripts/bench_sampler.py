@@ -41,6 +41,7 @@ import tempfile
 import time
 
 import _device
+import _reference
 
 DEVICE = _device.configure(mem_fraction="0.5")  # torch shares the GPU; before jax is imported
 
@@ -89,13 +90,9 @@ def _parse_args():
 
 
 def _build_checkpoint(args, path: str) -> None:
-    """Random-weight Qwen2 (every tensor perturbed off its init) + a small BPE tokenizer."""
-    import torch
-    import transformers
-
-    from jaxrl_agentic.models.tiny import build_tokenizer
-
-    cfg = transformers.Qwen2Config(
+    """Random-weight Qwen2 of the `--hidden` … `--vocab` shape (see `_reference`)."""
+    _reference.write_random_qwen2(
+        path, args.seed,
         vocab_size=args.vocab,
         hidden_size=args.hidden,
         intermediate_size=args.intermediate,
@@ -105,13 +102,6 @@ def _build_checkpoint(args, path: str) -> None:
         max_position_embeddings=max(2048, args.max_total_len),
         tie_word_embeddings=True,
     )
-    torch.manual_seed(args.seed)
-    model = transformers.AutoModelForCausalLM.from_config(cfg)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.02)
-    model.save_pretrained(path)
-    build_tokenizer(["a b c d e f g"] * 4, vocab_size=300).save_pretrained(path)
 
 
 def _prepare_ours(path, prompts, args):

@@ -1,9 +1,9 @@
 """After warm-up, pipeline steps whose episodes change length compile nothing new.
 
-Compilations are counted with a `jax.monitoring` listener on
-`/jax/core/compile/backend_compile_duration`. JAX records that event around
-`compile_or_get_cached` for every program missing from the process' in-memory executable
-cache, whether XLA then compiles it or the persistent compilation cache (enabled in
+Compilations are counted with `jaxrl_agentic.compile_events.CompileEvents`, a
+`jax.monitoring` listener on `/jax/core/compile/backend_compile_duration`. JAX records that
+event around `compile_or_get_cached` for every program missing from the process' in-memory
+executable cache, whether XLA then compiles it or the persistent compilation cache (enabled in
 conftest.py) supplies it. So a cache hit on disk still counts as a new program here.
 
 A randomly initialised model almost never writes a valid `<answer>…</answer>`, so on the
@@ -34,11 +34,10 @@ import numpy as np
 import pytest
 
 from jaxrl_agentic import train
+from jaxrl_agentic.compile_events import CompileEvents
 from jaxrl_agentic.envs import register, registered_envs
 from jaxrl_agentic.envs.frozen_lake import FrozenLake
 
-BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
-CACHE_HIT = "/jax/compilation_cache/cache_hits"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = "frozen_lake_any_reply"
 WARMUP_STEPS = 3
@@ -52,33 +51,6 @@ class AnyReplyFrozenLake(FrozenLake):
         return zlib.crc32(reply.encode()) % self.num_actions
 
 
-class CompileCounter:
-    """Program names compiled (or loaded from the persistent cache) while active."""
-
-    def __init__(self):
-        self.programs: list[str] = []
-        self.cache_hits = 0
-
-    def _on_duration(self, event, duration, **kwargs):
-        del duration
-        if event == BACKEND_COMPILE:
-            self.programs.append(str(kwargs.get("fun_name")))
-
-    def _on_event(self, event, **kwargs):
-        del kwargs
-        if event == CACHE_HIT:
-            self.cache_hits += 1
-
-    def __enter__(self):
-        jax.monitoring.register_event_duration_secs_listener(self._on_duration)
-        jax.monitoring.register_event_listener(self._on_event)
-        return self
-
-    def __exit__(self, *exc):
-        jax.monitoring.unregister_event_duration_listener(self._on_duration)
-        jax.monitoring.unregister_event_listener(self._on_event)
-
-
 def _new_function():
     """A fresh function object each call, with the same name and code: jit caches per
     function object, so each one is a miss in memory but the same program on disk."""
@@ -90,7 +62,7 @@ def _new_function():
 
 def test_counter_sees_new_programs_and_persistent_cache_hits():
     # numpy inputs: building them compiles nothing, so only `fn` can show up.
-    with CompileCounter() as counter:
+    with CompileEvents() as counter:
         f = jax.jit(_new_function())
         f(np.ones(3, np.float32)).block_until_ready()
         first = list(counter.programs)
@@ -109,7 +81,7 @@ def test_counter_sees_new_programs_and_persistent_cache_hits():
     try:
         x = np.arange(7, dtype=np.float32)
         jax.jit(_new_function())(x).block_until_ready()  # now in the persistent cache
-        with CompileCounter() as counter:
+        with CompileEvents() as counter:
             jax.jit(_new_function())(x).block_until_ready()
     finally:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", previous)
@@ -155,7 +127,7 @@ def warm_pipeline(tmp_path_factory):
 def test_no_compilation_after_warmup_while_episode_lengths_change(warm_pipeline):
     pipeline, _ = warm_pipeline
     episode_turns, tokens = [], []
-    with CompileCounter() as counter:
+    with CompileEvents() as counter:
         for _ in range(MEASURED_STEPS):
             metrics, trajs, _ = pipeline.train_step()
             episode_turns.append(sorted(len(t.turns) for t in trajs))
@@ -173,7 +145,7 @@ def test_no_compilation_after_warmup_while_episode_lengths_change(warm_pipeline)
     learner = pipeline.learner
     learner.config = dataclasses.replace(
         learner.config, micro_batch_max_tokens=learner.config.micro_batch_max_tokens + 64)
-    with CompileCounter() as counter:
+    with CompileEvents() as counter:
         pipeline.train_step()
     assert any("train_step" in name for name in counter.programs), counter.programs
 
@@ -216,7 +188,7 @@ def learner_programs_after_warmup(fixed_rows: bool):
                             rows_bucket=1).num_micro_batches
 
     warm_rows = [pipeline_step(episodes(16)) for _ in range(WARMUP_STEPS)]
-    with CompileCounter() as counter:
+    with CompileEvents() as counter:
         rows = [pipeline_step(episodes(16 + 10 * k)) for k in range(1, MEASURED_STEPS + 1)]
     # Meaningful only if the measured steps need a row bucket the warm-up never did.
     assert max(warm_rows) <= 4 < max(rows), (warm_rows, rows)
@@ -238,7 +210,7 @@ def test_episode_replays_compile_nothing_after_the_first(warm_pipeline):
     pipeline, trajs = warm_pipeline
     runner = pipeline.runners[trajs[0].tag]
     replay_frames(runner, trajs[0])
-    with CompileCounter() as counter:
+    with CompileEvents() as counter:
         for traj in trajs[:3]:
             frames = replay_frames(runner, traj)
             assert len(frames) == len(traj.turns) + 1
