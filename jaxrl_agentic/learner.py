@@ -59,6 +59,7 @@ from jaxrl_agentic.data import (
     pack_minibatches,
     pack_samples,
     pad_rows,
+    round_up_to_bucket,
     split_minibatches,
     token_stats,
     updates_per_step,
@@ -568,7 +569,7 @@ def computed_slots(batch: PackedBatch, mesh) -> int:
 def pad_to_shards(batch: PackedBatch, mesh, pad_token_id: int) -> PackedBatch:
     """``batch`` with empty rows appended so its row count divides the batch shards."""
     shards = num_batch_shards(mesh)
-    rows = -(-batch.num_micro_batches // shards) * shards
+    rows = round_up_to_bucket(batch.num_micro_batches, shards)
     if rows == batch.num_micro_batches:
         return batch
     return pad_rows(batch, rows, pad_token_id=pad_token_id)
@@ -588,7 +589,7 @@ def per_sample_outputs(samples: Sequence[Sample], config, mesh, compute, params,
     num_rows = None
     if getattr(config, "fixed_rows", False):  # one sample per row at most: a stable shape
         shards = num_batch_shards(mesh)
-        num_rows = -(-bucket_rows(len(samples), 0) // shards) * shards
+        num_rows = round_up_to_bucket(bucket_rows(len(samples), 0), shards)
     batch = pad_to_shards(
         pack_samples(
             samples,
@@ -728,7 +729,7 @@ class Learner:
             sequence_length=cfg.sequence_length,
             rows_bucket=cfg.rows_bucket,
             # A mini-batch never needs more rows than samples (each fits one row).
-            num_micro_batches=-(-cfg.mini_batch_size // shards) * shards if cfg.fixed_rows
+            num_micro_batches=round_up_to_bucket(cfg.mini_batch_size, shards) if cfg.fixed_rows
             else None,
             pad_token_id=cfg.pad_token_id,
         )

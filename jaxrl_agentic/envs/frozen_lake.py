@@ -41,7 +41,10 @@ SYMBOL_COLORS = (
 ACTION_NAMES = ("Left", "Down", "Right", "Up")
 # (row, col) step per action; consecutive actions are perpendicular, so action +-1 (mod 4)
 # are the two directions a slippery lake can deflect into.
-MOVES = jnp.array([[0, -1], [1, 0], [0, 1], [-1, 0]], jnp.int32)
+HOST_MOVES = np.array([[0, -1], [1, 0], [0, 1], [-1, 0]], np.int32)  # for host-side text
+MOVES = jnp.asarray(HOST_MOVES)
+# How `hints` name a tile.
+TILE_WORDS = {FROZEN: "ice", HOLE: "hole", GOAL: "goal"}
 
 
 @struct.dataclass
@@ -168,12 +171,11 @@ class FrozenLake(TextEnvironment):
             offsets.append(f"{abs(goal_row - row)} {'Down' if goal_row > row else 'Up'}")
         if goal_col != col:
             offsets.append(f"{abs(goal_col - col)} {'Right' if goal_col > col else 'Left'}")
-        names = {FROZEN: "ice", HOLE: "hole", GOAL: "goal"}
         around = []
-        for name, (dr, dc) in zip(self.action_names, np.asarray(MOVES), strict=True):
+        for name, (dr, dc) in zip(self.action_names, HOST_MOVES, strict=True):
             r, c = row + dr, col + dc
             inside = 0 <= r < grid.shape[0] and 0 <= c < grid.shape[1]
-            around.append(f"{name} {names[int(grid[r, c])] if inside else 'edge'}")
+            around.append(f"{name} {TILE_WORDS[int(grid[r, c])] if inside else 'edge'}")
         return f"{board}\nGoal: {', '.join(offsets)}. Next to you: {', '.join(around)}."
 
     def instructions(self, params: FrozenLakeParams) -> str:
