@@ -45,6 +45,7 @@ HOST_MOVES = np.array([[0, -1], [1, 0], [0, 1], [-1, 0]], np.int32)  # for host-
 MOVES = jnp.asarray(HOST_MOVES)
 # How `hints` name a tile.
 TILE_WORDS = {FROZEN: "ice", HOLE: "hole", GOAL: "goal"}
+HINT_STYLES = ("full", "short")
 
 
 @struct.dataclass
@@ -64,9 +65,18 @@ class FrozenLakeParams(TextEnvParams):
         tiles are ("Goal: 2 Down, 1 Left. Next to you: Left hole, Down ice, Right edge,
         Up ice."). Optional help for small models, which find it hard to locate two symbols
         in a token grid; the rules, rewards and maps are unchanged.
+    hint_style: "full" (above) or "short": only the directions towards the goal, and the
+        neighbouring holes in lower case ("Goal: Down Left. Holes: left."). In the short
+        form each fact a move depends on is a token of its own (" Down" = towards the goal,
+        " l"+"eft" = a hole on the left), so a model can read it before it has learned
+        where on the line to look; in the full form every direction name appears in every
+        hint. A from-scratch tiny model learns the oracle move from the short form in ~100
+        supervised updates and has not started to after 150 from the full one.
     progress_reward: shaping, reward += progress_reward · (d_before − d_after) per step,
         d = Manhattan distance from the player to the goal (0 = the usual sparse reward).
         Success is still only reaching the goal.
+    hole_penalty: reward −= hole_penalty when the player falls into a hole (0 = the usual
+        reward). With progress shaping alone a step into a hole towards the goal would pay.
     brief_instructions: a two-line instruction text (~30 tokens instead of ~250): a small
         model trained from scratch reads no English, and every prompt token it must attend
         past dilutes the board.
@@ -76,7 +86,9 @@ class FrozenLakeParams(TextEnvParams):
     p_frozen: float = 0.8
     is_slippery: bool = False
     hints: bool = struct.field(pytree_node=False, default=False)
+    hint_style: str = struct.field(pytree_node=False, default="full")
     progress_reward: float = 0.0
+    hole_penalty: float = 0.0
     brief_instructions: bool = struct.field(pytree_node=False, default=False)
 
 
@@ -135,6 +147,10 @@ class FrozenLake(TextEnvironment):
             raise ValueError(f"size must be >= 2 (start and goal differ), got {params.size}")
         if not 0.0 < float(params.p_frozen) <= 1.0:
             raise ValueError(f"p_frozen must be in (0, 1], got {params.p_frozen}")
+        if not float(params.hole_penalty) >= 0.0:
+            raise ValueError(f"hole_penalty must be >= 0, got {params.hole_penalty}")
+        if params.hint_style not in HINT_STYLES:
+            raise ValueError(f"hint_style must be one of {HINT_STYLES}, got {params.hint_style!r}")
 
     def reset_env(self, key, params: FrozenLakeParams):
         grid, start = sample_until(key, lambda k: draw_map(k, params.size, params.p_frozen))
@@ -150,7 +166,8 @@ class FrozenLake(TextEnvironment):
         at_goal = tile == GOAL
         goal = jnp.argwhere(state.grid == GOAL, size=1)[0]
         progress = (jnp.abs(state.position - goal).sum() - jnp.abs(position - goal).sum())
-        reward = at_goal.astype(jnp.float32) + params.progress_reward * progress
+        reward = (at_goal.astype(jnp.float32) + params.progress_reward * progress
+                  - params.hole_penalty * (tile == HOLE))
         terminated = at_goal | (tile == HOLE)
         return state.replace(position=position), reward, terminated, at_goal
 
@@ -166,17 +183,21 @@ class FrozenLake(TextEnvironment):
         if grid[row, col] != FROZEN:  # in a hole or on the goal: the game is over
             return board
         goal_row, goal_col = (int(x) for x in np.argwhere(grid == GOAL)[0])
-        offsets = []
-        if goal_row != row:
-            offsets.append(f"{abs(goal_row - row)} {'Down' if goal_row > row else 'Up'}")
-        if goal_col != col:
-            offsets.append(f"{abs(goal_col - col)} {'Right' if goal_col > col else 'Left'}")
+        steps = [(abs(goal_row - row), "Down" if goal_row > row else "Up"),
+                 (abs(goal_col - col), "Right" if goal_col > col else "Left")]
+        steps = [(n, name) for n, name in steps if n]
         around = []
         for name, (dr, dc) in zip(self.action_names, HOST_MOVES, strict=True):
             r, c = row + dr, col + dc
             inside = 0 <= r < grid.shape[0] and 0 <= c < grid.shape[1]
-            around.append(f"{name} {TILE_WORDS[int(grid[r, c])] if inside else 'edge'}")
-        return f"{board}\nGoal: {', '.join(offsets)}. Next to you: {', '.join(around)}."
+            around.append((name, TILE_WORDS[int(grid[r, c])] if inside else "edge"))
+        if params.hint_style == "short":
+            hint = f"Goal: {' '.join(name for _, name in steps)}."
+            holes = [name.lower() for name, tile in around if tile == "hole"]
+            return f"{board}\n{hint}" + (f" Holes: {' '.join(holes)}." if holes else "")
+        offsets = ", ".join(f"{n} {name}" for n, name in steps)
+        neighbours = ", ".join(f"{name} {tile}" for name, tile in around)
+        return f"{board}\nGoal: {offsets}. Next to you: {neighbours}."
 
     def instructions(self, params: FrozenLakeParams) -> str:
         if params.brief_instructions:

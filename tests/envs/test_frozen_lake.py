@@ -69,6 +69,14 @@ def test_spaced_cells_hints_and_progress_reward():
         "Goal: 2 Up, 1 Left. Next to you: Left ice, Down edge, Right edge, Up ice.")
     # The game is over in a hole or on the goal: no hints then.
     assert env.render_text(hand_state((1, 2)), params) == "_ _ O _\n_ _ √ _\nO _ _ _\n_ _ _ _"
+    # The short style: directions towards the goal, then neighbouring holes in lower case
+    # (none next to (3, 3): no "Holes" part).
+    short = params.replace(hint_style="short")
+    assert env.render_text(state, short).endswith("O P _ _\n_ _ _ _\nGoal: Up Right. Holes: left.")
+    assert env.render_text(hand_state((3, 3)), short).endswith("_ _ _ P\nGoal: Up Left.")
+    assert env.render_text(hand_state((0, 3)), short).endswith("Goal: Down Left. Holes: left.")
+    with pytest.raises(ValueError, match="hint_style must be one of"):
+        make("frozen_lake", hints=True, hint_style="terse")
     step = jax.jit(env.step_env)
     key = jax.random.key(0)
     # Manhattan distance to the goal (1, 2) from (2, 1) is 2: Up or Right gains 1, Down
@@ -79,6 +87,12 @@ def test_spaced_cells_hints_and_progress_reward():
         assert (float(r), bool(d)) == (reward, done), env.action_names[action]
     _, _, r, d, _ = step(key, hand_state((1, 1)), RIGHT, params)  # onto the goal: 1 + 0.25
     assert (float(r), bool(d)) == (1.25, True)
+    # hole_penalty: Left into the hole now costs 1 on top of the step away (−0.25).
+    penalised = params.replace(hole_penalty=1.0)
+    assert float(step(key, state, LEFT, penalised)[2]) == -1.25
+    assert float(step(key, state, UP, penalised)[2]) == 0.25
+    with pytest.raises(ValueError, match="hole_penalty must be >= 0"):
+        make("frozen_lake", hole_penalty=-1.0)
     # The usual sparse reward and compact board by default.
     plain_env, plain = make("frozen_lake")
     assert plain_env.render_text(state, plain) == "__O_\n__G_\nOP__\n____"
