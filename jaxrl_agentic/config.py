@@ -12,8 +12,9 @@ import os
 import ml_collections
 
 SAMPLE_MODES = ("trajectory", "step")
-ADV_ESTIMATORS = ("grpo", "rloo", "reinforce", "reinforce_plus_plus", "gae", "gigpo")
-GROUP_ESTIMATORS = ("grpo", "rloo", "gigpo")
+ADV_ESTIMATORS = ("grpo", "rloo", "reinforce", "reinforce_plus_plus", "gae", "gigpo",
+                  "turn_grpo")
+GROUP_ESTIMATORS = ("grpo", "rloo", "gigpo", "turn_grpo")
 TOKEN_ESTIMATORS = ("reinforce_plus_plus", "gae")
 LOSS_REDUCTIONS = ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean")
 LR_SCHEDULERS = ("constant", "linear", "cosine")

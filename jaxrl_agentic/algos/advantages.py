@@ -14,6 +14,11 @@ Per-step estimator (one scalar per turn):
              A^S = R normalised within its anchor-state group: the turns of the group's
                    episodes whose environment state (before acting) is identical;
                    a singleton anchor group gets A^S = 0.
+    turn_grpo A_{i,t} = (R_{i,t} − mean_g(R)) / (std_g(R) + ε)
+             the same discounted turn returns R, normalised over *all* turns of the
+             group's episodes. Each move is judged by what followed it within ~1/(1−γ_s)
+             turns, not by the whole episode: with shaped per-turn rewards this is a dense,
+             low-variance signal, and no turn is lost to a singleton anchor group.
 
 Token-level estimators (trajectory mode only; per-token values cannot be broadcast onto
 separate step samples, so validation rejects them in step mode):
@@ -31,10 +36,10 @@ from collections.abc import Sequence
 import numpy as np
 
 OUTCOME_ESTIMATORS = ("grpo", "rloo", "reinforce")
-STEP_ESTIMATORS = ("gigpo",)
+STEP_ESTIMATORS = ("gigpo", "turn_grpo")
 TOKEN_ESTIMATORS = ("reinforce_plus_plus", "gae")
 ADV_ESTIMATORS = OUTCOME_ESTIMATORS + STEP_ESTIMATORS + TOKEN_ESTIMATORS
-GROUP_ESTIMATORS = ("grpo", "rloo", "gigpo")  # need group_size ≥ 2 to mean anything
+GROUP_ESTIMATORS = ("grpo", "rloo", "gigpo", "turn_grpo")  # need group_size ≥ 2 to mean anything
 REWARD_NORM_BY = ("group", "tag", "batch")
 
 
@@ -117,6 +122,24 @@ def gigpo(
     for (i, t), a in zip(where, step, strict=True):
         out[i][t] += step_weight * a
     return out
+
+
+def turn_grpo(
+    group_keys,
+    step_rewards: Sequence[np.ndarray],
+    *,
+    step_reward_gamma: float = 0.5,
+    use_std: bool = True,
+    eps: float = 1e-6,
+) -> list[np.ndarray]:
+    """Per-turn advantages [T_i]: discounted turn returns normalised within the group."""
+    returns = [discounted_returns(np.asarray(r), step_reward_gamma) for r in step_rewards]
+    flat_keys = [key for key, ret in zip(group_keys, returns, strict=True) for _ in ret]
+    if not flat_keys:
+        return [np.zeros(0, np.float32) for _ in returns]
+    flat = group_normalize(np.concatenate(returns), flat_keys, use_std=use_std, eps=eps)
+    bounds = np.cumsum([len(r) for r in returns])[:-1]
+    return [a.astype(np.float32) for a in np.split(flat, bounds)]
 
 
 def token_discounted_returns(token_rewards: np.ndarray, mask: np.ndarray, gamma: float):
@@ -224,6 +247,9 @@ def turn_advantages(
             step_weight=gigpo_step_weight,
             use_std=use_std,
         )
+    if adv_estimator == "turn_grpo":
+        return turn_grpo(keys, [np.array([u.reward for u in t.turns]) for t in trajectories],
+                         step_reward_gamma=step_reward_gamma, use_std=use_std)
     if adv_estimator == "grpo":
         per_traj = grpo(scores, keys, use_std=use_std)
     elif adv_estimator == "rloo":

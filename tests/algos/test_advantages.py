@@ -75,6 +75,24 @@ def test_gigpo_anchor_groups_do_not_cross_episode_groups():
     np.testing.assert_allclose(np.concatenate(out), [r, -r, r, -r], atol=1e-4)
 
 
+def test_turn_grpo_normalises_discounted_turn_returns_over_the_group():
+    # Group 0: episode A gets rewards (0.5, 1.5) → returns R = (0.5 + 0.5·1.5, 1.5) =
+    # (1.25, 1.5); episode B falls into a hole at once: R = (−1). The three turns are
+    # normalised together: mean 7/12, unbiased std √(3.791667/2). Group 1 has one turn: 0.
+    out = adv.turn_grpo([0, 0, 1], [np.array([0.5, 1.5]), np.array([-1.0]), np.array([0.5])],
+                        step_reward_gamma=0.5)
+    mean, std = 7 / 12, np.sqrt(((1.25 - 7 / 12) ** 2 + (1.5 - 7 / 12) ** 2
+                                 + (-1 - 7 / 12) ** 2) / 2)
+    np.testing.assert_allclose(out[0], [(1.25 - mean) / std, (1.5 - mean) / std], atol=1e-5)
+    np.testing.assert_allclose(out[1], [(-1 - mean) / std], atol=1e-5)
+    np.testing.assert_allclose(out[2], [0.0])
+    # Unlike an outcome estimator, the two turns of one episode get different values, and a
+    # good first move of a failed episode can still be credited.
+    first_good = adv.turn_grpo([0, 0], [np.array([0.5, -1.0]), np.array([-0.5, -0.5])],
+                               step_reward_gamma=0.0)
+    assert first_good[0][0] > 0 > first_good[0][1]
+
+
 def test_whiten_and_validation():
     out = adv.whiten([np.array([1.0, 3.0, 9.0])], [np.array([1, 1, 0.0])])
     np.testing.assert_allclose(out[0], [-1, 1, 0], atol=1e-5)
