@@ -127,6 +127,9 @@ def default_config() -> ml_collections.ConfigDict:
     # skipped in the scan. Shapes no longer follow episode lengths: no recompilation.
     c.fixed_rows = True
     # generation
+    # Text put at the start of every reply as context (e.g. "<answer>"): the model generates
+    # only what follows, and the environment parses prefix + reply (rollout/conversation.py).
+    c.reply_prefix = ""
     c.generation = ml_collections.ConfigDict(dict(
         temperature=1.0, top_p=1.0, top_k=0, num_return_sequences=1,
     ))

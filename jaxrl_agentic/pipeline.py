@@ -164,7 +164,7 @@ class Pipeline:
         model, tokenizer = load_pretrained(model_dir, dtype=c.dtype, param_dtype=c.param_dtype,
                                            shardings=shardings)
         self.tokenizer = tokenizer
-        self.formatter = ChatFormatter(tokenizer)
+        self.formatter = ChatFormatter(tokenizer, reply_prefix=c.reply_prefix)
         max_new = max(spec.max_tokens_per_step for spec in c.custom_envs.values())
         total = c.max_input_length + max_new + 1
         self.sampler = Sampler(model, tokenizer, max_total_len=-(-total // 64) * 64,

@@ -52,8 +52,9 @@ def stdin_policy(stdin: TextIO, stdout: TextIO) -> Policy:
 
 def model_policy(model_dir: str, stdout: TextIO, *, max_new_tokens: int = 64,
                  temperature: float = 1.0, greedy: bool = False, seed: int = 0,
-                 max_total_len: int = 4096) -> Policy:
-    """A policy where a model replies, over one token-level conversation (prefix reuse)."""
+                 max_total_len: int = 4096, reply_prefix: str = "") -> Policy:
+    """A policy where a model replies, over one token-level conversation (prefix reuse).
+    `reply_prefix`: as in training (the `reply_prefix` config field)."""
     from jaxrl_agentic.models import load_pretrained
     from jaxrl_agentic.models.tiny import default_tiny_model_dir
     from jaxrl_agentic.rollout.conversation import ChatFormatter
@@ -61,7 +62,7 @@ def model_policy(model_dir: str, stdout: TextIO, *, max_new_tokens: int = 64,
 
     model, tokenizer = load_pretrained(default_tiny_model_dir() if model_dir == "tiny"
                                        else model_dir)
-    formatter = ChatFormatter(tokenizer)
+    formatter = ChatFormatter(tokenizer, reply_prefix=reply_prefix)
     session = Sampler(model, tokenizer, max_total_len=max_total_len).new_session(1)
     turn = [0]
 
@@ -139,6 +140,8 @@ def main(argv: list[str] | None = None, stdin: TextIO | None = None,
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--greedy", action="store_true")
+    parser.add_argument("--reply-prefix", default="",
+                        help="text every reply starts with, as the model was trained with")
     args = parser.parse_args(argv)
     try:
         env, params = make(args.env)
@@ -150,7 +153,7 @@ def main(argv: list[str] | None = None, stdin: TextIO | None = None,
         try:
             policy = model_policy(args.model, stdout, max_new_tokens=args.max_new_tokens,
                                   temperature=args.temperature, greedy=args.greedy,
-                                  seed=args.seed)
+                                  seed=args.seed, reply_prefix=args.reply_prefix)
         except CheckpointError as error:
             parser.error(str(error))
     else:

@@ -61,8 +61,7 @@ class _ScriptedSession:
 def random_action_replies(formatter, action_names, seed: int):
     """reply_ids(row) → ids of `<answer>NAME</answer>` + EOS for a random action."""
     rng = random.Random(seed)
-    encoded = [formatter.encode(f"<answer>{name}</answer>") + [formatter.eos_token_id]
-               for name in action_names]
+    encoded = [formatter.reply_ids(f"<answer>{name}</answer>") for name in action_names]
     return lambda row: list(rng.choice(encoded))
 
 
@@ -77,6 +76,7 @@ def warmup_cache_key(base_model_dir: str, c) -> str:
         "max_turns": c.format_warmup.max_turns,
         "max_input_length": c.max_input_length,
         "seed": c.seed,
+        "reply_prefix": c.reply_prefix,
         "version": 1,
     }, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
@@ -97,7 +97,7 @@ def format_warmup(base_model_dir: str, c, out_dir: str, *, log=print) -> dict[st
     from jaxrl_agentic.rollout.loop import GenerationConfig, RolloutRunner
 
     model, tokenizer = load_pretrained(base_model_dir)
-    formatter = ChatFormatter(tokenizer)
+    formatter = ChatFormatter(tokenizer, reply_prefix=c.reply_prefix)
     w = c.format_warmup
     graphdef, params = nnx.split(model)
     learner = Learner(graphdef, params, LearnerConfig(

@@ -15,6 +15,14 @@ rendering a fixed two-message skeleton with and without that message:
 
 which is exact for templates whose rendering of a message does not depend on the content
 of the messages after it (true of Qwen2/Qwen2.5/Qwen3/Llama 3 templates).
+
+`reply_prefix` (e.g. "<answer>") is appended to every generation prompt, so the model's
+reply starts after it, and is put back in front of the reply text before parsing. The
+prefix tokens are context (loss mask 0), not generated tokens: the "assistant prefill" of
+chat APIs. Why it exists: in a contextual bandit through the learner after a format
+warm-up (scripts-free experiment, see the #8 notes), the decision token was learned when it
+was the first generated token (p(right) 0.25 → 0.9 in 100 updates) and not at all when a
+generated open tag preceded it (chance after 150). Trailing generated tokens slowed it too.
 """
 
 from __future__ import annotations
@@ -23,13 +31,15 @@ from __future__ import annotations
 class ChatFormatter:
     """Turns messages into the token ids to append to a conversation stream."""
 
-    def __init__(self, tokenizer, system_prompt: str | None = None):
+    def __init__(self, tokenizer, system_prompt: str | None = None, reply_prefix: str = ""):
         if getattr(tokenizer, "chat_template", None) is None:
             raise ValueError("the tokenizer has no chat_template; multi-turn rollouts need one")
         if tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer has no eos_token; multi-turn rollouts need one")
         self.tokenizer = tokenizer
         self.system_prompt = system_prompt
+        self.reply_prefix = reply_prefix
+        self._prefix_ids = self.encode(reply_prefix) if reply_prefix else []
         self.eos_token_id = int(tokenizer.eos_token_id)
         self._eos_text = tokenizer.eos_token
         skeleton = self._system() + [
@@ -58,7 +68,7 @@ class ChatFormatter:
     def first_prompt(self, user_content: str) -> list[int]:
         """Ids of [system] + first user message + the assistant generation prompt."""
         messages = self._system() + [{"role": "user", "content": user_content}]
-        return self.encode(self._render(messages, generation_prompt=True))
+        return self.encode(self._render(messages, generation_prompt=True)) + self._prefix_ids
 
     def _next_prompt_text(self, user_content: str) -> str:
         full = self._render(
@@ -70,8 +80,17 @@ class ChatFormatter:
 
     def next_prompt(self, user_content: str) -> list[int]:
         """Ids to append after an assistant turn that ended with EOS: template tail + user
-        message + generation prompt."""
-        return self.encode(self._next_prompt_text(user_content))
+        message + generation prompt (+ reply prefix)."""
+        return self.encode(self._next_prompt_text(user_content)) + self._prefix_ids
 
     def decode_reply(self, ids) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        """The reply text as the environment parses it: the prefix, then the generated text."""
+        return self.reply_prefix + self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def reply_ids(self, text: str) -> list[int]:
+        """Ids the model must generate for a full reply `text` (which starts with the prefix)
+        + EOS: the scripted replies of the format warm-up."""
+        if not text.startswith(self.reply_prefix):
+            raise ValueError(f"reply {text!r} does not start with reply_prefix "
+                             f"{self.reply_prefix!r}")
+        return self.encode(text[len(self.reply_prefix):]) + [self.eos_token_id]

@@ -112,3 +112,34 @@ def test_validation_seeds_are_held_out():
     with pytest.raises(ValueError, match="num_groups_partition sums"):
         EnvManagerConfig(num_env_groups=4, group_size=2, tags=("a", "b"),
                          num_groups_partition=(1, 2))
+
+
+def test_reply_prefix_is_context_and_parsed_with_the_reply(setup):
+    """`reply_prefix` ends every generation prompt (so it is context, never a loss token)
+    and is put back in front of the generated text for the environment's parser."""
+    model, tok, formatter, env, params = setup
+    prefixed = ChatFormatter(tok, reply_prefix="<answer>")
+    answer = tok.convert_tokens_to_ids("<answer>")
+    first, nxt = prefixed.first_prompt("hello"), prefixed.next_prompt("again")
+    assert first == formatter.first_prompt("hello") + [answer]
+    assert nxt == formatter.next_prompt("again") + [answer]
+    reply = prefixed.reply_ids("<answer>Left</answer>")
+    assert reply == tok.encode("Left</answer>", add_special_tokens=False) + [tok.eos_token_id]
+    assert env.parse_action(prefixed.decode_reply(reply[:-1])) == env.action_names.index("Left")
+    with pytest.raises(ValueError, match="does not start with reply_prefix"):
+        prefixed.reply_ids("Left")
+    # In a rollout, every turn's context ends with the prefix and the reply parses.
+    state = env.reset(jax.random.PRNGKey(0), params)[1]
+    first_len = len(prefixed.first_prompt(first_message(env, state, params)))
+    sampler = Sampler(model, tok, max_total_len=first_len + 3 * 32 + MAX_NEW + 1)
+    runner = RolloutRunner(env, params, sampler, prefixed, tag="lake", max_turns=3,
+                           max_input_length=first_len + 3 * 32,
+                           generation=GenerationConfig(max_tokens_per_step=MAX_NEW))
+    manager = EnvManagerConfig(num_env_groups=2, group_size=1, tags=("lake",))
+    trajs = runner.run(plan_episodes(manager, split="train", cursor=0)["lake"], sample_seed=0)
+    assert any(traj.turns for traj in trajs)
+    for traj in trajs:
+        for turn in traj.turns:
+            assert traj.tokens[turn.context_len - 1] == answer
+            assert traj.loss_mask()[turn.context_len - 1] == 0
+            assert turn.reply.startswith("<answer>")
