@@ -130,6 +130,7 @@ def default_config() -> ml_collections.ConfigDict:
     # Text put at the start of every reply as context (e.g. "<answer>"): the model generates
     # only what follows, and the environment parses prefix + reply (rollout/conversation.py).
     c.reply_prefix = ""
+    c.reply_suffix = ""  # appended to the reply text for the parser only (not in the stream)
     c.generation = ml_collections.ConfigDict(dict(
         temperature=1.0, top_p=1.0, top_k=0, num_return_sequences=1,
     ))

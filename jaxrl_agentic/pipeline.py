@@ -164,7 +164,8 @@ class Pipeline:
         model, tokenizer = load_pretrained(model_dir, dtype=c.dtype, param_dtype=c.param_dtype,
                                            shardings=shardings)
         self.tokenizer = tokenizer
-        self.formatter = ChatFormatter(tokenizer, reply_prefix=c.reply_prefix)
+        self.formatter = ChatFormatter(tokenizer, reply_prefix=c.reply_prefix,
+                                       reply_suffix=c.reply_suffix)
         max_new = max(spec.max_tokens_per_step for spec in c.custom_envs.values())
         total = c.max_input_length + max_new + 1
         self.sampler = Sampler(model, tokenizer, max_total_len=-(-total // 64) * 64,

@@ -52,9 +52,10 @@ def stdin_policy(stdin: TextIO, stdout: TextIO) -> Policy:
 
 def model_policy(model_dir: str, stdout: TextIO, *, max_new_tokens: int = 64,
                  temperature: float = 1.0, greedy: bool = False, seed: int = 0,
-                 max_total_len: int = 4096, reply_prefix: str = "") -> Policy:
+                 max_total_len: int = 4096, reply_prefix: str = "",
+                 reply_suffix: str = "") -> Policy:
     """A policy where a model replies, over one token-level conversation (prefix reuse).
-    `reply_prefix`: as in training (the `reply_prefix` config field)."""
+    `reply_prefix`, `reply_suffix`: as in training (the config fields of those names)."""
     from jaxrl_agentic.models import load_pretrained
     from jaxrl_agentic.models.tiny import default_tiny_model_dir
     from jaxrl_agentic.rollout.conversation import ChatFormatter
@@ -62,7 +63,7 @@ def model_policy(model_dir: str, stdout: TextIO, *, max_new_tokens: int = 64,
 
     model, tokenizer = load_pretrained(default_tiny_model_dir() if model_dir == "tiny"
                                        else model_dir)
-    formatter = ChatFormatter(tokenizer, reply_prefix=reply_prefix)
+    formatter = ChatFormatter(tokenizer, reply_prefix=reply_prefix, reply_suffix=reply_suffix)
     session = Sampler(model, tokenizer, max_total_len=max_total_len).new_session(1)
     turn = [0]
 
@@ -142,6 +143,8 @@ def main(argv: list[str] | None = None, stdin: TextIO | None = None,
     parser.add_argument("--greedy", action="store_true")
     parser.add_argument("--reply-prefix", default="",
                         help="text every reply starts with, as the model was trained with")
+    parser.add_argument("--reply-suffix", default="",
+                        help="text appended to every reply for the parser, as in training")
     args = parser.parse_args(argv)
     try:
         env, params = make(args.env)
@@ -153,7 +156,8 @@ def main(argv: list[str] | None = None, stdin: TextIO | None = None,
         try:
             policy = model_policy(args.model, stdout, max_new_tokens=args.max_new_tokens,
                                   temperature=args.temperature, greedy=args.greedy,
-                                  seed=args.seed, reply_prefix=args.reply_prefix)
+                                  seed=args.seed, reply_prefix=args.reply_prefix,
+                                  reply_suffix=args.reply_suffix)
         except CheckpointError as error:
             parser.error(str(error))
     else:

@@ -48,13 +48,17 @@ class _ScriptedSession:
     def extend(self, rows, new_ids) -> None:
         del rows, new_ids  # the scripted policy does not read its context
 
-    def generate(self, rows, **kwargs) -> GenerationResult:
+    def generate(self, rows, *, max_new_tokens: int, **kwargs) -> GenerationResult:
         del kwargs
-        tokens = [self.sampler.reply_ids(row) for row in rows]
+        # Cut to the generation limit as the sampler would: the rollout then closes the
+        # reply with an EOS of its own (loss mask 0), exactly as in RL.
+        full = [self.sampler.reply_ids(row) for row in rows]
+        tokens = [ids[:max_new_tokens] for ids in full]
         return GenerationResult(
             tokens=tokens,
             logprobs=[np.zeros(len(t), np.float32) for t in tokens],
-            stop_reasons=["eos"] * len(tokens),
+            stop_reasons=["eos" if len(t) == len(f) else "length"
+                          for t, f in zip(tokens, full, strict=True)],
         )
 
 
@@ -77,6 +81,7 @@ def warmup_cache_key(base_model_dir: str, c) -> str:
         "max_input_length": c.max_input_length,
         "seed": c.seed,
         "reply_prefix": c.reply_prefix,
+        "reply_suffix": c.reply_suffix,
         "version": 1,
     }, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
@@ -97,7 +102,8 @@ def format_warmup(base_model_dir: str, c, out_dir: str, *, log=print) -> dict[st
     from jaxrl_agentic.rollout.loop import GenerationConfig, RolloutRunner
 
     model, tokenizer = load_pretrained(base_model_dir)
-    formatter = ChatFormatter(tokenizer, reply_prefix=c.reply_prefix)
+    formatter = ChatFormatter(tokenizer, reply_prefix=c.reply_prefix,
+                              reply_suffix=c.reply_suffix)
     w = c.format_warmup
     graphdef, params = nnx.split(model)
     learner = Learner(graphdef, params, LearnerConfig(

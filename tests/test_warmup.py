@@ -45,6 +45,25 @@ def test_scripted_replies_are_valid_actions_in_real_streams(tiny_model_dir):
     assert len(names) > 1  # random actions, not one fixed reply
 
 
+def test_scripted_replies_with_prefix_suffix_and_one_new_token(tiny_model_dir):
+    """With reply_prefix/suffix and max_tokens_per_step=1 the scripted reply is the action
+    token alone, closed by the rollout's own EOS (loss mask 0), exactly as RL replies are."""
+    _, tok = load_pretrained(tiny_model_dir)
+    formatter = ChatFormatter(tok, reply_prefix="<answer>", reply_suffix="</answer>")
+    env, params = make("frozen_lake")
+    sampler = warmup.ScriptedSampler(
+        warmup.random_action_replies(formatter, env.action_names, seed=0), max_total_len=600)
+    runner = RolloutRunner(env, params, sampler, formatter, tag="fl", max_turns=3,
+                           max_input_length=512, generation=GenerationConfig(1))
+    trajs = runner.run([EpisodeSpec(seed=s, group_id=s, member=0) for s in range(4)],
+                       sample_seed=0)
+    for t in trajs:
+        for u in t.turns:
+            assert u.action_is_valid and u.eos_appended and len(u.generated) == 1
+            assert tok.decode(u.generated) == env.action_names[u.action]
+        assert t.loss_mask().sum() == len(t.turns)
+
+
 def test_warmup_lowers_reply_nll(tiny_model_dir, tmp_path):
     metrics = warmup.format_warmup(tiny_model_dir, small_config(steps=6), str(tmp_path / "m"))
     assert metrics["warmup/nll"] < 0.8 * metrics["warmup/nll_first"]

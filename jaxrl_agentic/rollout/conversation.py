@@ -23,6 +23,9 @@ chat APIs. Why it exists: in a contextual bandit through the learner after a for
 warm-up (scripts-free experiment, see the #8 notes), the decision token was learned when it
 was the first generated token (p(right) 0.25 → 0.9 in 100 updates) and not at all when a
 generated open tag preceded it (chance after 150). Trailing generated tokens slowed it too.
+`reply_suffix` (e.g. "</answer>") is appended to the reply text for the parser only; it is
+not put in the stream. With both and `max_tokens_per_step=1` the model generates exactly the
+action token, and the code closes the turn with EOS (loss mask 0).
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from __future__ import annotations
 class ChatFormatter:
     """Turns messages into the token ids to append to a conversation stream."""
 
-    def __init__(self, tokenizer, system_prompt: str | None = None, reply_prefix: str = ""):
+    def __init__(self, tokenizer, system_prompt: str | None = None, reply_prefix: str = "",
+                 reply_suffix: str = ""):
         if getattr(tokenizer, "chat_template", None) is None:
             raise ValueError("the tokenizer has no chat_template; multi-turn rollouts need one")
         if tokenizer.eos_token_id is None:
@@ -39,6 +43,7 @@ class ChatFormatter:
         self.tokenizer = tokenizer
         self.system_prompt = system_prompt
         self.reply_prefix = reply_prefix
+        self.reply_suffix = reply_suffix
         self._prefix_ids = self.encode(reply_prefix) if reply_prefix else []
         self.eos_token_id = int(tokenizer.eos_token_id)
         self._eos_text = tokenizer.eos_token
@@ -84,13 +89,16 @@ class ChatFormatter:
         return self.encode(self._next_prompt_text(user_content)) + self._prefix_ids
 
     def decode_reply(self, ids) -> str:
-        """The reply text as the environment parses it: the prefix, then the generated text."""
-        return self.reply_prefix + self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        """The reply text as the environment parses it: prefix + generated text + suffix."""
+        text = self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        return self.reply_prefix + text + self.reply_suffix
 
     def reply_ids(self, text: str) -> list[int]:
-        """Ids the model must generate for a full reply `text` (which starts with the prefix)
-        + EOS: the scripted replies of the format warm-up."""
-        if not text.startswith(self.reply_prefix):
+        """Ids the model must generate for a full reply `text` (prefix + body + suffix), then
+        EOS: the scripted replies of the format warm-up."""
+        if not (text.startswith(self.reply_prefix) and text.endswith(self.reply_suffix)):
             raise ValueError(f"reply {text!r} does not start with reply_prefix "
-                             f"{self.reply_prefix!r}")
-        return self.encode(text[len(self.reply_prefix):]) + [self.eos_token_id]
+                             f"{self.reply_prefix!r} and end with reply_suffix "
+                             f"{self.reply_suffix!r}")
+        body = text[len(self.reply_prefix):len(text) - len(self.reply_suffix)]
+        return self.encode(body) + [self.eos_token_id]

@@ -116,7 +116,8 @@ def test_validation_seeds_are_held_out():
 
 def test_reply_prefix_is_context_and_parsed_with_the_reply(setup):
     """`reply_prefix` ends every generation prompt (so it is context, never a loss token)
-    and is put back in front of the generated text for the environment's parser."""
+    and is put back in front of the generated text for the environment's parser;
+    `reply_suffix` is appended for the parser only."""
     model, tok, formatter, env, params = setup
     prefixed = ChatFormatter(tok, reply_prefix="<answer>")
     answer = tok.convert_tokens_to_ids("<answer>")
@@ -128,6 +129,12 @@ def test_reply_prefix_is_context_and_parsed_with_the_reply(setup):
     assert env.parse_action(prefixed.decode_reply(reply[:-1])) == env.action_names.index("Left")
     with pytest.raises(ValueError, match="does not start with reply_prefix"):
         prefixed.reply_ids("Left")
+    # reply_suffix: for the parser only, never in the stream.
+    both = ChatFormatter(tok, reply_prefix="<answer>", reply_suffix="</answer>")
+    left = both.reply_ids("<answer>Left</answer>")
+    assert left == tok.encode("Left", add_special_tokens=False) + [tok.eos_token_id]
+    assert both.decode_reply(left[:-1]) == "<answer>Left</answer>"
+    assert env.parse_action(both.decode_reply(left[:-1])) == env.action_names.index("Left")
     # In a rollout, every turn's context ends with the prefix and the reply parses.
     state = env.reset(jax.random.PRNGKey(0), params)[1]
     first_len = len(prefixed.first_prompt(first_message(env, state, params)))
