@@ -29,8 +29,11 @@ ATOL = 1e-5
 
 def small_overrides(out: str) -> list[str]:
     """2 pipeline steps of the default recipe at tiny sizes. The tiny model without its
-    warm-up never writes a valid action, so all returns (and advantages) are equal: the
-    entropy bonus gives the updates a non-zero gradient to compare."""
+    warm-up never writes a valid `<answer>…</answer>` reply (the recipe's reply prefix is
+    switched off here), so all returns (and, with episode-level GRPO instead of the
+    recipe's turn_grpo, all advantages) are equal: the entropy bonus gives the updates a
+    small non-zero gradient to compare. With large advantages, Adam's normalised steps turn
+    the shards' different summation order into parameter differences above 1e-5."""
     return [
         f"--config={os.path.join(ROOT, 'configs', 'frozen_lake.py')}",
         f"--config.output_dir={out}",
@@ -51,6 +54,9 @@ def small_overrides(out: str) -> list[str]:
         "--config.entropy_loss_coef=0.01",
         "--config.warmup_steps=0",
         "--config.learning_rate=1e-3",
+        "--config.reply_prefix=",
+        "--config.reply_suffix=",
+        "--config.adv_estimator=grpo",
     ]
 
 
