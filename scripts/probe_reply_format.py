@@ -1,0 +1,123 @@
+"""Does a generated format token around the decision slow policy-gradient learning? (#8)
+
+A contextual bandit through the real `Learner`: the prompt is [BOS, X, six random tokens],
+X ∈ {2..5}; the reply follows a pattern of generated tokens, e.g. `oyce` = [OPEN, y, CLOSE,
+EOS]; reward 1 iff the format tokens are right and y = X + 4, −1 for a broken format, else 0;
+advantages (r − mean)/std over the batch of 64. First a format warm-up (supervised on random
+y, as `jaxrl_agentic.warmup` does), then PPO updates on replies sampled from the model.
+
+    python scripts/probe_reply_format.py --patterns y,oy,yc,ye,yce,oyce
+
+prints one JSON line: for each pattern, the fraction of right replies after each
+`--report-every` updates (chance is 0.25 once the format is learned).
+"""
+
+import argparse
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrl_agentic.data import Sample
+from jaxrl_agentic.learner import Learner, LearnerConfig
+from jaxrl_agentic.models.config import ModelConfig
+from jaxrl_agentic.models.transformer import Transformer
+from jaxrl_agentic.parallel import make_mesh
+
+VOCAB, OPEN, CLOSE, EOS, BATCH = 32, 20, 21, 22, 64
+FORMAT = {"o": OPEN, "c": CLOSE, "e": EOS}
+
+
+def run_pattern(pattern: str, *, updates: int, warmup_steps: int, lr: float, seed: int,
+                report_every: int) -> list[float]:
+    cfg = ModelConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=16)
+    graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(seed)))
+    mesh = make_mesh(devices=jax.local_devices())
+    common = dict(mini_batch_size=BATCH, micro_batch_max_tokens=2048, sequence_length=64,
+                  max_grad_norm=1.0, seed=seed)
+    rng = np.random.default_rng(seed)
+
+    @jax.jit
+    def next_logprobs(params, tokens):
+        positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+        logits = nnx.merge(graphdef, params)(tokens, positions)[:, -1]
+        return jax.nn.log_softmax(logits.astype(jnp.float32))
+
+    def prompts():
+        x = rng.integers(2, 6, BATCH)
+        return x, np.concatenate([np.ones((BATCH, 1), int), x[:, None],
+                                  rng.integers(23, VOCAB, (BATCH, 6))], axis=1)
+
+    def sample(prompt, reply, logprobs, advantage):
+        tokens = np.concatenate([prompt, reply]).astype(np.int32)
+        mask = np.zeros(len(tokens), np.float32)
+        mask[len(prompt):] = 1.0
+        old = np.zeros(len(tokens), np.float32)
+        old[len(prompt):] = logprobs
+        return Sample(tokens=tokens, loss_mask=mask, old_logprobs=old,
+                      advantages=mask * advantage, traj_id=0)
+
+    warm = Learner(graphdef, params, LearnerConfig(learning_rate=2e-3,
+                                                   recompute_old_logprobs=True, **common), mesh)
+    for _ in range(warmup_steps):
+        _, p = prompts()
+        ys = rng.integers(6, 10, BATCH)
+        warm.step([sample(p[i], [FORMAT.get(ch, ys[i]) for ch in pattern],
+                          np.zeros(len(pattern)), 1.0) for i in range(BATCH)], [2e-3])
+    learner = Learner(graphdef, warm.params, LearnerConfig(learning_rate=lr, **common), mesh)
+    right_fraction = []
+    for update in range(updates):
+        x, seq = prompts()
+        logprobs = np.zeros((BATCH, len(pattern)))
+        for k in range(len(pattern)):
+            lp = np.asarray(next_logprobs(learner.params, jnp.asarray(seq)), np.float64)
+            probs = np.exp(lp) / np.exp(lp).sum(axis=1, keepdims=True)
+            tokens = np.array([rng.choice(VOCAB, p=p) for p in probs])
+            logprobs[:, k] = lp[np.arange(BATCH), tokens]
+            seq = np.concatenate([seq, tokens[:, None]], axis=1)
+        reply = seq[:, -len(pattern):]
+        valid = np.ones(BATCH, bool)
+        for k, ch in enumerate(pattern):
+            if ch in FORMAT:
+                valid &= reply[:, k] == FORMAT[ch]
+        right = valid & (reply[:, pattern.index("y")] == x + 4)
+        reward = np.where(valid, right.astype(np.float64), -1.0)
+        advantage = (reward - reward.mean()) / (reward.std() + 1e-6)
+        learner.step([sample(seq[i, :-len(pattern)], reply[i], logprobs[i], advantage[i])
+                      for i in range(BATCH)], [lr])
+        if (update + 1) % report_every == 0:
+            right_fraction.append(round(float(right.mean()), 3))
+    return right_fraction
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--patterns", default="y,oy,yc,ye,yce,oyce")
+    parser.add_argument("--updates", type=int, default=150)
+    parser.add_argument("--warmup-steps", type=int, default=100)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--report-every", type=int, default=30)
+    args = parser.parse_args()
+    start = time.perf_counter()
+    out = {}
+    for pattern in args.patterns.split(","):
+        if pattern.count("y") != 1 or set(pattern) - set("yoce"):
+            parser.error(f"pattern {pattern!r}: one 'y' and any of 'o', 'c', 'e'")
+        out[pattern] = run_pattern(pattern, updates=args.updates,
+                                   warmup_steps=args.warmup_steps, lr=args.lr,
+                                   seed=args.seed, report_every=args.report_every)
+    print(json.dumps({f"right_fraction_every_{args.report_every}_updates": out,
+                      "updates": args.updates, "warmup_steps": args.warmup_steps,
+                      "lr": args.lr, "seed": args.seed,
+                      "seconds": round(time.perf_counter() - start, 1)}))
+
+
+if __name__ == "__main__":
+    main()
