@@ -25,16 +25,23 @@ def small_config(steps: int):
     return c
 
 
-def test_scripted_replies_are_valid_actions_in_real_streams(tiny_model_dir):
+def scripted_rollout(tiny_model_dir, max_new_tokens: int, **formatter_kwargs):
+    """(tokenizer, formatter, env, trajectories) of 4 FrozenLake episodes played by the
+    warm-up's scripted random-action replies through the real rollout loop."""
     _, tok = load_pretrained(tiny_model_dir)
-    formatter = ChatFormatter(tok)
+    formatter = ChatFormatter(tok, **formatter_kwargs)
     env, params = make("frozen_lake")
     sampler = warmup.ScriptedSampler(
         warmup.random_action_replies(formatter, env.action_names, seed=0), max_total_len=600)
     runner = RolloutRunner(env, params, sampler, formatter, tag="fl", max_turns=3,
-                           max_input_length=512, generation=GenerationConfig(8))
+                           max_input_length=512, generation=GenerationConfig(max_new_tokens))
     trajs = runner.run([EpisodeSpec(seed=s, group_id=s, member=0) for s in range(4)],
                        sample_seed=0)
+    return tok, formatter, env, trajs
+
+
+def test_scripted_replies_are_valid_actions_in_real_streams(tiny_model_dir):
+    _, formatter, env, trajs = scripted_rollout(tiny_model_dir, 8)
     names = set()
     for t in trajs:
         for u in t.turns:
@@ -48,15 +55,8 @@ def test_scripted_replies_are_valid_actions_in_real_streams(tiny_model_dir):
 def test_scripted_replies_with_prefix_suffix_and_one_new_token(tiny_model_dir):
     """With reply_prefix/suffix and max_tokens_per_step=1 the scripted reply is the action
     token alone, closed by the rollout's own EOS (loss mask 0), exactly as RL replies are."""
-    _, tok = load_pretrained(tiny_model_dir)
-    formatter = ChatFormatter(tok, reply_prefix="<answer>", reply_suffix="</answer>")
-    env, params = make("frozen_lake")
-    sampler = warmup.ScriptedSampler(
-        warmup.random_action_replies(formatter, env.action_names, seed=0), max_total_len=600)
-    runner = RolloutRunner(env, params, sampler, formatter, tag="fl", max_turns=3,
-                           max_input_length=512, generation=GenerationConfig(1))
-    trajs = runner.run([EpisodeSpec(seed=s, group_id=s, member=0) for s in range(4)],
-                       sample_seed=0)
+    tok, _, env, trajs = scripted_rollout(tiny_model_dir, 1, reply_prefix="<answer>",
+                                          reply_suffix="</answer>")
     for t in trajs:
         for u in t.turns:
             assert u.action_is_valid and u.eos_appended and len(u.generated) == 1
