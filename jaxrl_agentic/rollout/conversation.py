@@ -20,7 +20,7 @@ of the messages after it (true of Qwen2/Qwen2.5/Qwen3/Llama 3 templates).
 reply starts after it, and is put back in front of the reply text before parsing. The
 prefix tokens are context (loss mask 0), not generated tokens: the "assistant prefill" of
 chat APIs. Why it exists: in a contextual bandit through the learner after a format
-warm-up (scripts-free experiment, see the #8 notes), the decision token was learned when it
+warm-up (`scripts/probe_reply_format.py`), the decision token was learned when it
 was the first generated token (p(right) 0.25 → 0.9 in 100 updates) and not at all when a
 generated open tag preceded it (chance after 150). Trailing generated tokens slowed it too.
 `reply_suffix` (e.g. "</answer>") is appended to the reply text for the parser only; it is
