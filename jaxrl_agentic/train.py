@@ -40,10 +40,41 @@ def parse_config(argv: list[str]):
     except Exception as e:  # absl/ml_collections wrap every problem; keep it to one line
         lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
         message = lines[0] if len(lines) == 1 else f"{lines[0]}: {lines[-1]}"
-        raise ConfigError(message) from None
+        # An override of a field that does not exist fails with a bare KeyError ("'name'"):
+        # name the whole path and what is there instead.
+        raise ConfigError(_unknown_override(argv) or message) from None
     if config is None:
         raise ConfigError("--config is required, e.g. --config configs/frozen_lake.py")
     return config
+
+
+def _unknown_override(argv: list[str]) -> str | None:
+    """The first `--config.a.b=v` whose path does not exist in the recipe, as one line."""
+    import difflib
+
+    overrides = [a for a in argv[1:] if a.startswith("--config.")]
+    if not overrides:
+        return None
+    try:
+        config = parse_config([a for a in argv if a not in overrides])
+    except ConfigError:
+        return None
+    for arg in overrides:
+        node, path = config, "config"
+        for part in arg[len("--config."):].split("=", 1)[0].split("."):
+            if not hasattr(node, "keys"):
+                break
+            if part not in node:
+                keys = sorted(node.keys())
+                close = difflib.get_close_matches(part, keys, n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                extra = (" (an env_config holds only the keys its recipe sets: add the key "
+                         "to the recipe's env_spec to override it)"
+                         if path.endswith(".env_config") else "")
+                return (f"{path}.{part}: no such field; {hint}{path} has: {', '.join(keys)}"
+                        f"{extra}")
+            node, path = node[part], f"{path}.{part}"
+    return None
 
 
 def sample_episode_text(formatter, traj, max_chars: int = 4000) -> str:
