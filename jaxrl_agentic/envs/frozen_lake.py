@@ -89,6 +89,7 @@ class FrozenLakeParams(TextEnvParams):
     hint_style: str = struct.field(pytree_node=False, default="full")
     progress_reward: float = 0.0
     hole_penalty: float = 0.0
+    bump_penalty: float = 0.0
     brief_instructions: bool = struct.field(pytree_node=False, default=False)
 
 
@@ -147,8 +148,9 @@ class FrozenLake(TextEnvironment):
             raise ValueError(f"size must be >= 2 (start and goal differ), got {params.size}")
         if not 0.0 < float(params.p_frozen) <= 1.0:
             raise ValueError(f"p_frozen must be in (0, 1], got {params.p_frozen}")
-        if not float(params.hole_penalty) >= 0.0:
-            raise ValueError(f"hole_penalty must be >= 0, got {params.hole_penalty}")
+        for name in ("hole_penalty", "bump_penalty"):
+            if not float(getattr(params, name)) >= 0.0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(params, name)}")
         if params.hint_style not in HINT_STYLES:
             raise ValueError(f"hint_style must be one of {HINT_STYLES}, got {params.hint_style!r}")
 
@@ -166,8 +168,9 @@ class FrozenLake(TextEnvironment):
         at_goal = tile == GOAL
         goal = jnp.argwhere(state.grid == GOAL, size=1)[0]
         progress = (jnp.abs(state.position - goal).sum() - jnp.abs(position - goal).sum())
+        bumped = jnp.all(position == state.position)
         reward = (at_goal.astype(jnp.float32) + params.progress_reward * progress
-                  - params.hole_penalty * (tile == HOLE))
+                  - params.hole_penalty * (tile == HOLE) - params.bump_penalty * bumped)
         terminated = at_goal | (tile == HOLE)
         return state.replace(position=position), reward, terminated, at_goal
 

@@ -93,6 +93,15 @@ def test_spaced_cells_hints_and_progress_reward():
     assert float(step(key, state, UP, penalised)[2]) == 0.25
     with pytest.raises(ValueError, match="hole_penalty must be >= 0"):
         make("frozen_lake", hole_penalty=-1.0)
+    # bump_penalty: from (3, 3) Down and Right walk into the edge and leave the player in
+    # place (progress 0); only those moves pay it.
+    bumping = params.replace(bump_penalty=0.5)
+    corner = hand_state((3, 3))
+    for action, reward in {DOWN: -0.5, RIGHT: -0.5, UP: 0.25, LEFT: 0.25}.items():
+        assert float(step(key, corner, action, bumping)[2]) == reward, env.action_names[action]
+    assert float(step(key, corner, DOWN, params)[2]) == 0.0
+    with pytest.raises(ValueError, match="bump_penalty must be >= 0"):
+        make("frozen_lake", bump_penalty=-0.1)
     # The usual sparse reward and compact board by default.
     plain_env, plain = make("frozen_lake")
     assert plain_env.render_text(state, plain) == "__O_\n__G_\nOP__\n____"
