@@ -31,20 +31,30 @@ def get_config():
     c.warmup_steps = 5
     c.min_lr_ratio = 0.1
     c.mini_batch_size = 16
-    # Attention is dense within a packed row, so shorter rows cost less per real token.
-    c.max_input_length = 768
-    c.sequence_length = 800
-    c.micro_batch_max_tokens = 1024
+    # A KL penalty towards the warmed model (≈ uniform over the four actions) keeps the
+    # policy from turning deterministic at ~0.6 success, after which a group's eight
+    # episodes all agree and its advantages vanish (late entropy ~0.1 instead of 0.02).
+    c.init_kl_coef = 0.05
+    # Attention is dense within a packed row, so shorter rows cost less per real token
+    # (512-token rows: ~25% less train time per token than 1024). A 6-turn episode is
+    # under 400 tokens.
+    c.max_input_length = 480
+    c.sequence_length = 512
+    c.micro_batch_max_tokens = 512
     c.generation.temperature = 1.0
     # Teach the reply format first (random valid actions), so RL teaches the policy.
     c.format_warmup.steps = 40
     c.format_warmup.learning_rate = 2e-3
     # Shaped rewards: ±0.5 per step towards/away from the goal, −1 for a hole or an invalid
-    # reply; success is still only reaching the goal. Short hints: docs/environments.md.
+    # reply, −0.5 for walking into the edge (without it, shaping paid a blocked player more
+    # for waiting against the edge than for a detour: 30 of 39 eval failures were such
+    # timeouts); success is still only reaching the goal. Short hints: docs/environments.md.
     c.custom_envs = {"frozen_lake": env_spec("frozen_lake", max_turns=6, max_tokens_per_step=1,
                                              format_penalty=1.0, cell_separator=" ", hints=True,
                                              hint_style="short", progress_reward=0.5,
-                                             hole_penalty=1.0, brief_instructions=True)}
+                                             hole_penalty=1.0, bump_penalty=0.5,
+                                             brief_instructions=True)}
     c.train_env_manager = env_manager(num_env_groups=8, group_size=8, tags=("frozen_lake",))
-    c.val_env_manager = env_manager(num_env_groups=32, group_size=1, tags=("frozen_lake",))
+    # 64 held-out maps: the standard error of eval/success near 0.75 is 0.054 (0.077 at 32).
+    c.val_env_manager = env_manager(num_env_groups=64, group_size=1, tags=("frozen_lake",))
     return c
