@@ -1,0 +1,80 @@
+"""Where a FrozenLake policy goes wrong: its greedy moves on held-out maps, by situation.
+
+    python scripts/frozen_lake_decisions.py --checkpoint RUN/checkpoints/150 \
+        [--config configs/frozen_lake.py] [--config.<key>=<value> ...] [--maps 256]
+
+Runs the checkpoint's greedy eval (`val_env_manager`, with `--maps` groups) and reads each
+turn's short hint (`hint_style="short"`: "Goal: Up Right. Holes: left.") to sort the turns:
+
+- `no_holes`: no neighbouring hole; right = a move towards the goal.
+- `safe_goal_dir`: a neighbouring hole, but some move towards the goal is safe; right = one
+  of those.
+- `all_goal_dirs_holes`: every move towards the goal is a hole; right = any non-hole move.
+
+Prints one JSON line: the eval metrics and, per situation, the number of turns and the
+fractions right / into a hole / other (e.g. away from the goal, or into the edge).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import re
+
+ACTIONS = ("Left", "Down", "Right", "Up")
+
+
+def classify(hint: str, action: str) -> tuple[str, str]:
+    """(situation, outcome) of one move, from the short hint line it was chosen on."""
+    goal_part, _, holes_part = hint.partition("Holes:")
+    goal = [a for a in ACTIONS if a in goal_part]
+    holes = [a for a in ACTIONS if a.lower() in holes_part]
+    safe_goal = [a for a in goal if a not in holes]
+    if not holes:
+        situation = "no_holes"
+    else:
+        situation = "safe_goal_dir" if safe_goal else "all_goal_dirs_holes"
+    right = action in safe_goal if safe_goal else action not in holes
+    return situation, "right" if right else ("hole" if action in holes else "other")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--config", default="configs/frozen_lake.py")
+    parser.add_argument("--maps", type=int, default=256)
+    args, overrides = parser.parse_known_args()
+
+    from jaxrl_agentic.config import validate
+    from jaxrl_agentic.run_loading import restore_pipeline
+    from jaxrl_agentic.train import parse_config
+
+    c = parse_config(["decisions", f"--config={args.config}", *overrides,
+                      f"--config.val_env_manager.num_env_groups={args.maps}"])
+    validate(c)
+    pipeline = restore_pipeline(c, args.checkpoint)
+    metrics, trajs = pipeline.evaluate()
+    decode = pipeline.formatter.tokenizer.decode
+    counts = collections.defaultdict(collections.Counter)
+    for traj in trajs:
+        for turn in traj.turns:
+            hints = re.findall(r"Goal:[^\n<]*", decode(traj.tokens[: turn.context_len]))
+            if not hints:
+                raise SystemExit("no short hint in the prompt: needs hints=True, "
+                                 "hint_style='short'")
+            action = ACTIONS[turn.action] if turn.action >= 0 else "invalid"
+            situation, outcome = classify(hints[-1], action)
+            counts[situation][outcome] += 1
+    by_situation = {
+        name: {"turns": sum(c.values()),
+               **{k: round(v / sum(c.values()), 3) for k, v in sorted(c.items())}}
+        for name, c in sorted(counts.items())
+    }
+    print(json.dumps({"step": pipeline.step, "maps": args.maps,
+                      **{k: round(v, 4) for k, v in metrics.items()},
+                      "decisions": by_situation}))
+
+
+if __name__ == "__main__":
+    main()
