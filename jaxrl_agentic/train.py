@@ -42,25 +42,29 @@ def parse_config(argv: list[str]):
         message = lines[0] if len(lines) == 1 else f"{lines[0]}: {lines[-1]}"
         # An override of a field that does not exist fails with a bare KeyError ("'name'"):
         # name the whole path and what is there instead.
-        raise ConfigError(_unknown_override(argv) or message) from None
+        _check_override_paths(argv)
+        raise ConfigError(message) from None
     if config is None:
         raise ConfigError("--config is required, e.g. --config configs/frozen_lake.py")
     return config
 
 
-def _unknown_override(argv: list[str]) -> str | None:
-    """The first `--config.a.b=v` whose path does not exist in the recipe, as one line."""
+def _check_override_paths(argv: list[str]) -> None:
+    """Fails (config._fail's one line) on the first `--config.a.b=v` whose path the recipe
+    does not have."""
     import difflib
+
+    from jaxrl_agentic.config import _fail
 
     overrides = [a for a in argv[1:] if a.startswith("--config.")]
     if not overrides:
-        return None
+        return
     try:
         config = parse_config([a for a in argv if a not in overrides])
     except ConfigError:
-        return None
+        return
     for arg in overrides:
-        node, path = config, "config"
+        node, path = config, []
         for part in arg[len("--config."):].split("=", 1)[0].split("."):
             if not hasattr(node, "keys"):
                 break
@@ -70,11 +74,10 @@ def _unknown_override(argv: list[str]) -> str | None:
                 hint = f"did you mean {close[0]!r}? " if close else ""
                 extra = (" (an env_config holds only the keys its recipe sets: add the key "
                          "to the recipe's env_spec to override it)"
-                         if path.endswith(".env_config") else "")
-                return (f"{path}.{part}: no such field; {hint}{path} has: {', '.join(keys)}"
-                        f"{extra}")
-            node, path = node[part], f"{path}.{part}"
-    return None
+                         if path[-1:] == ["env_config"] else "")
+                _fail(".".join(path + [part]),
+                      f"unknown field; {hint}allowed: {', '.join(keys)}{extra}")
+            node, path = node[part], path + [part]
 
 
 def sample_episode_text(formatter, traj, max_chars: int = 4000) -> str:

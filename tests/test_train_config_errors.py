@@ -8,11 +8,11 @@ RECIPE = "configs/frozen_lake.py"
 
 CASES = [
     # (overrides, expected fragment of the one-line error)
-    (["--config.no_such_field=1"], "config.no_such_field: no such field; config has: "),
+    (["--config.no_such_field=1"], "config.no_such_field: unknown field; allowed: adv_estimator, "),
     (["--config.generation.temprature=0.5"],
-     "config.generation.temprature: no such field; did you mean 'temperature'?"),
+     "config.generation.temprature: unknown field; did you mean 'temperature'? allowed: "),
     (["--config.custom_envs.frozen_lake.env_config.slippery=True"],
-     "config.custom_envs.frozen_lake.env_config.slippery: no such field; "),
+     "config.custom_envs.frozen_lake.env_config.slippery: unknown field; allowed: "),
     (["--config.max_steps=abc"], "max_steps"),
     (["--config.adv_estimator=ppo"], "config.adv_estimator: 'ppo' is not allowed"),
     (["--config.sample_mode=turn"], "config.sample_mode: 'turn' is not allowed"),
