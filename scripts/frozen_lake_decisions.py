@@ -12,7 +12,10 @@ turn's short hint (`hint_style="short"`: "Goal: Up Right. Holes: left.") to sort
 - `all_goal_dirs_holes`: every move towards the goal is a hole; right = any non-hole move.
 
 Prints one JSON line: the eval metrics and, per situation, the number of turns and the
-fractions right / into a hole / other (e.g. away from the goal, or into the edge).
+fractions right / into a hole / other (e.g. away from the goal, or into the edge). Under
+`moves_next_to_holes`, for each goal hint ("Down Left"), the moves chosen on the turns with
+a neighbouring hole: a policy that reads the holes spreads them, one that does not picks the
+same move whatever the holes (the failure this script was written to find).
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ def main() -> None:
     metrics, trajs = pipeline.evaluate()
     decode = pipeline.formatter.tokenizer.decode
     counts = collections.defaultdict(collections.Counter)
+    moves_by_goal = collections.defaultdict(collections.Counter)
     for traj in trajs:
         for turn in traj.turns:
             hints = re.findall(r"Goal:[^\n<]*", decode(traj.tokens[: turn.context_len]))
@@ -66,6 +70,9 @@ def main() -> None:
             action = ACTIONS[turn.action] if turn.action >= 0 else "invalid"
             situation, outcome = classify(hints[-1], action)
             counts[situation][outcome] += 1
+            if situation != "no_holes":
+                goal = hints[-1].partition("Holes:")[0].removeprefix("Goal:").strip(" .")
+                moves_by_goal[goal][action] += 1
     by_situation = {
         name: {"turns": sum(c.values()),
                **{k: round(v / sum(c.values()), 3) for k, v in sorted(c.items())}}
@@ -73,7 +80,9 @@ def main() -> None:
     }
     print(json.dumps({"step": pipeline.step, "maps": args.maps,
                       **{k: round(v, 4) for k, v in metrics.items()},
-                      "decisions": by_situation}))
+                      "decisions": by_situation,
+                      "moves_next_to_holes": {goal: dict(sorted(moves.items()))
+                                              for goal, moves in sorted(moves_by_goal.items())}}))
 
 
 if __name__ == "__main__":
