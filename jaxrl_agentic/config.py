@@ -7,6 +7,7 @@ one line naming the field and what is allowed; the CLI prints it and exits with 
 
 from __future__ import annotations
 
+import difflib
 import os
 
 import ml_collections
@@ -157,6 +158,14 @@ def _fail(field: str, message: str):
     raise ConfigError(f"config.{field}: {message}")
 
 
+def fail_unknown_field(field: str, allowed, extra: str = "") -> None:
+    """The one line for a field the config does not have: the closest name, then all."""
+    allowed = sorted(allowed)
+    close = difflib.get_close_matches(field.rsplit(".", 1)[-1], allowed, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    _fail(field, f"unknown field; {hint}allowed: {', '.join(allowed)}{extra}")
+
+
 def _choice(c, field: str, allowed) -> None:
     value = c[field] if "." not in field else _get(c, field)
     if value not in allowed:
@@ -202,12 +211,11 @@ def validate(c) -> None:
     unknown = set(c.keys()) - set(defaults.keys())
     if unknown:
         field = sorted(unknown)[0]
-        _fail(field, f"unknown field; known fields: {', '.join(sorted(defaults.keys()))}")
+        fail_unknown_field(field, defaults.keys())
     for field in ("generation", "mesh", "debug", "format_warmup", "distributed"):
         extra = set(c[field].keys()) - set(defaults[field].keys())
         if extra:
-            _fail(f"{field}.{sorted(extra)[0]}",
-                  f"unknown field; allowed: {', '.join(sorted(defaults[field].keys()))}")
+            fail_unknown_field(f"{field}.{sorted(extra)[0]}", defaults[field].keys())
     _choice(c, "adv_estimator", ADV_ESTIMATORS)
     _choice(c, "sample_mode", SAMPLE_MODES)
     _choice(c, "loss_reduction", LOSS_REDUCTIONS)

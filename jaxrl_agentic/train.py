@@ -50,11 +50,9 @@ def parse_config(argv: list[str]):
 
 
 def _check_override_paths(argv: list[str]) -> None:
-    """Fails (config._fail's one line) on the first `--config.a.b=v` whose path the recipe
-    does not have."""
-    import difflib
-
-    from jaxrl_agentic.config import _fail
+    """Fails (config.fail_unknown_field's one line) on the first `--config.a.b=v` whose
+    path the recipe does not have."""
+    from jaxrl_agentic.config import fail_unknown_field
 
     overrides = [a for a in argv[1:] if a.startswith("--config.")]
     if not overrides:
@@ -69,14 +67,10 @@ def _check_override_paths(argv: list[str]) -> None:
             if not hasattr(node, "keys"):
                 break
             if part not in node:
-                keys = sorted(node.keys())
-                close = difflib.get_close_matches(part, keys, n=1)
-                hint = f"did you mean {close[0]!r}? " if close else ""
                 extra = (" (an env_config holds only the keys its recipe sets: add the key "
                          "to the recipe's env_spec to override it)"
                          if path[-1:] == ["env_config"] else "")
-                _fail(".".join(path + [part]),
-                      f"unknown field; {hint}allowed: {', '.join(keys)}{extra}")
+                fail_unknown_field(".".join(path + [part]), node.keys(), extra)
             node, path = node[part], path + [part]
 
 
