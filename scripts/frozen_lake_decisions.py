@@ -28,11 +28,15 @@ import re
 ACTIONS = ("Left", "Down", "Right", "Up")
 
 
-def classify(hint: str, action: str) -> tuple[str, str]:
-    """(situation, outcome) of one move, from the short hint line it was chosen on."""
+def read_hint(hint: str) -> tuple[list[str], list[str]]:
+    """(directions towards the goal as the hint orders them, directions with a hole)."""
     goal_part, _, holes_part = hint.partition("Holes:")
-    goal = [a for a in ACTIONS if a in goal_part]
-    holes = [a for a in ACTIONS if a.lower() in holes_part]
+    goal = goal_part.removeprefix("Goal:").strip(" .").split()
+    return goal, [a for a in ACTIONS if a.lower() in holes_part]
+
+
+def classify(goal: list[str], holes: list[str], action: str) -> tuple[str, str]:
+    """(situation, outcome) of one move, from the hint (`read_hint`) it was chosen on."""
     safe_goal = [a for a in goal if a not in holes]
     if not holes:
         situation = "no_holes"
@@ -68,11 +72,11 @@ def main() -> None:
                 raise SystemExit("no short hint in the prompt: needs hints=True, "
                                  "hint_style='short'")
             action = ACTIONS[turn.action] if turn.action >= 0 else "invalid"
-            situation, outcome = classify(hints[-1], action)
+            goal, holes = read_hint(hints[-1])
+            situation, outcome = classify(goal, holes, action)
             counts[situation][outcome] += 1
-            if situation != "no_holes":
-                goal = hints[-1].partition("Holes:")[0].removeprefix("Goal:").strip(" .")
-                moves_by_goal[goal][action] += 1
+            if holes:
+                moves_by_goal[" ".join(goal)][action] += 1
     by_situation = {
         name: {"turns": sum(c.values()),
                **{k: round(v / sum(c.values()), 3) for k, v in sorted(c.items())}}
