@@ -32,11 +32,16 @@ _INIT = nnx.initializers.normal(0.02)
 
 @flax.struct.dataclass
 class KVCache:
-    """Per-layer keys and values, each [batch, num_kv_heads, max_len, head_dim].
+    """Per-layer keys [batch, num_kv_heads, head_dim, max_len] and values
+    [batch, num_kv_heads, max_len, head_dim].
 
     Slot s of row b holds the token at position s of that row's stream. Heads come before
-    slots so that attention reads each (row, kv head) as one contiguous [slots, head_dim]
-    matrix, with no transposed copy of the cache per step.
+    slots so that attention reads each (row, kv head) as one contiguous matrix with no
+    transposed copy per step. Keys are stored transposed (slots last) because both products
+    are then plain [rows, contract] · [contract, cols] matmuls: q · K with K as [head_dim,
+    slots] and p · V with V as [slots, head_dim]. With keys as [slots, head_dim] the few-row
+    decode product q · Kᵀ ran ~4.5× slower on XLA:CPU (YNNPACK: 76 µs vs 17 µs per layer at
+    batch 32, 2 kv heads, 128 slots; `docs/benchmarks.md`).
     """
 
     k: tuple[jax.Array, ...]
@@ -44,26 +49,27 @@ class KVCache:
 
     @classmethod
     def zeros(cls, cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache:
-        shape = (batch, cfg.num_key_value_heads, max_len, cfg.head_dim)
+        heads, dim = cfg.num_key_value_heads, cfg.head_dim
         dtype = dtype or jnp.dtype(cfg.dtype)
         layers = range(cfg.num_hidden_layers)
         return cls(
-            k=tuple(jnp.zeros(shape, dtype) for _ in layers),
-            v=tuple(jnp.zeros(shape, dtype) for _ in layers),
+            k=tuple(jnp.zeros((batch, heads, dim, max_len), dtype) for _ in layers),
+            v=tuple(jnp.zeros((batch, heads, max_len, dim), dtype) for _ in layers),
         )
 
     @property
     def max_len(self) -> int:
-        return self.k[0].shape[2]
+        return self.v[0].shape[2]
 
     def grow(self, max_len: int) -> KVCache:
         """The same cache with zero slots appended up to `max_len` (never shrinks)."""
         extra = max_len - self.max_len
         if extra <= 0:
             return self
-        pad = ((0, 0), (0, 0), (0, extra), (0, 0))
-        return KVCache(k=tuple(jnp.pad(a, pad) for a in self.k),
-                       v=tuple(jnp.pad(a, pad) for a in self.v))
+        k_pad = ((0, 0), (0, 0), (0, 0), (0, extra))
+        v_pad = ((0, 0), (0, 0), (0, extra), (0, 0))
+        return KVCache(k=tuple(jnp.pad(a, k_pad) for a in self.k),
+                       v=tuple(jnp.pad(a, v_pad) for a in self.v))
 
 
 class RMSNorm(nnx.Module):
@@ -109,8 +115,9 @@ class Attention(nnx.Module):
     def __call__(self, x, cos, sin, mask, cache_kv=None, write_slots=None):
         """x [B, T, D]; mask broadcastable to [B, heads, T, keys]. Returns (out, (k, v)).
 
-        With `cache_kv` ([B, K, S, H] each), new keys/values are scattered to `write_slots`
-        [B, T] (slots ≥ S are dropped: padding) and attention runs over the whole cache.
+        With `cache_kv` (keys [B, K, H, S], values [B, K, S, H]), new keys/values are
+        scattered to `write_slots` [B, T] (slots ≥ S are dropped: padding) and attention runs
+        over the whole cache.
         """
         b, t, _ = x.shape
         cfg = self.cfg
@@ -123,8 +130,10 @@ class Attention(nnx.Module):
         if cache_kv is not None:
             k_cache, v_cache = cache_kv
             rows = jnp.arange(b)[:, None]
-            # (rows, :, slots) indexing puts the index dims first: updates are [B, T, K, H].
-            k_cache = k_cache.at[rows, :, write_slots].set(k.astype(k_cache.dtype), mode="drop")
+            # (rows, :, [:,] slots) indexing puts the index dims first: updates are
+            # [B, T, K, H] for both layouts.
+            k_cache = k_cache.at[rows, :, :, write_slots].set(k.astype(k_cache.dtype),
+                                                              mode="drop")
             v_cache = v_cache.at[rows, :, write_slots].set(v.astype(v_cache.dtype), mode="drop")
             out = _cached_attention(q, k_cache, v_cache, mask)
             return self.o_proj(out.reshape(b, t, -1)), (k_cache, v_cache)
@@ -132,18 +141,19 @@ class Attention(nnx.Module):
         return self.o_proj(out.reshape(b, t, -1)), (k, v)
 
 
-def _cached_attention(q, k, v, mask):
-    """Grouped-query softmax attention: q [B, T, N, H], k/v [B, K, S, H], mask [B, 1, T, S].
+def _cached_attention(q, k_t, v, mask):
+    """Grouped-query softmax attention: q [B, T, N, H], keys transposed k_t [B, K, H, S],
+    values v [B, K, S, H], mask [B, 1, T, S].
 
     Query heads are grouped per kv head ([B, K, G·T, H]) so keys and values are never
     repeated per head and both products are plain batched matmuls over (B, K) that read the
     cache in its own layout; logits and softmax are float32.
     """
     b, t, n, h = q.shape
-    kv_heads, group = k.shape[1], n // k.shape[1]
+    kv_heads, group = k_t.shape[1], n // k_t.shape[1]
     q = q.reshape(b, t, kv_heads, group, h).transpose(0, 2, 3, 1, 4)  # [B, K, G, T, H]
     q = q.reshape(b, kv_heads, group * t, h)
-    logits = jnp.einsum("bkqh,bksh->bkqs", q, k.astype(q.dtype),
+    logits = jnp.einsum("bkqh,bkhs->bkqs", q, k_t.astype(q.dtype),
                         preferred_element_type=jnp.float32)
     logits = logits.reshape(b, kv_heads, group, t, -1) * jnp.float32(h**-0.5)
     logits = jnp.where(mask[:, :, None], logits, jnp.finfo(jnp.float32).min)
@@ -171,11 +181,11 @@ def _block_causal_attention(q, k, v, mask, block: int = QUERY_BLOCK):
     t = q.shape[1]
     if t <= 2 * block:
         return jax.nn.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask=mask)
-    kt, vt = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, T, H]
+    k_t, v_t = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)  # [B, K, H, T], [B, K, T, H]
     outs = []
     for s in range(0, t, block):
         e = min(s + block, t)
-        outs.append(_cached_attention(q[:, s:e], kt[:, :, :e], vt[:, :, :e],
+        outs.append(_cached_attention(q[:, s:e], k_t[..., :e], v_t[:, :, :e],
                                       mask[:, :, s:e, :e]))
     return jnp.concatenate(outs, axis=1)
 
