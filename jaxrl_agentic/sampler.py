@@ -173,7 +173,8 @@ class Sampler:
         self.cache_dtype = cache_dtype or jnp.dtype(self.cfg.dtype)
         self.stats = {"prefill_tokens": 0, "prefill_calls": 0, "decode_steps": 0}
         # jit once per Sampler; the graphdef is static, everything else is an argument.
-        self._prefill = jax.jit(functools.partial(_prefill, self.graphdef), donate_argnums=(1,))
+        self._prefill = jax.jit(functools.partial(_prefill, self.graphdef), donate_argnums=(1,),
+                                static_argnames=("key_len",))
         self._decode = jax.jit(
             functools.partial(_decode, self.graphdef, self.eos_token_id),
             static_argnames=("max_new_bucket",),
@@ -297,9 +298,12 @@ class Session:
             self.cached[row] += n
         self.sampler.stats["prefill_tokens"] += sum(len(t) for t in tails.values())
         self.sampler.stats["prefill_calls"] += 1
-        self.reserve(max(int(self.cached[row]) for row in tails))
+        end = max(int(self.cached[row]) for row in tails)
+        self.reserve(end)
         self.cache, logits = self.sampler._prefill(
-            params, self.cache, self._rows(tokens), self._rows(positions), self._rows(valid)
+            params, self.cache, self._rows(tokens), self._rows(positions), self._rows(valid),
+            key_len=min(self.cache.max_len,
+                        next_power_of_two(end, self.sampler.min_prefill_bucket)),
         )
         return logits
 
@@ -384,9 +388,9 @@ class Session:
         return result
 
 
-def _prefill(graphdef, params, cache, tokens, positions, valid):
+def _prefill(graphdef, params, cache, tokens, positions, valid, *, key_len):
     model = nnx.merge(graphdef, params)
-    hidden, cache = model.forward_with_cache(tokens, positions, cache, valid)
+    hidden, cache = model.forward_with_cache(tokens, positions, cache, valid, key_len)
     last = jnp.maximum(jnp.sum(valid, axis=1) - 1, 0)
     last_hidden = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
     return cache, model.logits(last_hidden)
