@@ -244,10 +244,8 @@ def test_categorical_matches_softmax_across_blocks():
     z = np.random.default_rng(1).normal(0.0, 1.5, vocab).astype(np.float32)
     z[[0, 7, 8, 31, 49]] = -np.inf  # block edges and the last token
     z[48] = 4.0  # a heavy token in the padded last block
-    keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.PRNGKey(5),
-                                                            jnp.arange(n))
-    tokens = np.asarray(jax.jit(_categorical)(jnp.broadcast_to(jnp.asarray(z), (n, vocab)),
-                                              keys))
+    u = jax.random.uniform(jax.random.PRNGKey(5), (n, 2))
+    tokens = np.asarray(jax.jit(_categorical)(jnp.broadcast_to(jnp.asarray(z), (n, vocab)), u))
     counts = np.bincount(tokens, minlength=vocab)
     assert counts.size == vocab, "drew a padding index"
     p = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
@@ -259,13 +257,13 @@ def test_categorical_matches_softmax_across_blocks():
     # A row with one finite logit always draws it.
     one = np.full((4, vocab), -np.inf, np.float32)
     one[:, 37] = 0.0
-    np.testing.assert_array_equal(_categorical(jnp.asarray(one), keys[:4]), [37] * 4)
+    np.testing.assert_array_equal(_categorical(jnp.asarray(one), u[:4]), [37] * 4)
 
 
-def test_invert_cdf_never_lands_on_zero_mass_at_the_ends():
+def test_categorical_never_lands_on_zero_mass_at_the_ends():
     """u = 0 and u → 1 hit the first and last cumulative sums exactly: the draw must still
     skip zero-probability tokens before and after the mass (and the block padding)."""
-    from jaxrl_agentic.sampler import _invert_cdf
+    from jaxrl_agentic.sampler import _categorical
 
     vocab = 20  # blocks of 8: [0, 8), [8, 16), [16, 20) + 4 padding slots
     z = np.full((4, vocab), -np.inf, np.float32)
@@ -273,4 +271,52 @@ def test_invert_cdf_never_lands_on_zero_mass_at_the_ends():
     below_one = np.nextafter(np.float32(1), np.float32(0))
     u = np.array([[0, 0], [0, below_one], [below_one, 0], [below_one, below_one]],
                  np.float32)
-    np.testing.assert_array_equal(_invert_cdf(jnp.asarray(z), jnp.asarray(u)), [9, 12, 9, 12])
+    np.testing.assert_array_equal(_categorical(jnp.asarray(z), jnp.asarray(u)), [9, 12, 9, 12])
+
+
+def test_row_blocks_in_parallel_equal_one_session(model):
+    """A session split into row blocks generated on threads draws what one cache draws:
+    same tokens, same logprobs, over several turns of a multi-turn session."""
+    from jaxrl_agentic.sampler import Session, ShardedSession
+
+    blocked = Sampler(model, max_total_len=128, eos_token_id=-1, decode_threads=3,
+                      min_rows_per_thread=2)
+    single = Sampler(model, max_total_len=128, eos_token_id=-1, decode_threads=1)
+    sessions = [blocked.new_session(7), single.new_session(7)]
+    assert isinstance(sessions[0], ShardedSession) and len(sessions[0].blocks) == 3
+    assert isinstance(sessions[1], Session)
+    rng = np.random.default_rng(6)
+    first = [rng.integers(0, 96, rng.integers(2, 12)).tolist() for _ in range(7)]
+    for session in sessions:
+        session.extend(range(7), first)
+    seeds = [100 + 7 * r for r in range(7)]
+    for turn, rows in enumerate([range(7), [6, 4], [1, 2, 5, 0]]):
+        outs = [s.generate(rows, max_new_tokens=5, seed=turn, row_seeds=seeds, top_k=20)
+                for s in sessions]
+        assert outs[0].tokens == outs[1].tokens
+        assert outs[0].stop_reasons == outs[1].stop_reasons
+        for a, b in zip(outs[0].logprobs, outs[1].logprobs, strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-5)
+        obs = [rng.integers(0, 96, 3).tolist() for _ in rows]
+        for session in sessions:
+            session.extend(rows, obs)
+    assert sessions[0].streams == sessions[1].streams
+    assert [sessions[0].length(r) for r in range(7)] == [len(s) for s in sessions[1].streams]
+    # Blocks are rows {0, 1}, {2, 3}, {4, 5, 6}; each prefills on its own, and only when
+    # it has rows to generate: 3 calls, then 1 (rows 6, 4), then 3.
+    assert blocked.stats["prefill_tokens"] == single.stats["prefill_tokens"]
+    assert blocked.stats["prefill_calls"] == 3 + 1 + 3
+    # Default seed ids (the row index) are global too.
+    outs = [s.generate(first, max_new_tokens=6, seed=9) for s in (blocked, single)]
+    assert outs[0].tokens == outs[1].tokens
+
+
+def test_default_threads_follow_the_cpu_and_the_mesh(model):
+    import os
+
+    cores = len(os.sched_getaffinity(0))
+    assert Sampler(model).decode_threads == cores
+    assert Sampler(model, mesh=Mesh(np.array(jax.devices()[:1]), ("data",))).decode_threads \
+        == cores
+    with pytest.raises(ValueError, match="decode_threads"):
+        Sampler(model, decode_threads=0)

@@ -159,15 +159,10 @@ def _cached_attention(q, k_t, v, mask):
                         preferred_element_type=jnp.float32)
     logits = logits.reshape(b, kv_heads, group, t, -1) * jnp.float32(h**-0.5)
     logits = jnp.where(mask[:, :, None], logits, jnp.finfo(jnp.float32).min)
-    # softmax · V with the normalisation applied to the [.., H] output instead of the
-    # [.., S] weights: S/H times fewer divisions, same value.
-    weights = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
-    total = jnp.sum(weights, axis=-1, keepdims=True)
-    weights = weights.astype(q.dtype).reshape(b, kv_heads, group * t, -1)
-    out = jnp.einsum("bkqs,bksh->bkqh", weights, v.astype(q.dtype),
-                     preferred_element_type=jnp.float32)
-    out = (out.reshape(b, kv_heads, group, t, h) / total).astype(q.dtype)
-    out = out.transpose(0, 3, 1, 2, 4)
+    probs = jax.nn.softmax(logits, axis=-1).astype(q.dtype)
+    probs = probs.reshape(b, kv_heads, group * t, -1)
+    out = jnp.einsum("bkqs,bksh->bkqh", probs, v.astype(q.dtype))
+    out = out.reshape(b, kv_heads, group, t, h).transpose(0, 3, 1, 2, 4)
     return out.reshape(b, t, n, h)
 
 
