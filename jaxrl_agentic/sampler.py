@@ -15,7 +15,17 @@ Programs are compiled per bucket — rows (powers of two), prefill length (power
 argument, so a new policy is used without copying or recompiling. A session's cache is
 static within a call but sized by the longest stream, not by `max_total_len`: it starts at
 `min_cache_bucket` slots and doubles (zero-padded, at most `max_total_len`) when a call needs
-more, so attention over a short stream costs what its length costs.
+more, so attention over a short stream costs what its length costs. Prefill reads only the
+slots below its rows' new ends (`key_len`, a power of two), not the whole reserved cache.
+
+On one CPU device a session of many rows is a `ShardedSession`: contiguous row blocks, each
+with its own cache, generated side by side on a thread pool (one block per core), because
+one decode program keeps about one core busy. Rows keep their seed ids, so the tokens are
+those of a single session.
+
+Sampling draws each token by inverting the CDF of softmax(logits / temperature) with two
+uniforms per row and step (`_categorical`), all drawn before the decode loop from the row's
+own key: a row's tokens depend on its seed id, not on the batch it shares.
 
 Logprobs. Each returned logprob is log softmax(logits / temperature) at the sampled token:
 the distribution the learner recomputes. Top-k / top-p only restrict *which* tokens can be

@@ -5,7 +5,9 @@ Both generate from the same random-weight Qwen2 checkpoint (written here with `t
 prompts of one length, exactly `--new-tokens` new tokens per row (no EOS can stop a row), by
 sampling at temperature 1 with no top-k / top-p (or `--greedy` for argmax in both). Torch
 gets as many intra-op threads as XLA's CPU client uses: one per core this process may run
-on (so `taskset -c 0 python ...` compares one thread with one thread).
+on (so `taskset -c 0 python ...` compares one thread with one thread). Our sampler, as by
+default on a CPU, splits the batch into one row block per core, decoded side by side
+(`--decode-threads 1`: one program for the whole batch).
 
     tokens/s             = batch × new_tokens / wall time of one generate call (prefill in)
     decode-only tokens/s = batch × (new_tokens − 1) / (t(new_tokens) − t(1 new token))
@@ -75,6 +77,9 @@ def _parse_args():
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--max-total-len", type=int, default=1024,
                         help="our Sampler's KV-cache length (its default: 1024)")
+    parser.add_argument("--decode-threads", type=int, default=None,
+                        help="our Sampler's row blocks decoded side by side (default: its "
+                             "own, one per core on a CPU)")
     parser.add_argument("--greedy", action="store_true",
                         help="argmax decoding in both (default: sampling at temperature 1)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed calls per side (≥ 1)")
@@ -107,7 +112,8 @@ def _build_checkpoint(args, path: str) -> None:
 def _prepare_ours(path, prompts, args):
     """(generate(new_tokens) closure, config, sampler) for our Sampler on `path`."""
     model, _ = load_pretrained(path)
-    sampler = Sampler(model, max_total_len=args.max_total_len, eos_token_id=-1)
+    sampler = Sampler(model, max_total_len=args.max_total_len, eos_token_id=-1,
+                      decode_threads=args.decode_threads)
     lists = prompts.tolist()
 
     def run(new_tokens):
@@ -224,6 +230,7 @@ def main():
             "vocab": cfg.vocab_size, "dtype": cfg.dtype,
         },
         "threads": threads,
+        "decode_threads": sampler.decode_threads,
         # Other processes on these cores slow both sides, torch's OpenMP far more than XLA.
         "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "hf_attn": attn,
