@@ -235,9 +235,10 @@ class Sampler:
 
     def _map(self, fn, items: list) -> list:
         """[fn(x) for x in items], run side by side on the sampler's thread pool."""
-        if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(
-                self.decode_threads, thread_name_prefix="sampler")
+        with self._stats_lock:  # two threads (e.g. an async producer and eval) may get here
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(
+                    self.decode_threads, thread_name_prefix="sampler")
         return [f.result() for f in [self._pool.submit(fn, x) for x in items]]
 
     def generate(
@@ -477,6 +478,9 @@ class ShardedSession:
         elif len(row_seeds) != self.num_rows:
             raise ValueError(f"row_seeds has {len(row_seeds)} entries for {self.num_rows} rows")
         where = [self._locate(row) for row in rows]
+        for row, (block, local) in zip(rows, where, strict=True):
+            if not self.blocks[block].length(local):  # said here with the session's row id
+                raise ValueError(f"row {row}: cannot generate from an empty stream")
         jobs = []  # (block, its local rows) for the blocks that have rows to generate
         for b in range(len(self.blocks)):
             local = [loc for blk, loc in where if blk == b]

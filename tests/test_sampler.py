@@ -306,6 +306,10 @@ def test_row_blocks_in_parallel_equal_one_session(model):
     # it has rows to generate: 3 calls, then 1 (rows 6, 4), then 3.
     assert blocked.stats["prefill_tokens"] == single.stats["prefill_tokens"]
     assert blocked.stats["prefill_calls"] == 3 + 1 + 3
+    with pytest.raises(ValueError, match="row 7: cannot generate from an empty stream"):
+        wide = blocked.new_session(8)
+        wide.extend(range(7), first)
+        wide.generate([0, 7], max_new_tokens=2)
     # Default seed ids (the row index) are global too.
     outs = [s.generate(first, max_new_tokens=6, seed=9) for s in (blocked, single)]
     assert outs[0].tokens == outs[1].tokens
