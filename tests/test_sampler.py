@@ -237,7 +237,7 @@ def test_argmax_last_takes_the_first_of_ties():
 def test_categorical_matches_softmax_across_blocks():
     """The two-level inverse-CDF draw against exact softmax probabilities (chi-square),
     on a vocabulary that is not a multiple of the block (zero-padded last block) and with
-    zero weights (−inf logits: filtered tokens) that must never be drawn."""
+    −inf entries (filtered tokens) that must never be drawn."""
     from jaxrl_agentic.sampler import _categorical
 
     vocab, n = 50, 40000
@@ -245,9 +245,7 @@ def test_categorical_matches_softmax_across_blocks():
     z[[0, 7, 8, 31, 49]] = -np.inf  # block edges and the last token
     z[48] = 4.0  # a heavy token in the padded last block
     u = jax.random.uniform(jax.random.PRNGKey(5), (n, 2))
-    weights = np.exp(z - z.max())
-    tokens = np.asarray(jax.jit(_categorical)(jnp.broadcast_to(jnp.asarray(weights), (n, vocab)),
-                                              u))
+    tokens = np.asarray(jax.jit(_categorical)(jnp.broadcast_to(jnp.asarray(z), (n, vocab)), u))
     counts = np.bincount(tokens, minlength=vocab)
     assert counts.size == vocab, "drew a padding index"
     p = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
@@ -256,9 +254,9 @@ def test_categorical_matches_softmax_across_blocks():
     chi2 = (((counts[cells] - n * p[cells]) ** 2) / (n * p[cells])).sum()
     dof = cells.sum() - 1
     assert chi2 < dof + 6 * np.sqrt(2 * dof), (chi2, dof)
-    # A row with one non-zero weight always draws it.
-    one = np.zeros((4, vocab), np.float32)
-    one[:, 37] = 1.0
+    # A row with one finite logit always draws it.
+    one = np.full((4, vocab), -np.inf, np.float32)
+    one[:, 37] = 0.0
     np.testing.assert_array_equal(_categorical(jnp.asarray(one), u[:4]), [37] * 4)
 
 
@@ -268,13 +266,12 @@ def test_categorical_never_lands_on_zero_mass_at_the_ends():
     from jaxrl_agentic.sampler import _categorical
 
     vocab = 20  # blocks of 8: [0, 8), [8, 16), [16, 20) + 4 padding slots
-    weights = np.zeros((4, vocab), np.float32)
-    weights[:, [9, 12]] = 1.0  # all the mass inside the middle block, split in two
+    z = np.full((4, vocab), -np.inf, np.float32)
+    z[:, [9, 12]] = 0.0  # all the mass inside the middle block, split in two
     below_one = np.nextafter(np.float32(1), np.float32(0))
     u = np.array([[0, 0], [0, below_one], [below_one, 0], [below_one, below_one]],
                  np.float32)
-    np.testing.assert_array_equal(_categorical(jnp.asarray(weights), jnp.asarray(u)),
-                                  [9, 12, 9, 12])
+    np.testing.assert_array_equal(_categorical(jnp.asarray(z), jnp.asarray(u)), [9, 12, 9, 12])
 
 
 def test_row_blocks_in_parallel_equal_one_session(model):
