@@ -544,7 +544,9 @@ def _decode(
     # The output projection as a [D, V] array made once per call. Tied weights are the
     # embedding [V, D]; used through a transpose inside the loop, XLA folds the transpose
     # into the dot, whose few-row product with a [V, D] operand runs ~3× slower on XLA:CPU.
-    w_out = model.lm_head_weight().astype(logits.dtype)
+    # Same dtypes as `Transformer.logits` (weights in the compute dtype, f32 accumulation),
+    # so bf16 models decode with the learner's numerics.
+    w_out = model.lm_head_weight().astype(jnp.dtype(model.cfg.dtype))
     batch = logits.shape[0]
     # Every uniform of the call up front, two per row per step, from the row's own key: a
     # row's draws depend on its key only, not on the batch it shares or the process that
@@ -588,8 +590,7 @@ def _decode(
         hidden, cache = model.forward_with_cache(
             token[:, None], pos[:, None], cache, feed[:, None]
         )
-        logits = jnp.dot(hidden[:, 0].astype(w_out.dtype), w_out,
-                         preferred_element_type=jnp.float32)
+        logits = jnp.dot(hidden[:, 0], w_out, preferred_element_type=jnp.float32)
         token, state = draw(step, logits, state)
         return step + 1, cache, token, pos + feed, state, w_out
 
