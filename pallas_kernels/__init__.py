@@ -3,7 +3,12 @@
 Imports only jax and numpy. See docs/kernels.md for formulas, dispatch and tolerances.
 """
 
-from pallas_kernels.ppo_loss import PPOLossSums, masked_ppo_loss, reference_ppo_loss
+from pallas_kernels.ppo_loss import (
+    POLICY_LOSSES,
+    PPOLossSums,
+    masked_ppo_loss,
+    reference_ppo_loss,
+)
 from pallas_kernels.token_logprobs import (
     LogprobBlocks,
     choose_blocks,
@@ -14,6 +19,7 @@ from pallas_kernels.token_logprobs import (
 )
 
 __all__ = [
+    "POLICY_LOSSES",
     "LogprobBlocks",
     "PPOLossSums",
     "choose_blocks",

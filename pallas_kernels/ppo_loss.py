@@ -1,10 +1,27 @@
-"""Masked PPO loss as weighted sums (Tunix style: the caller divides once per update).
+"""Masked PPO-family policy losses as weighted sums (Tunix style: divide once per update).
 
-Per token, with log-ratio ``d = clamp(logp − old, ±20)`` and ``r = exp(d)``:
+``policy_loss`` picks the per-token policy term (``POLICY_LOSSES``). With the token log-ratio
+``d_t = logp_t − old_t``, clamping ``clamp(·, ±20)`` and ``clip(x) = clip(x, 1 − ε_lo, 1 + ε_hi)``:
 
-    pg_t = max(−A·r, −A·clip(r, 1 − ε_lo, 1 + ε_hi))
-    pg_t = min(pg_t, −A·c)                        dual clip, only where A < 0 (c = dual_clip)
+    ppo:   r_t = exp(clamp(d_t))
+           pg_t = max(−A·r, −A·clip(r))
+    gspo:  s_i = exp(clamp(mean_{u ∈ i} d_u))      one ratio per sample (segment) i, the mean
+           pg_t = max(−A·s_i, −A·clip(s_i))         over its loss tokens (w ≠ 0); s carries the
+                                                    gradient of every token of the sample
+    cispo: r_t = exp(clamp(d_t))
+           pg_t = −sg(clip(r))·A·logp_t             no token leaves the gradient (sg = stop grad)
+
+    pg_t = min(pg_t, −A·c)                        dual clip (ppo/gspo), only where A < 0
     kl_t = k1: x    k2: ½x²    k3: exp(−x) − (−x) − 1   with  x = logp − ref  (k3: −x clamped ±20)
+
+GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization"): the gradient of
+``−A·s_i`` is ``−A·s_i·(1/|i|)·Σ_u ∇logp_u``, the same as the paper's token form
+``s_t = sg[s_i]·π_t / sg[π_t]``. ``segment_ids`` ([N]) identify the samples: each sample is one
+contiguous run of equal ids, and neighbouring samples have different ids (for a flattened
+``[B, T]`` packed batch offset the ids per row, e.g. ``algos.losses.flat_segment_ids``).
+CISPO (MiniMax-M1, 2025): the clipped importance weight is a constant, so a token whose
+ratio PPO would clip still contributes ``−clip(r)·A·∇logp``; the reported ``pg`` is the
+surrogate's value, whose scale depends on ``logp`` (only its gradient is meaningful).
 
 and the returned sums over tokens (``[w > 0]`` counts the tokens that carry weight):
 
@@ -12,8 +29,14 @@ and the returned sums over tokens (``[w > 0]`` counts the tokens that carry weig
     kl            = Σ w·kl_t                      (0 without ref_logprobs)
     clipped       = Σ [w>0]·1[−A·clip(r) > −A·r]  (the clipped branch is the max: clipfrac)
     dual_clipped  = Σ [w>0]·1[A < 0 and pg_t before dual clip > −A·c]
-    ratio         = Σ [w>0]·r
-    approx_kl_old = Σ [w>0]·(old − logp)
+    ratio         = Σ [w>0]·r                     (gspo: the sample's s_i on each token)
+    approx_kl_old = Σ [w>0]·(old − logp)          (token level for every variant)
+    clipped_low   = Σ [w>0]·1[clipped and A < 0]  (r < 1 − ε_lo: a drop was capped)
+    clipped_high  = Σ [w>0]·1[clipped and A > 0]  (r > 1 + ε_hi: a rise was capped)
+
+so ``clipped = clipped_low + clipped_high``. For cispo nothing is clipped out of the gradient;
+there ``clipped`` counts tokens whose weight was truncated, ``clipped_low`` those with
+``r < 1 − ε_lo`` and ``clipped_high`` those with ``r > 1 + ε_hi`` (whatever the sign of A).
 
 The weights ``w`` encode the reduction; the caller builds them once per mini-batch:
 token-mean → ``w = loss_mask`` (denominator: tokens in the mini-batch); seq-mean-token-mean →
@@ -28,7 +51,9 @@ that an A = 0 token cannot make ``0·inf = NaN``; beyond it the gradient is 0.
 
 ``impl``: "reference" (jnp, autodiff), "pallas" (forward kernel over token blocks emitting
 per-block partial sums + backward kernel for ``dlogprobs``, under ``jax.custom_vjp``), "auto"
-(pallas on TPU/GPU, reference on CPU).
+(pallas on TPU/GPU, reference on CPU). ppo and cispo run in the kernel; **gspo always runs
+the reference** (its per-sample mean is a segment reduction across token blocks, and what
+follows it is elementwise work that XLA fuses anyway), whatever ``impl`` says.
 """
 
 from __future__ import annotations
@@ -46,6 +71,7 @@ from pallas_kernels.token_logprobs import default_platform
 
 LOG_RATIO_CLAMP = 20.0
 KL_ESTIMATORS = ("k1", "k2", "k3")
+POLICY_LOSSES = ("ppo", "gspo", "cispo")
 _LANES = 128
 _F32 = jnp.float32
 
@@ -59,6 +85,11 @@ class PPOLossSums(NamedTuple):
     dual_clipped: jax.Array
     ratio: jax.Array
     approx_kl_old: jax.Array
+    clipped_low: jax.Array
+    clipped_high: jax.Array
+
+
+_N_SUMS = len(PPOLossSums._fields)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,9 +101,17 @@ class _PPOConfig:
     has_ref: bool
     block_rows: int
     interpret: bool
+    policy_loss: str = "ppo"
 
 
-def _check(logprobs, others, clip_low, clip_high, dual_clip, kl_estimator):
+def _check(logprobs, others, clip_low, clip_high, dual_clip, kl_estimator, policy_loss="ppo"):
+    if policy_loss not in POLICY_LOSSES:
+        raise ValueError(f"unknown policy_loss {policy_loss!r}; expected one of {POLICY_LOSSES}")
+    if policy_loss == "gspo" and others.get("segment_ids") is None:
+        raise ValueError("policy_loss='gspo' needs segment_ids (its ratio is per sample)")
+    if policy_loss == "cispo" and dual_clip is not None:
+        # CISPO's weight is already bounded by 1 + ε_hi; a dual clip has nothing to bound.
+        raise ValueError("dual_clip applies to ppo/gspo only, not to policy_loss='cispo'")
     if logprobs.ndim != 1:
         raise ValueError(f"logprobs must be 1-D [N], got {logprobs.shape}")
     for name, x in others.items():
@@ -91,30 +130,63 @@ def _check(logprobs, others, clip_low, clip_high, dual_clip, kl_estimator):
 # ----------------------------------------------------------------------------- reference
 
 
+def sequence_mean(values, active, segment_ids):
+    """``mean_{u ∈ i, active} values_u`` of each token's sample ``i``, broadcast to ``[N]``.
+
+    A sample is a contiguous run of equal ``segment_ids``; runs are numbered with a cumsum
+    over id changes, so the ids need only differ between neighbours and ``segment_sum`` needs
+    at most N segments (static). Inactive tokens add nothing; an all-inactive run gives 0.
+    """
+    ids = jnp.asarray(segment_ids)
+    starts = jnp.concatenate([jnp.ones((1,), bool), ids[1:] != ids[:-1]])
+    run = jnp.cumsum(starts.astype(jnp.int32)) - 1
+    n = ids.shape[0]
+    active = active.astype(_F32)
+    total = jax.ops.segment_sum(jnp.where(active > 0, values, 0.0), run, num_segments=n)
+    count = jax.ops.segment_sum(active, run, num_segments=n)
+    return (total / jnp.maximum(count, 1.0))[run]
+
+
 def reference_ppo_loss(logprobs, old_logprobs, advantages, loss_weights, ref_logprobs=None, *,
-                       clip_low=0.2, clip_high=None, dual_clip=None, kl_estimator="k3"):
+                       clip_low=0.2, clip_high=None, dual_clip=None, kl_estimator="k3",
+                       policy_loss="ppo", segment_ids=None):
     """Plain jnp; gradients by autodiff."""
     clip_low, clip_high, dual_clip = _check(
         logprobs, dict(old_logprobs=old_logprobs, advantages=advantages,
-                       loss_weights=loss_weights, ref_logprobs=ref_logprobs),
-        clip_low, clip_high, dual_clip, kl_estimator)
+                       loss_weights=loss_weights, ref_logprobs=ref_logprobs,
+                       segment_ids=segment_ids),
+        clip_low, clip_high, dual_clip, kl_estimator, policy_loss)
     sg = lax.stop_gradient
     logp = logprobs.astype(_F32)
     w = sg(loss_weights.astype(_F32))
     active = w != 0
     counted = (w > 0).astype(_F32)
     log_ratio = jnp.where(active, logp - sg(old_logprobs.astype(_F32)), 0.0)
+    token_log_ratio = lax.clamp(-LOG_RATIO_CLAMP, log_ratio, LOG_RATIO_CLAMP)
+    if policy_loss == "gspo":
+        # Clamp after the mean: the sequence ratio is the one exp() sees.
+        log_ratio = sequence_mean(log_ratio, active, segment_ids)
     log_ratio = lax.clamp(-LOG_RATIO_CLAMP, log_ratio, LOG_RATIO_CLAMP)
     adv = jnp.where(active, sg(advantages.astype(_F32)), 0.0)
     ratio = jnp.exp(log_ratio)
-    unclipped = -adv * ratio
-    clipped = -adv * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    pg = jnp.maximum(unclipped, clipped)
     dual_active = jnp.zeros_like(active)
-    if dual_clip is not None:
-        bound = -adv * dual_clip
-        dual_active = (adv < 0) & (pg > bound)
-        pg = jnp.where(adv < 0, jnp.minimum(pg, bound), pg)
+    if policy_loss == "cispo":
+        weight = jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+        pg = -adv * sg(weight) * jnp.where(active, logp, 0.0)
+        clip_low_t = ratio < 1.0 - clip_low
+        clip_high_t = ratio > 1.0 + clip_high
+        clip_t = clip_low_t | clip_high_t
+    else:
+        unclipped = -adv * ratio
+        clipped = -adv * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+        pg = jnp.maximum(unclipped, clipped)
+        clip_t = clipped > unclipped
+        clip_low_t = clip_t & (adv < 0)
+        clip_high_t = clip_t & (adv > 0)
+        if dual_clip is not None:
+            bound = -adv * dual_clip
+            dual_active = (adv < 0) & (pg > bound)
+            pg = jnp.where(adv < 0, jnp.minimum(pg, bound), pg)
     if ref_logprobs is None:
         kl = jnp.zeros((), _F32)
     else:
@@ -130,10 +202,12 @@ def reference_ppo_loss(logprobs, old_logprobs, advantages, loss_weights, ref_log
     return PPOLossSums(
         pg=jnp.sum(w * pg),
         kl=kl,
-        clipped=sg(jnp.sum(counted * (clipped > unclipped))),
+        clipped=sg(jnp.sum(counted * clip_t)),
         dual_clipped=sg(jnp.sum(counted * dual_active)),
         ratio=sg(jnp.sum(counted * ratio)),
-        approx_kl_old=sg(jnp.sum(counted * -log_ratio)),
+        approx_kl_old=sg(jnp.sum(counted * -token_log_ratio)),
+        clipped_low=sg(jnp.sum(counted * clip_low_t)),
+        clipped_high=sg(jnp.sum(counted * clip_high_t)),
     )
 
 
@@ -147,12 +221,23 @@ def _token_terms(cfg: _PPOConfig, logp, old, adv, w, ref):
     log_ratio = jnp.clip(raw, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     adv = jnp.where(active, adv, 0.0)
     ratio = jnp.exp(log_ratio)
-    unclipped = -adv * ratio
-    clipped = -adv * jnp.clip(ratio, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
-    clip_active = clipped > unclipped
-    pg = jnp.maximum(unclipped, clipped)
-    # d(−A·r)/dlogp = −A·r inside the clamp; the clipped branch is flat where it wins.
-    d_pg = jnp.where(clip_active | (jnp.abs(raw) >= LOG_RATIO_CLAMP), 0.0, unclipped)
+    if cfg.policy_loss == "cispo":
+        # −sg(clip(r))·A·logp: the weight is a constant, so d/dlogp = −clip(r)·A everywhere.
+        weight = jnp.clip(ratio, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
+        low = ratio < 1.0 - cfg.clip_low
+        high = ratio > 1.0 + cfg.clip_high
+        clip_active = low | high
+        d_pg = -adv * weight
+        pg = d_pg * jnp.where(active, logp, 0.0)
+    else:
+        unclipped = -adv * ratio
+        clipped = -adv * jnp.clip(ratio, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
+        clip_active = clipped > unclipped
+        low = clip_active & (adv < 0)
+        high = clip_active & (adv > 0)
+        pg = jnp.maximum(unclipped, clipped)
+        # d(−A·r)/dlogp = −A·r inside the clamp; the clipped branch is flat where it wins.
+        d_pg = jnp.where(clip_active | (jnp.abs(raw) >= LOG_RATIO_CLAMP), 0.0, unclipped)
     dual_active = jnp.zeros_like(active)
     if cfg.dual_clip is not None:
         bound = -adv * cfg.dual_clip
@@ -174,7 +259,8 @@ def _token_terms(cfg: _PPOConfig, logp, old, adv, w, ref):
         kl = d_kl = jnp.zeros_like(logp)
     counted = jnp.where(w > 0, 1.0, 0.0)
     sums = (w * pg, w * kl, counted * jnp.where(clip_active, 1.0, 0.0),
-            counted * jnp.where(dual_active, 1.0, 0.0), counted * ratio, counted * -log_ratio)
+            counted * jnp.where(dual_active, 1.0, 0.0), counted * ratio, counted * -log_ratio,
+            counted * jnp.where(low, 1.0, 0.0), counted * jnp.where(high, 1.0, 0.0))
     return sums, w * d_pg, w * d_kl
 
 
@@ -218,10 +304,10 @@ def _pallas_sums(cfg: _PPOConfig, logprobs, old, adv, w, ref):
     partial = pl.BlockSpec((None, 1, _LANES), lambda i: (i, 0, 0))
     parts = pl.pallas_call(
         functools.partial(_fwd_kernel, cfg=cfg),
-        out_shape=[jax.ShapeDtypeStruct((n_blocks, 1, _LANES), _F32)] * 6,
+        out_shape=[jax.ShapeDtypeStruct((n_blocks, 1, _LANES), _F32)] * _N_SUMS,
         grid=(n_blocks,),
         in_specs=[block] * len(tiles),
-        out_specs=[partial] * 6,
+        out_specs=[partial] * _N_SUMS,
         interpret=cfg.interpret,
         name="masked_ppo_loss_fwd",
     )(*tiles)
@@ -267,29 +353,34 @@ def _block_rows(n: int) -> int:
 
 def masked_ppo_loss(logprobs, old_logprobs, advantages, loss_weights, ref_logprobs=None, *,
                     clip_low=0.2, clip_high=None, dual_clip=None, kl_estimator="k3",
-                    impl="auto", block_rows=None, interpret=None) -> PPOLossSums:
-    """PPO-clip policy loss and KL-to-reference as weighted sums over ``[N]`` tokens.
+                    policy_loss="ppo", segment_ids=None, impl="auto", block_rows=None,
+                    interpret=None) -> PPOLossSums:
+    """PPO-family policy loss and KL-to-reference as weighted sums over ``[N]`` tokens.
 
     All inputs are 1-D ``[N]``; ``clip_high=None`` means ``clip_low``; ``dual_clip`` (e.g.
-    3.0) enables the dual clip for negative advantages. See the module docstring.
+    3.0) enables the dual clip for negative advantages (ppo/gspo). ``policy_loss`` is one of
+    ``POLICY_LOSSES``; "gspo" needs ``segment_ids`` ``[N]`` (module doc) and always runs the
+    reference path. See the module docstring.
     """
     if impl not in ("auto", "reference", "pallas"):
         raise ValueError(f"unknown impl {impl!r}; expected 'auto', 'reference' or 'pallas'")
     platform = default_platform()
     if impl == "auto":
         impl = "pallas" if platform in ("tpu", "gpu") else "reference"
-    if impl == "reference":
+    if impl == "reference" or policy_loss == "gspo":
         return reference_ppo_loss(logprobs, old_logprobs, advantages, loss_weights,
                                   ref_logprobs, clip_low=clip_low, clip_high=clip_high,
-                                  dual_clip=dual_clip, kl_estimator=kl_estimator)
+                                  dual_clip=dual_clip, kl_estimator=kl_estimator,
+                                  policy_loss=policy_loss, segment_ids=segment_ids)
     clip_low, clip_high, dual_clip = _check(
         logprobs, dict(old_logprobs=old_logprobs, advantages=advantages,
                        loss_weights=loss_weights, ref_logprobs=ref_logprobs),
-        clip_low, clip_high, dual_clip, kl_estimator)
+        clip_low, clip_high, dual_clip, kl_estimator, policy_loss)
     block_rows = _block_rows(logprobs.shape[0]) if block_rows is None else int(block_rows)
     if block_rows % 8 or block_rows & (block_rows - 1):
         raise ValueError(f"block_rows must be a power of two and a multiple of 8, "
                          f"got {block_rows}")
     cfg = _PPOConfig(clip_low, clip_high, dual_clip, kl_estimator, ref_logprobs is not None,
-                     block_rows, platform == "cpu" if interpret is None else bool(interpret))
+                     block_rows, platform == "cpu" if interpret is None else bool(interpret),
+                     policy_loss)
     return _pallas_ppo(cfg, logprobs, old_logprobs, advantages, loss_weights, ref_logprobs)

@@ -11,7 +11,9 @@ Policy objective (per token ``t`` with weight ``w_t``; see ``pallas_kernels.ppo_
     logp_t   = log softmax(h_t·W / τ)[y_t]                       (fused, no [N, V] logits)
     H_t      = −Σ_v p_v log p_v                                 (entropy of the same softmax)
     pg_t     = max(−A_t·r_t, −A_t·clip(r_t, 1−ε_lo, 1+ε_hi)),   r_t = exp(logp_t − old_t)
-               (dual clip: min(pg_t, −A_t·c) where A_t < 0)
+               (dual clip: min(pg_t, −A_t·c) where A_t < 0)                    policy_loss="ppo"
+    pg_t     = same with r_t → s_i = exp(mean_{u ∈ i} (logp_u − old_u)) of t's sample  "gspo"
+    pg_t     = −sg(clip(r_t, 1−ε_lo, 1+ε_hi))·A_t·logp_t                         "cispo"
     kl_t     = k1 | k2 | k3 of (logp_t − ref_t)                  (``algos/kl.py``)
 
     objective_sum = Σ w·pg + β·Σ w·kl − c_H·Σ w·H
@@ -34,16 +36,20 @@ from jax import lax
 
 from jaxrl_agentic.algos.reductions import loss_sum_and_denominator
 from pallas_kernels import masked_ppo_loss, token_logprobs
+from pallas_kernels.ppo_loss import POLICY_LOSSES
 
 KERNEL_IMPLS = ("auto", "reference", "chunked", "pallas")
+__all__ = ["POLICY_LOSSES", "KERNEL_IMPLS", "PolicyLossSums", "clipped_value_loss",
+           "entropy_bonus", "flat_segment_ids", "policy_loss", "ppo_loss_impl", "value_loss"]
 
 
 class PolicyLossSums(NamedTuple):
     """Scalar fp32 weighted sums of one micro-batch (divide by the global ``D``).
 
     ``objective = pg + kl_coef·kl − entropy_coef·entropy`` carries the gradient;
-    ``clipped``, ``dual_clipped``, ``ratio``, ``approx_kl_old`` and ``num_tokens`` are token
-    *counts* / unweighted sums over tokens with ``w > 0`` (divide by ``num_tokens``).
+    ``clipped``, ``dual_clipped``, ``ratio``, ``approx_kl_old``, ``clipped_low``,
+    ``clipped_high`` and ``num_tokens`` are token *counts* / unweighted sums over tokens with
+    ``w > 0`` (divide by ``num_tokens``; ``clipped = clipped_low + clipped_high``).
     """
 
     objective: jax.Array
@@ -55,6 +61,8 @@ class PolicyLossSums(NamedTuple):
     ratio: jax.Array
     approx_kl_old: jax.Array
     num_tokens: jax.Array
+    clipped_low: jax.Array
+    clipped_high: jax.Array
 
 
 def ppo_loss_impl(kernel_impl: str) -> str:
@@ -66,6 +74,21 @@ def ppo_loss_impl(kernel_impl: str) -> str:
     if kernel_impl not in KERNEL_IMPLS:
         raise ValueError(f"unknown kernel_impl {kernel_impl!r}; expected one of {KERNEL_IMPLS}")
     return "reference" if kernel_impl == "chunked" else kernel_impl
+
+
+def flat_segment_ids(segment_ids: jax.Array) -> jax.Array:
+    """``[B, T]`` per-row segment ids → ``[B·T]`` ids that are distinct across rows.
+
+    ``id + b·(T + 1)`` on row ``b`` (padding stays 0): the packer restarts ids at 1 on every
+    row, so once flattened, the last sample of a full row and the first of the next could
+    share an id and be read as one sample. ``[T]`` input is returned unchanged.
+    """
+    ids = jnp.asarray(segment_ids).astype(jnp.int32)
+    if ids.ndim == 1:
+        return ids
+    rows, width = ids.shape
+    offset = jnp.arange(rows, dtype=jnp.int32)[:, None] * (width + 1)
+    return jnp.where(ids > 0, ids + offset, 0).reshape(rows * width)
 
 
 def entropy_bonus(entropy: jax.Array, loss_weights: jax.Array) -> jax.Array:
@@ -95,8 +118,10 @@ def policy_loss(
     kl_estimator: str = "k3",
     entropy_coef: float = 0.0,
     impl: str = "auto",
+    policy_loss: str = "ppo",
+    segment_ids: jax.Array | None = None,
 ) -> PolicyLossSums:
-    """Token logprobs (+ entropy) → masked PPO sums → ``pg + β·kl − c_H·entropy``.
+    """Token logprobs (+ entropy) → masked policy-loss sums → ``pg + β·kl − c_H·entropy``.
 
     Args:
       hidden: ``[N, D]`` final-normed hidden states; row ``i`` predicts ``targets[i]``.
@@ -107,6 +132,12 @@ def policy_loss(
       entropy_coef: a Python float. When 0 the entropy is still reported but carries no
         gradient, so the fused backward skips its entropy term.
       impl: ``token_logprobs`` implementation; the PPO loss uses :func:`ppo_loss_impl`.
+      policy_loss: one of ``POLICY_LOSSES`` (module doc). "gspo" runs the jnp reference of
+        the loss whatever ``impl`` (the logprobs keep ``impl``).
+      segment_ids: which sample each of the N tokens belongs to (0 = padding), needed by
+        "gspo": ``[N]`` with each sample one contiguous run, or the packed ``[B, T]`` ids
+        with ``B·T = N`` (flattened here with :func:`flat_segment_ids`). Pass the ids the
+        reduction weights were computed with (prediction i lies in token i's segment).
     """
     logprobs, entropy = token_logprobs(
         hidden, lm_head, targets, temperature, return_entropy=True, impl=impl
@@ -123,6 +154,8 @@ def policy_loss(
         clip_high=clip_high,
         dual_clip=dual_clip,
         kl_estimator=kl_estimator,
+        policy_loss=policy_loss,
+        segment_ids=None if segment_ids is None else flat_segment_ids(segment_ids),
         impl=ppo_loss_impl(impl),
     )
     entropy_sum = entropy_bonus(entropy, loss_weights)
@@ -139,6 +172,8 @@ def policy_loss(
         ratio=sums.ratio,
         approx_kl_old=sums.approx_kl_old,
         num_tokens=jnp.sum(jnp.asarray(loss_weights) > 0).astype(jnp.float32),
+        clipped_low=sums.clipped_low,
+        clipped_high=sums.clipped_high,
     )
 
 
@@ -165,6 +200,7 @@ def value_loss(
     reduction: str = "token_mean",
     *,
     clip_eps: float | None = 0.2,
+    loss_norm_length: float | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """``(Σ w·ℓ, D)`` of the clipped value loss (module doc) under ``reduction``.
 
@@ -172,4 +208,5 @@ def value_loss(
     ``old_values`` those the advantages were computed with, ``returns`` the GAE targets.
     """
     per_token = clipped_value_loss(values, old_values, returns, clip_eps)
-    return loss_sum_and_denominator(per_token, loss_mask, segment_ids, reduction)
+    return loss_sum_and_denominator(per_token, loss_mask, segment_ids, reduction,
+                                    loss_norm_length=loss_norm_length)

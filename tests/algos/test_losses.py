@@ -11,12 +11,15 @@ import numpy as np
 import pytest
 
 from jaxrl_agentic.algos.losses import (
+    POLICY_LOSSES,
     clipped_value_loss,
     entropy_bonus,
+    flat_segment_ids,
     policy_loss,
     ppo_loss_impl,
     value_loss,
 )
+from jaxrl_agentic.algos.reductions import REDUCTIONS, loss_denominator, loss_weights
 
 # ratio r, advantage A → PPO term with ε = 0.2, and with dual clip c = 3 (where it differs).
 #   0: r=1.5 A=+1: max(-1.5, -1.2) = -1.2          clipped
@@ -162,3 +165,117 @@ def test_kernel_impl_pairing():
     assert ppo_loss_impl("pallas") == "pallas"
     with pytest.raises(ValueError, match="kernel_impl"):
         ppo_loss_impl("triton")
+
+
+# ----------------------------------------------------------------------------- variants × packing
+
+VOCAB = 5
+SAMPLE_LENGTHS = (6, 3, 5, 2, 4)
+
+
+def _variant_samples(seed=0):
+    """Per-sample (logits, targets, old, advantages, mask); old chosen so ratios get clipped."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i, n in enumerate(SAMPLE_LENGTHS):
+        logits = rng.normal(size=(n, VOCAB)).astype(np.float32)
+        targets = rng.integers(0, VOCAB, n).astype(np.int32)
+        log_p = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+        logp = log_p[np.arange(n), targets]
+        old = (logp + rng.normal(size=n) * 0.4).astype(np.float32)
+        adv = np.full(n, rng.normal() * 2, np.float32)  # one scalar per sample, as in GRPO
+        mask = np.ones(n, np.float32)
+        mask[: 1 + i % 2] = 0.0  # a prompt token or two
+        out.append((logits, targets, old, adv, mask))
+    return out
+
+
+def _layout(rows, width):
+    """[B, T] (sample, position) grids from rows given as lists of sample indices."""
+    sample = np.full((len(rows), width), -1)
+    pos = np.zeros((len(rows), width), int)
+    seg = np.zeros((len(rows), width), np.int32)
+    for r, members in enumerate(rows):
+        col = 0
+        for k, i in enumerate(members):
+            n = SAMPLE_LENGTHS[i]
+            sample[r, col:col + n], pos[r, col:col + n], seg[r, col:col + n] = i, range(n), k + 1
+            col += n
+    return sample, pos, seg
+
+
+def _accumulated_loss(theta, samples, micro_batches, width, variant, reduction):
+    """Σ_micro objective / Σ_micro D with each micro-batch a list of rows."""
+    offsets = np.cumsum((0,) + SAMPLE_LENGTHS)
+    total, denominator = 0.0, 0.0
+    for rows in micro_batches:
+        sample, pos, seg = _layout(rows, width)
+        flat = np.where(sample >= 0, offsets[np.maximum(sample, 0)] + pos, -1).reshape(-1)
+        pad = flat < 0
+
+        def pick(k, fill, flat=flat, pad=pad):
+            cat = np.concatenate([s[k] for s in samples])
+            return jnp.asarray(np.where(pad, fill, cat[np.maximum(flat, 0)]))
+
+        hidden = jnp.where(jnp.asarray(pad)[:, None], 0.0, theta[np.maximum(flat, 0)])
+        mask = pick(4, 0.0).reshape(seg.shape)
+        weights = loss_weights(mask, seg, reduction, loss_norm_length=8)
+        sums = policy_loss(hidden, jnp.eye(VOCAB), pick(1, 0).astype(jnp.int32),
+                           pick(2, np.nan), pick(3, np.nan), weights.reshape(-1),
+                           clip_low=0.2, clip_high=0.28, policy_loss=variant,
+                           segment_ids=seg, impl="reference")
+        total = total + sums.objective
+        denominator = denominator + loss_denominator(mask, seg, reduction)
+    return total / jnp.maximum(denominator, 1.0)
+
+
+@pytest.mark.parametrize("variant", POLICY_LOSSES)
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_variants_are_exact_under_any_packing(variant, reduction):
+    samples = _variant_samples()
+    theta = jnp.asarray(np.concatenate([s[0] for s in samples]))
+    layouts = {
+        # all five samples in one row
+        "one_row": ([[[0, 1, 2, 3, 4]]], 20),
+        # sample 0 fills row 0 exactly, so row 1's first sample (id 1) follows it directly
+        # in the flattened array: the per-sample mean must not merge them.
+        "rows": ([[[0], [1, 3], [2], [4], []]], 6),
+        # the same rows as four micro-batches (the empty row is its own, all padding)
+        "micro": ([[[0]], [[1, 3], [2]], [[4]], [[]]], 6),
+        "reordered": ([[[4, 2]], [[3, 0, 1]]], 14),
+    }
+    values, grads = {}, {}
+    for name, (micro_batches, width) in layouts.items():
+        fn = lambda t, m=micro_batches, w=width: _accumulated_loss(  # noqa: E731
+            t, samples, m, w, variant, reduction)
+        values[name], grads[name] = jax.value_and_grad(fn)(theta)
+    assert np.all(np.isfinite(np.asarray(grads["one_row"])))
+    assert float(jnp.max(jnp.abs(grads["one_row"]))) > 1e-3
+    for name in layouts:
+        np.testing.assert_allclose(values[name], values["one_row"], rtol=1e-5, err_msg=name)
+        np.testing.assert_allclose(grads[name], grads["one_row"], rtol=1e-5, atol=1e-7,
+                                   err_msg=name)
+
+
+def test_flat_segment_ids_separate_rows():
+    seg = jnp.array([[1, 1, 1], [1, 2, 0]])
+    np.testing.assert_array_equal(flat_segment_ids(seg), [1, 1, 1, 5, 6, 0])
+    np.testing.assert_array_equal(flat_segment_ids(seg[0]), [1, 1, 1])
+
+
+def test_gspo_and_cispo_through_policy_loss_by_hand():
+    # One sample, two loss tokens with ratios 1.5 and 0.5, A = +1, ε = 0.2 (see test_ppo_loss
+    # for the kernel-level tables): GSPO's s = √0.75 is inside the band, PPO clips token 0.
+    logits, targets, _, _, old = _example()
+    w = np.zeros(8, np.float32)
+    w[[0, 2]] = 1.0  # ratios 1.5 and 0.5, A = +1 on both
+    seg = np.array([1, 1, 1, 2, 2, 2, 3, 3])
+    args = (jnp.asarray(logits), jnp.eye(4), jnp.asarray(targets), jnp.asarray(old),
+            jnp.asarray(ADVANTAGES, jnp.float32), jnp.asarray(w))
+    ppo = policy_loss(*args, impl="reference")
+    gspo = policy_loss(*args, policy_loss="gspo", segment_ids=jnp.asarray(seg))
+    assert float(ppo.pg) == pytest.approx(-1.2 - 0.5, abs=1e-5)
+    assert float(gspo.pg) == pytest.approx(-2 * np.sqrt(0.75), abs=1e-5)
+    assert float(ppo.clipped_high) == 1 and float(gspo.clipped) == 0
+    cispo = policy_loss(*args, policy_loss="cispo")
+    assert float(cispo.clipped_high) == 1 and float(cispo.clipped_low) == 1

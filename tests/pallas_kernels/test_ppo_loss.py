@@ -231,3 +231,124 @@ def test_rejects_bad_arguments():
         masked_ppo_loss(x, x, x, x, impl="chunked")
     with pytest.raises(ValueError, match="block_rows"):
         masked_ppo_loss(x, x, x, x, impl="pallas", block_rows=12)
+
+
+# ----------------------------------------------------------------------------- variants
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_clip_low_and_high_split_clipped(impl):
+    logp, old, adv, w = _hand_example()
+    # From the hand example: r=1.5, A=+1 is capped from above; r=0.5, A=−1 from below.
+    sums = masked_ppo_loss(logp, old, adv, w, impl=impl)
+    assert float(sums.clipped_high) == 1.0 and float(sums.clipped_low) == 1.0
+    assert float(sums.clipped) == float(sums.clipped_low + sums.clipped_high)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_cispo_keeps_the_tokens_ppo_clips(impl):
+    logp, old, adv, w = _hand_example()
+    # −sg(clip(r, 0.8, 1.2))·A·logp with gradient −clip(r)·A on every weighted token:
+    #   r=1.5, A=1:  weight 1.2  grad −1.2   (PPO: clipped, grad 0)
+    #   r=0.5, A=−1: weight 0.8  grad  0.8   (PPO: clipped, grad 0)
+    #   r=1.1, A=2:  weight 1.1  grad −2.2   (= PPO)
+    #   r=4,   A=−2: weight 1.2  grad  2.4   (PPO: −A·r = 8)
+    logp = logp.at[:4].set(jnp.asarray([-0.5, -1.0, -2.0, -0.25]))
+    old = old.at[:4].set(logp[:4] - jnp.log(jnp.asarray([1.5, 0.5, 1.1, 4.0])))
+    (_, sums), grad = _loss_and_grad(impl, old, adv, w, policy_loss="cispo")(logp)
+    np.testing.assert_allclose(grad, [-1.2, 0.8, -2.2, 2.4, 0.0, 0.0], rtol=1e-5, atol=1e-6)
+    expected_pg = -1.2 * -0.5 + 0.8 * -1.0 - 2.2 * -2.0 + 2.4 * -0.25
+    np.testing.assert_allclose(sums.pg, expected_pg, rtol=1e-5)
+    # Weight truncated on 3 tokens: r=0.5 from below, r=1.5 and r=4 from above.
+    assert (float(sums.clipped), float(sums.clipped_low), float(sums.clipped_high)) == (3, 1, 2)
+    (_, _), ppo_grad = _loss_and_grad(impl, old, adv, w)(logp)
+    np.testing.assert_allclose(ppo_grad[:2], [0.0, 0.0], atol=1e-7)
+
+
+def _gspo_example():
+    """Three samples in one row (ε = 0.2), each with A = ±1 on all its loss tokens:
+
+    seg 1: d = log 1.5, log 0.5 (+ a masked garbage token), A = +1
+    seg 2: d = log 2, log 2, A = −1
+    seg 3: d = log 1.5, log 1.5, A = +1
+    then 2 padding tokens.
+    """
+    d = np.log([1.5, 1.0, 0.5, 2.0, 2.0, 1.5, 1.5, 1.0, 1.0])
+    logp = np.array([-1.0, 9.0, -2.0, -0.5, -0.7, -1.5, -0.2, 0.0, 0.0])
+    old = logp - d
+    old[1] = np.nan
+    adv = np.array([1.0, np.inf, 1.0, -1.0, -1.0, 1.0, 1.0, 0.0, 0.0])
+    w = np.array([1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0])
+    seg = np.array([1, 1, 1, 2, 2, 3, 3, 0, 0])
+    return [jnp.asarray(x, jnp.float32) for x in (logp, old, adv, w)] + [jnp.asarray(seg)]
+
+
+@pytest.mark.parametrize("impl", IMPLS)  # "pallas" falls back to the reference for gspo
+def test_gspo_sequence_ratio_by_hand(impl):
+    logp, old, adv, w, seg = _gspo_example()
+    s1 = np.sqrt(1.5 * 0.5)  # exp(mean(log 1.5, log 0.5)) = 0.866, inside [0.8, 1.2]
+    # seg 1: −A·s1 on each of 2 tokens; grad of Σ_u −A·s1 w.r.t. each logp_t = −s1·2/2.
+    # seg 2: s = 2, A = −1: max(2, 1.2) = 2 per token → 4; grad = +2·2/2 = 2 per token.
+    # seg 3: s = 1.5, A = +1: clipped at 1.2 → −1.2 per token, grad 0.
+    (_, sums), grad = _loss_and_grad(impl, old, adv, w, policy_loss="gspo",
+                                     segment_ids=seg)(logp)
+    np.testing.assert_allclose(sums.pg, -2 * s1 + 4.0 - 2.4, rtol=1e-5)
+    np.testing.assert_allclose(grad, [-s1, 0, -s1, 2, 2, 0, 0, 0, 0], rtol=1e-5, atol=1e-6)
+    assert (float(sums.clipped), float(sums.clipped_low), float(sums.clipped_high)) == (2, 0, 2)
+    np.testing.assert_allclose(sums.ratio, 2 * s1 + 4.0 + 3.0, rtol=1e-5)
+    # approx_kl_old stays token level: Σ (old − logp) over the 6 loss tokens.
+    np.testing.assert_allclose(sums.approx_kl_old, -np.log(1.5 * 0.5 * 4 * 2.25), rtol=1e-5)
+    # Token-level PPO on the same data differs: seg 1 token 0 (r = 1.5) is clipped there.
+    ppo = masked_ppo_loss(logp, old, adv, w, impl=impl)
+    np.testing.assert_allclose(ppo.pg, -1.2 - 0.5 + 4.0 - 2.4, rtol=1e-5)
+    assert abs(float(ppo.pg) - float(sums.pg)) > 0.03
+
+
+def test_gspo_single_token_samples_equal_ppo():
+    # With one loss token per sample the sequence ratio is the token ratio.
+    seg, mask, logp, old, adv = _packed_batch()
+    ids = np.arange(1, mask.size + 1)
+    flat = [jnp.asarray(x.reshape(-1), jnp.float32) for x in (logp, old, adv, mask)]
+    kw = dict(clip_high=0.28, dual_clip=3.0)
+    g = masked_ppo_loss(*flat, policy_loss="gspo", segment_ids=jnp.asarray(ids), **kw)
+    p = masked_ppo_loss(*flat, impl="reference", **kw)
+    for name in PPOLossSums._fields:
+        np.testing.assert_allclose(getattr(g, name), getattr(p, name), rtol=1e-6, err_msg=name)
+
+
+def test_gspo_huge_log_ratio_stays_finite():
+    logp = jnp.asarray([0.0, 0.0, 0.0])
+    old = jnp.asarray([-5000.0, -5000.0, 0.0])
+    adv, w, seg = jnp.asarray([1.0, 1.0, -1.0]), jnp.ones(3), jnp.asarray([1, 1, 2])
+    (value, sums), grad = _loss_and_grad("reference", old, adv, w, policy_loss="gspo",
+                                         segment_ids=seg)(logp)
+    assert np.isfinite(float(value)) and np.all(np.isfinite(np.asarray(grad)))
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k3"])
+def test_cispo_kernel_matches_reference_random(estimator):
+    n = 2500
+    rng = np.random.default_rng(11)
+    logp = rng.normal(size=n) * 0.5 - 1.0
+    old = jnp.asarray(logp + rng.normal(size=n) * 0.6, jnp.float32)
+    adv = jnp.asarray(rng.normal(size=n) * 2.0, jnp.float32)
+    w = jnp.asarray((rng.uniform(size=n) > 0.3) * rng.uniform(0.1, 1.0, size=n), jnp.float32)
+    ref = jnp.asarray(logp + rng.normal(size=n) * 0.3, jnp.float32)
+    lp = jnp.asarray(logp, jnp.float32)
+    kw = dict(clip_high=0.28, kl_estimator=estimator, policy_loss="cispo")
+    (v_ref, s_ref), g_ref = _loss_and_grad("reference", old, adv, w, ref, **kw)(lp)
+    (v_k, s_k), g_k = _loss_and_grad("pallas", old, adv, w, ref, block_rows=8, **kw)(lp)
+    for name in PPOLossSums._fields:
+        np.testing.assert_allclose(getattr(s_k, name), getattr(s_ref, name), rtol=1e-5,
+                                   atol=1e-4, err_msg=name)
+    np.testing.assert_allclose(g_k, g_ref, rtol=1e-5, atol=1e-7)
+
+
+def test_variant_arguments_are_checked():
+    x = jnp.zeros(4)
+    with pytest.raises(ValueError, match="policy_loss"):
+        masked_ppo_loss(x, x, x, x, policy_loss="grpo")
+    with pytest.raises(ValueError, match="segment_ids"):
+        masked_ppo_loss(x, x, x, x, policy_loss="gspo")
+    with pytest.raises(ValueError, match="dual_clip"):
+        masked_ppo_loss(x, x, x, x, policy_loss="cispo", dual_clip=3.0, impl="pallas")
