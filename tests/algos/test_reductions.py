@@ -19,6 +19,8 @@ from jaxrl_agentic.algos.reductions import (
 from jaxrl_agentic.data.packing import pack_samples, pad_rows
 from jaxrl_agentic.data.types import Sample
 
+NORM_LENGTH = 16.0  # Dr. GRPO's constant L for seq_mean_token_sum_norm
+
 
 def brute_force(samples, reduction):
     """The reduction written per sample; ``advantages`` stands in for the per-token loss."""
@@ -28,6 +30,8 @@ def brute_force(samples, reduction):
         return sum(float(l.sum()) for l in trained) / max(sum(l.size for l in trained), 1)
     if reduction == "seq_mean_token_sum":
         return sum(float(l.sum()) for l in trained) / max(len(trained), 1)
+    if reduction == "seq_mean_token_sum_norm":
+        return sum(float(l.sum()) / NORM_LENGTH for l in trained) / max(len(trained), 1)
     return sum(float(l.mean()) for l in trained) / max(len(trained), 1)
 
 
@@ -54,7 +58,8 @@ def random_samples(seed, n=23):
 
 
 _jitted = {
-    r: jax.jit(lambda l, m, s, r=r: loss_sum_and_denominator(l, m, s, r)) for r in REDUCTIONS
+    r: jax.jit(lambda l, m, s, r=r: loss_sum_and_denominator(
+        l, m, s, r, loss_norm_length=NORM_LENGTH)) for r in REDUCTIONS
 }
 
 
@@ -83,9 +88,11 @@ def test_hand_example_one_row():
     loss = jnp.array([1.0, 3.0, 9.0, 2.0, 4.0, 6.0, 5.0, 7.0, 0.0])
     mask = jnp.array([1, 1, 0, 1, 1, 1, 0, 0, 0])
     seg = jnp.array([1, 1, 2, 2, 2, 2, 3, 3, 0])
-    expected = {"token_mean": 16 / 5, "seq_mean_token_sum": 16 / 2, "seq_mean_token_mean": 3.0}
+    # Dr. GRPO with L = 4: (4/4 + 12/4) / 2 segments.
+    expected = {"token_mean": 16 / 5, "seq_mean_token_sum": 16 / 2, "seq_mean_token_mean": 3.0,
+                "seq_mean_token_sum_norm": 2.0}
     for reduction, value in expected.items():
-        s, d = loss_sum_and_denominator(loss, mask, seg, reduction)
+        s, d = loss_sum_and_denominator(loss, mask, seg, reduction, loss_norm_length=4)
         assert float(finalize_loss(s, d)) == pytest.approx(value)
     np.testing.assert_allclose(
         loss_weights(mask, seg, "seq_mean_token_mean"), [0.5, 0.5, 0, 1 / 3, 1 / 3, 1 / 3, 0, 0, 0]
@@ -106,8 +113,8 @@ def test_one_dimensional_rows_and_padding_mask_ignored():
     mask = jnp.array([1, 1, 0, 1])
     seg = jnp.array([1, 1, 2, 0])
     for reduction in REDUCTIONS:
-        w1 = loss_weights(mask, seg, reduction)
-        w2 = loss_weights(mask[None], seg[None], reduction)
+        w1 = loss_weights(mask, seg, reduction, loss_norm_length=2)
+        w2 = loss_weights(mask[None], seg[None], reduction, loss_norm_length=2)
         assert w1.shape == (4,) and w2.shape == (1, 4)
         np.testing.assert_array_equal(w1, w2[0])
         assert float(w1[3]) == 0
@@ -119,7 +126,8 @@ def test_one_dimensional_rows_and_padding_mask_ignored():
 def test_all_masked_batch_gives_zero_loss_not_nan():
     mask, seg = jnp.zeros((2, 4)), jnp.array([[1, 1, 2, 0], [0, 0, 0, 0]])
     for reduction in REDUCTIONS:
-        s, d = loss_sum_and_denominator(jnp.full((2, 4), jnp.inf), mask, seg, reduction)
+        s, d = loss_sum_and_denominator(jnp.full((2, 4), jnp.inf), mask, seg, reduction,
+                                        loss_norm_length=8)
         assert float(d) == 0 and float(finalize_loss(s, d)) == 0
 
 
@@ -142,3 +150,15 @@ def test_dividing_per_micro_batch_is_wrong():
 def test_unknown_reduction():
     with pytest.raises(ValueError, match="unknown loss reduction 'mean'"):
         loss_weights(jnp.ones(3), jnp.ones(3, jnp.int32), "mean")
+
+
+def test_dr_grpo_weights_do_not_depend_on_reply_length():
+    # Two samples of 2 and 6 loss tokens: every token weighs 1/L, so a long reply's tokens are
+    # not diluted as under seq_mean_token_mean (1/2 vs 1/6), and D counts the 2 samples.
+    mask = jnp.array([[1, 1, 0, 1, 1, 1, 1, 1, 1]])
+    seg = jnp.array([[1, 1, 2, 2, 2, 2, 2, 2, 2]])
+    w = loss_weights(mask, seg, "seq_mean_token_sum_norm", loss_norm_length=8)
+    np.testing.assert_allclose(w, [[1 / 8] * 2 + [0] + [1 / 8] * 6])
+    assert float(loss_denominator(mask, seg, "seq_mean_token_sum_norm")) == 2
+    with pytest.raises(ValueError, match="loss_norm_length"):
+        loss_weights(mask, seg, "seq_mean_token_sum_norm")
