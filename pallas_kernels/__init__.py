@@ -9,6 +9,7 @@ from pallas_kernels.ppo_loss import (
     masked_ppo_loss,
     reference_ppo_loss,
 )
+from pallas_kernels.restricted_logprobs import restricted_token_logprobs, support_mask
 from pallas_kernels.token_logprobs import (
     LogprobBlocks,
     choose_blocks,
@@ -28,5 +29,7 @@ __all__ = [
     "reference_ppo_loss",
     "reference_token_logprobs",
     "resolve_impl",
+    "restricted_token_logprobs",
+    "support_mask",
     "token_logprobs",
 ]

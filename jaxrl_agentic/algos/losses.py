@@ -35,7 +35,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxrl_agentic.algos.reductions import loss_sum_and_denominator
-from pallas_kernels import masked_ppo_loss, token_logprobs
+from pallas_kernels import masked_ppo_loss, restricted_token_logprobs, token_logprobs
 from pallas_kernels.ppo_loss import POLICY_LOSSES
 
 KERNEL_IMPLS = ("auto", "reference", "chunked", "pallas")
@@ -120,6 +120,8 @@ def policy_loss(
     impl: str = "auto",
     policy_loss: str = "ppo",
     segment_ids: jax.Array | None = None,
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> PolicyLossSums:
     """Token logprobs (+ entropy) → masked policy-loss sums → ``pg + β·kl − c_H·entropy``.
 
@@ -138,10 +140,19 @@ def policy_loss(
         "gspo": ``[N]`` with each sample one contiguous run, or the packed ``[B, T]`` ids
         with ``B·T = N`` (flattened here with :func:`flat_segment_ids`). Pass the ids the
         reduction weights were computed with (prediction i lies in token i's segment).
+      top_k, top_p: the sampler's support restriction (0 / 1.0 = none). When set, logprob
+        and entropy are those of the renormalised distribution the sampler drew from
+        (``pallas_kernels.restricted_token_logprobs``, jnp only, whatever ``impl``);
+        ``old_logprobs`` must then be restricted logprobs too.
     """
-    logprobs, entropy = token_logprobs(
-        hidden, lm_head, targets, temperature, return_entropy=True, impl=impl
-    )
+    if top_k > 0 or top_p < 1.0:
+        logprobs, entropy = restricted_token_logprobs(
+            hidden, lm_head, targets, temperature, top_k=top_k, top_p=top_p,
+            return_entropy=True)
+    else:
+        logprobs, entropy = token_logprobs(
+            hidden, lm_head, targets, temperature, return_entropy=True, impl=impl
+        )
     if entropy_coef == 0:
         entropy = lax.stop_gradient(entropy)
     sums = masked_ppo_loss(

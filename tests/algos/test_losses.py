@@ -279,3 +279,17 @@ def test_gspo_and_cispo_through_policy_loss_by_hand():
     assert float(ppo.clipped_high) == 1 and float(gspo.clipped) == 0
     cispo = policy_loss(*args, policy_loss="cispo")
     assert float(cispo.clipped_high) == 1 and float(cispo.clipped_low) == 1
+
+
+def test_policy_loss_with_top_k_uses_the_restricted_logprobs():
+    # With old = the restricted logprob, every ratio is 1: pg = −Σ w·A exactly.
+    from pallas_kernels import restricted_token_logprobs
+
+    logits, targets, _, _, _ = _example()
+    targets = np.argmax(logits, axis=-1).astype(np.int32)  # inside any top-2 set
+    h, y = jnp.asarray(logits), jnp.asarray(targets)
+    old = restricted_token_logprobs(h, jnp.eye(4), y, top_k=2)
+    out = policy_loss(h, jnp.eye(4), y, old, jnp.asarray(ADVANTAGES, jnp.float32),
+                      jnp.asarray(WEIGHTS), top_k=2, impl="reference")
+    assert float(out.ratio) == pytest.approx(7.0, abs=1e-5)
+    assert float(out.pg) == pytest.approx(-float(np.sum(WEIGHTS[:7] * ADVANTAGES[:7])), abs=1e-5)
