@@ -92,7 +92,6 @@ def run(c, *, log=print) -> dict[str, float]:
         initialize_distributed(c.distributed.coordinator_address,
                                c.distributed.num_processes, c.distributed.process_id)
     from jaxrl_agentic.checkpoint import Checkpointer, resolve_checkpoint
-    from jaxrl_agentic.data import pack_samples
     from jaxrl_agentic.data.debug import dump_batch
     from jaxrl_agentic.metrics_writer import MetricsWriter, console_line, save_gif
     from jaxrl_agentic.pipeline import Pipeline
@@ -144,9 +143,7 @@ def run(c, *, log=print) -> dict[str, float]:
                     f"(last at step {step}); stopping. The last checkpoint holds finite params."
                 )
             if c.debug.dump_dir and samples and main_process:
-                dump_batch(c.debug.dump_dir, step, pack_samples(
-                    samples, micro_batch_max_tokens=c.micro_batch_max_tokens,
-                    sequence_length=c.sequence_length))
+                dump_batch(c.debug.dump_dir, step, pipeline.learner_cfg.packing.pack(samples))
             if step % c.eval_steps == 0 or step == c.max_steps:
                 eval_metrics, _ = pipeline.evaluate()
                 metrics.update(eval_metrics)

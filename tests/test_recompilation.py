@@ -143,8 +143,9 @@ def test_no_compilation_after_warmup_while_episode_lengths_change(warm_pipeline)
     # Control: one more step whose batch rows are longer than any compiled so far does
     # show up, so an empty list above means nothing compiled, not that nothing was seen.
     learner = pipeline.learner
-    learner.config = dataclasses.replace(
-        learner.config, micro_batch_max_tokens=learner.config.micro_batch_max_tokens + 64)
+    longer = dataclasses.replace(learner.config.packing, micro_batch_max_tokens=(
+        learner.config.packing.micro_batch_max_tokens + 64))
+    learner.config = learner.engine.config = dataclasses.replace(learner.config, packing=longer)
     with CompileEvents() as counter:
         pipeline.train_step()
     assert any("train_step" in name for name in counter.programs), counter.programs
@@ -153,11 +154,11 @@ def test_no_compilation_after_warmup_while_episode_lengths_change(warm_pipeline)
 def learner_programs_after_warmup(fixed_rows: bool):
     """What the pipeline test cannot force at test size, on the learner directly: three
     warm-up steps of short episodes, then steps whose episodes grow, through the two calls
-    a pipeline step makes (`logprob_mismatch`'s `sample_logprobs`, then `Learner.step`).
+    a pipeline step makes (the mismatch check's `sample_logprobs`, then the updates).
     Returns (rows needed per warm-up step, per measured step, programs compiled after)."""
     from flax import nnx
 
-    from jaxrl_agentic.data import Sample, pack_samples
+    from jaxrl_agentic.data import PackingConfig, Sample, pack_samples
     from jaxrl_agentic.learner import Learner, LearnerConfig
     from jaxrl_agentic.models.config import ModelConfig
     from jaxrl_agentic.models.transformer import Transformer
@@ -167,8 +168,8 @@ def learner_programs_after_warmup(fixed_rows: bool):
                                     num_key_value_heads=1, head_dim=16), rngs=nnx.Rngs(0))
     graphdef, params = nnx.split(model)
     # The default recipe's packing rules (rows_bucket 4) at a small row length.
-    config = LearnerConfig(mini_batch_size=8, micro_batch_max_tokens=64, sequence_length=64,
-                           rows_bucket=4, fixed_rows=fixed_rows, learning_rate=1e-3)
+    config = LearnerConfig(mini_batch_size=8, learning_rate=1e-3, packing=PackingConfig(
+        micro_batch_max_tokens=64, sequence_length=64, rows_bucket=4, fixed_rows=fixed_rows))
     learner = Learner(graphdef, params, config)
     rng = np.random.default_rng(0)
 

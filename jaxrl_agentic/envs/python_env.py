@@ -39,7 +39,7 @@ import functools
 import hashlib
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import jax
 
@@ -48,8 +48,14 @@ from jaxrl_agentic.envs.gymnax_adapter import PREFIX as GYMNAX_PREFIX
 from jaxrl_agentic.envs.messages import feedback_message, first_message
 from jaxrl_agentic.envs.registry import make, registered_envs
 
-if TYPE_CHECKING:
-    from jaxrl_agentic.rollout.loop import EpisodeSpec
+
+class EpisodeKey(Protocol):
+    """What a factory reads of the episode it makes (``rollout.groups.EpisodeSpec`` is one;
+    environments do not import the rollout layer above them)."""
+
+    seed: int
+    group_id: int
+    member: int
 
 # How long `hang_on_step` sleeps: "forever" for a test, finite so the thread ends one day.
 HANG_SECONDS = 3600.0
@@ -84,7 +90,7 @@ class PythonTextEnv:
         raise NotImplementedError(f"{type(self).__name__} must implement state_hash()")
 
 
-PythonEnvFactory = Callable[["EpisodeSpec", int], PythonTextEnv]
+PythonEnvFactory = Callable[[EpisodeKey, int], PythonTextEnv]
 FactoryBuilder = Callable[..., PythonEnvFactory]
 
 
@@ -171,7 +177,7 @@ def jax_env_factory(env_type: str, *, step_delay_s: float = 0.0, hang_on_step: i
     env, params = make(env_type, **env_config)
     compiled = _compile(env)
 
-    def factory(spec: EpisodeSpec, run_seed: int) -> JaxEnvAsPython:
+    def factory(spec: EpisodeKey, run_seed: int) -> JaxEnvAsPython:
         return JaxEnvAsPython(env, params, member=spec.member, run_seed=run_seed,
                               step_delay_s=step_delay_s, hang_on_step=hang_on_step,
                               _compiled=compiled)

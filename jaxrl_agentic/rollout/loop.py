@@ -32,6 +32,7 @@ from jaxrl_agentic.data.trajectory import Trajectory, Turn
 from jaxrl_agentic.envs import INVALID_ACTION, episode_metrics
 from jaxrl_agentic.envs.messages import feedback_message, first_message  # noqa: F401 (re-exported)
 from jaxrl_agentic.rollout.conversation import ChatFormatter
+from jaxrl_agentic.rollout.groups import EpisodeSpec
 from jaxrl_agentic.sampler import Sampler
 
 
@@ -42,15 +43,9 @@ class GenerationConfig:
     top_p: float = 1.0
     top_k: int = 0
     greedy: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class EpisodeSpec:
-    """One episode to play: which seed (map) and which group it belongs to."""
-
-    seed: int
-    group_id: int
-    member: int  # index within the group (members share the map, not the dynamics noise)
+    # Token ids that end a reply besides EOS (e.g. a closing tag's id); the chat is then
+    # closed with an EOS the model did not generate (loss mask 0), as at the length limit.
+    stop_token_ids: tuple[int, ...] = ()
 
 
 class RolloutRunner:
@@ -221,6 +216,7 @@ def generate_replies(session, rows: list[int], trajs: list[Trajectory], formatte
         top_k=gen.top_k,
         greedy=gen.greedy,
         seed=seed,
+        stop_token_ids=list(gen.stop_token_ids) or None,
         params=params,
         # Noise keyed by episode id: the same episode samples the same reply in any batch
         # and on any process.

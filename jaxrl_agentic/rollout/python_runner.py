@@ -39,8 +39,8 @@ from jaxrl_agentic.data.trajectory import Trajectory
 from jaxrl_agentic.envs import INVALID_ACTION
 from jaxrl_agentic.envs.python_env import PyStep, PythonEnvFactory, PythonTextEnv
 from jaxrl_agentic.rollout.conversation import ChatFormatter
+from jaxrl_agentic.rollout.groups import EpisodeSpec
 from jaxrl_agentic.rollout.loop import (
-    EpisodeSpec,
     GenerationConfig,
     append_prompts,
     generate_replies,
