@@ -47,6 +47,7 @@ from jaxrl_agentic.data import Sample, updates_per_step
 from jaxrl_agentic.models.value import ValueModel, state_values
 from jaxrl_agentic.parallel import make_mesh, train_state_shardings
 from jaxrl_agentic.update import (
+    EngineDriver,
     UpdateConfig,
     UpdateEngine,
     UpdateLoss,
@@ -258,7 +259,7 @@ def _aggregate(per_update: list[dict[str, np.ndarray]]) -> dict[str, float]:
     }
 
 
-class Critic:
+class Critic(EngineDriver):
     """Host driver of the critic: values for GAE, and ``ppo_epochs · ceil(n / mini_batch)``
     value-loss updates per pipeline step (``update.UpdateEngine``).
 
@@ -278,26 +279,6 @@ class Critic:
         self.engine = UpdateEngine(state, value_update_loss(self.graphdef, config), config,
                                    self.mesh, shardings, CRITIC_BATCH_KEYS)
         self.compute_values = make_compute_values(self.graphdef, self.mesh, shardings.params)
-
-    @property
-    def state(self) -> CriticState:
-        return self.engine.state
-
-    @state.setter
-    def state(self, state: CriticState) -> None:
-        self.engine.state = state
-
-    @property
-    def state_shardings(self):
-        return self.engine.state_shardings
-
-    @property
-    def np_rng(self) -> np.random.Generator:
-        return self.engine.np_rng
-
-    @property
-    def params(self):
-        return self.state.params
 
     # ---- values -----------------------------------------------------------------------------
     def sample_values(self, samples: Sequence[Sample]) -> list[np.ndarray]:

@@ -44,6 +44,7 @@ from jaxrl_agentic.algos.reductions import REDUCTIONS, loss_denominator, loss_we
 from jaxrl_agentic.data import Sample, token_stats, updates_per_step
 from jaxrl_agentic.parallel import make_mesh, place, train_state_shardings
 from jaxrl_agentic.update import (
+    EngineDriver,
     UpdateConfig,
     UpdateEngine,
     UpdateLoss,
@@ -345,7 +346,7 @@ def logprob_mismatch(samples: Sequence[Sample], recomputed: Sequence[np.ndarray]
     return gap / max(sum(s.num_loss_tokens for s in samples), 1)
 
 
-class Learner:
+class Learner(EngineDriver):
     """Host driver of one pipeline step: samples in, ``ppo_epochs · ceil(n / mini_batch)``
     optimizer updates, metrics out.
 
@@ -368,26 +369,6 @@ class Learner:
                                    self.mesh, shardings, batch_keys)
         self.compute_logprobs = make_compute_logprobs(graphdef, config, self.mesh,
                                                       shardings.params)
-
-    @property
-    def state(self) -> TrainState:
-        return self.engine.state
-
-    @state.setter
-    def state(self, state: TrainState) -> None:
-        self.engine.state = state
-
-    @property
-    def state_shardings(self):
-        return self.engine.state_shardings
-
-    @property
-    def np_rng(self) -> np.random.Generator:
-        return self.engine.np_rng
-
-    @property
-    def params(self):
-        return self.state.params
 
     # ---- logprobs -------------------------------------------------------------------------
     def sample_logprobs(self, samples: Sequence[Sample], *, reference: bool = False):

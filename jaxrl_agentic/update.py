@@ -426,6 +426,33 @@ class UpdateEngine:
         return jax.device_get(per_update), packed  # one host sync for the whole step
 
 
+class EngineDriver:
+    """Base of the host drivers that own an ``engine`` (:class:`UpdateEngine`): its train
+    state (read and replaced, e.g. on restore), shardings, shuffle rng and parameters."""
+
+    engine: UpdateEngine
+
+    @property
+    def state(self):
+        return self.engine.state
+
+    @state.setter
+    def state(self, state) -> None:
+        self.engine.state = state
+
+    @property
+    def state_shardings(self):
+        return self.engine.state_shardings
+
+    @property
+    def np_rng(self) -> np.random.Generator:
+        return self.engine.np_rng
+
+    @property
+    def params(self):
+        return self.state.params
+
+
 def applied(per_update: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
     """The updates the non-finite guard kept."""
     return [m for m in per_update if int(m["nonfinite"]) == 0]
