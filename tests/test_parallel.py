@@ -213,7 +213,7 @@ def test_sharded_train_steps_match_single_device(sharded_report):
     learner = sharded_report["learner"]
     assert learner["batch/num_micro_batches"] == 8  # 2 rows needed, padded to the 8 shards
     assert learner["tokens/loss"] == 5 * 6 and learner["tokens/real"] == 50
-    assert np.isfinite(learner["loss/total"]) and learner["optim/nonfinite_updates"] == 0
+    assert np.isfinite(learner["actor/loss"]) and learner["optim/nonfinite_updates"] == 0
 
 
 def test_parameters_are_really_sharded(sharded_report):
