@@ -20,7 +20,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 
-from jaxrl_agentic import typed_configs
+from jaxrl_agentic import timing, typed_configs
 from jaxrl_agentic.algos import advantages as adv
 from jaxrl_agentic.algos.kl import kl_estimate
 from jaxrl_agentic.algos.schedules import ChunkEstimator, LearningRatePlan
@@ -208,6 +208,7 @@ class Pipeline:
             self._sampler_version = version
         return self._sampler_params
 
+    @timing.spanned("rollout/other")
     def rollout(self, split: str, *, greedy: bool = False, step: int | None = None,
                 cursor: int | None = None, params=None):
         """Plays the episodes of pipeline step `step` (default: the current one) with
@@ -235,6 +236,7 @@ class Pipeline:
         return sorted((t for share in shares for t in share), key=lambda t: t.traj_id)
 
     # ---- advantages and samples ---------------------------------------------------------------
+    @timing.spanned("samples")
     def make_samples(self, trajs):
         """Advantages → samples (``build_samples``), shaped, and their counts."""
         c = self.c
@@ -265,6 +267,7 @@ class Pipeline:
         return samples
 
     # ---- one pipeline step ----------------------------------------------------------------------
+    @timing.spanned("pipeline_other")
     def train_step(self) -> tuple[dict[str, float], list, list]:
         """One pipeline step → (metrics, trajectories, samples)."""
         c = self.c
@@ -288,8 +291,10 @@ class Pipeline:
             updates = updates_per_step(len(samples), c.mini_batch_size, c.ppo_epochs)
             lrs = self.lr_plan.learning_rates(self.step, updates)
             if self.critic is not None:  # values for this step were computed before updating
-                metrics.update(self.critic.step(samples))
-            metrics.update(self.learner.step(samples, lrs))
+                with timing.span("critic"):
+                    metrics.update(self.critic.step(samples))
+            with timing.span("learner"):
+                metrics.update(self.learner.step(samples, lrs))
             metrics["critic/advantages_mean"] = _mean(
                 float(s.advantages[s.loss_mask > 0].mean()) for s in samples
                 if s.loss_mask.sum() > 0)
@@ -367,6 +372,7 @@ class Pipeline:
             self.producer.close()
             self.producer = None
 
+    @timing.spanned("samples")
     def fold_kl_into_rewards(self, trajs) -> dict[str, float]:
         """r'_turn = r_turn − β · Σ_{tokens of its reply} k(logπ_old − logπ_ref).
 
@@ -391,6 +397,7 @@ class Pipeline:
                 tokens += len(turn.generated)
         return {"actor/reward_kl": total_kl / max(tokens, 1), "kl/coef": coef}
 
+    @timing.spanned("eval")
     def evaluate(self) -> tuple[dict[str, float], list]:
         trajs = self.rollout("val", greedy=True)
         return trajectory_metrics(trajs, "eval/"), trajs

@@ -91,6 +91,7 @@ def run(c, *, log=print) -> dict[str, float]:
 
         initialize_distributed(c.distributed.coordinator_address,
                                c.distributed.num_processes, c.distributed.process_id)
+    from jaxrl_agentic import timing
     from jaxrl_agentic.checkpoint import Checkpointer, resolve_checkpoint
     from jaxrl_agentic.data.debug import dump_batch
     from jaxrl_agentic.metrics_writer import MetricsWriter, console_line, save_gif
@@ -148,16 +149,19 @@ def run(c, *, log=print) -> dict[str, float]:
                 eval_metrics, _ = pipeline.evaluate()
                 metrics.update(eval_metrics)
             if writer and (step % c.logging_steps == 0 or step == c.max_steps):
-                writer.write(step, metrics)
-                if trajs and trajs[0].turns:
-                    writer.write_text(step, "episodes/train",
-                                      sample_episode_text(pipeline.formatter, trajs[0]))
-                    frames = replay_frames(pipeline.runners[trajs[0].tag], trajs[0])
-                    save_gif(os.path.join(paths["render_save_dir"], f"step_{step}.gif"), frames)
-                    writer.write_frames(step, "episodes/frames", frames)
-                log(console_line(step, metrics))
+                with timing.span("logging"):
+                    writer.write(step, metrics)
+                    if trajs and trajs[0].turns:
+                        writer.write_text(step, "episodes/train",
+                                          sample_episode_text(pipeline.formatter, trajs[0]))
+                        frames = replay_frames(pipeline.runners[trajs[0].tag], trajs[0])
+                        save_gif(os.path.join(paths["render_save_dir"], f"step_{step}.gif"),
+                                 frames)
+                        writer.write_frames(step, "episodes/frames", frames)
+                    log(console_line(step, metrics))
             if step % c.save_steps == 0 or step == c.max_steps:
-                checkpointer.save(step, pipeline.train_states(), pipeline.host_state())
+                with timing.span("checkpoint"):
+                    checkpointer.save(step, pipeline.train_states(), pipeline.host_state())
             bar.update(1)
             bar.set_postfix(reward=f"{metrics.get('env/return', 0):.3f}",
                             tok_s=f"{metrics.get('perf/tokens_per_s', 0):.0f}")

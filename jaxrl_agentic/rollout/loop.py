@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_agentic import timing
 from jaxrl_agentic.data.trajectory import Trajectory, Turn
 from jaxrl_agentic.envs import INVALID_ACTION, episode_metrics
 from jaxrl_agentic.envs.messages import feedback_message, first_message  # noqa: F401 (re-exported)
@@ -105,8 +106,9 @@ class RolloutRunner:
             gen = dataclasses.replace(gen, greedy=greedy)
         n = len(episodes)
         map_keys, noise_keys = self._episode_keys(episodes)
-        _, states = self._reset(map_keys, p)
-        host = jax.device_get(states)
+        with timing.span("rollout/env"):
+            _, states = self._reset(map_keys, p)
+            host = jax.device_get(states)
         trajs = [
             Trajectory(traj_id=traj_id_start + i, group_id=e.group_id, tag=self.tag, seed=e.seed,
                        tokens=[], turns=[], member=e.member)
@@ -114,8 +116,10 @@ class RolloutRunner:
         ]
         session = self.sampler.new_session(n)
         active = np.ones(n, bool)
-        pending = {i: self.formatter.first_prompt(first_message(env, _row(host, i), p))
-                   for i in range(n)}
+        with timing.span("rollout/env"):
+            messages = [first_message(env, _row(host, i), p) for i in range(n)]
+        with timing.span("rollout/tokenize"):
+            pending = {i: self.formatter.first_prompt(m) for i, m in enumerate(messages)}
         max_steps = int(p.max_steps_in_episode)
         for turn_index in range(self.max_turns):
             # 1. append the new user messages; end episodes whose prompt would not fit
@@ -126,20 +130,23 @@ class RolloutRunner:
             replies = generate_replies(session, rows, trajs, self.formatter, gen, params=params,
                                        seed=sample_seed * 100_003 + turn_index)
             actions = np.full(n, INVALID_ACTION, np.int32)
-            for row, r in replies.items():
-                action = env.parse_action(r.reply)
-                actions[row] = INVALID_ACTION if action is None else action
+            with timing.span("rollout/env"):
+                for row, r in replies.items():
+                    action = env.parse_action(r.reply)
+                    actions[row] = INVALID_ACTION if action is None else action
             # 4. step every environment at once; finished ones keep their state
             step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(noise_keys, turn_index)
-            _, stepped, reward, terminated, info = self._step(
-                step_keys, states, jnp.asarray(actions), p
-            )
-            stepping = np.zeros(n, bool)
-            stepping[rows] = True
-            new_states = self._where(jnp.asarray(stepping), stepped, states)
-            reward, terminated, info, new_host = jax.device_get(
-                (reward, terminated, info, new_states)
-            )
+            with timing.span("rollout/env"):
+                _, stepped, reward, terminated, info = self._step(
+                    step_keys, states, jnp.asarray(actions), p
+                )
+                stepping = np.zeros(n, bool)
+                stepping[rows] = True
+                new_states = self._where(jnp.asarray(stepping), stepped, states)
+                reward, terminated, info, new_host = jax.device_get(
+                    (reward, terminated, info, new_states)
+                )
+                hashes = {row: env.state_hash(_row(host, row)) for row in rows}
             for row in rows:
                 done = bool(terminated[row])
                 trajs[row].turns.append(replies[row].turn(
@@ -149,7 +156,7 @@ class RolloutRunner:
                     action_is_effective=bool(info["action_is_effective"][row]),
                     success=bool(info["success"][row]),
                     done=done,
-                    state_hash=env.state_hash(_row(host, row)),
+                    state_hash=hashes[row],
                 ))
                 if done:
                     trajs[row].terminated = True
@@ -158,8 +165,11 @@ class RolloutRunner:
                     trajs[row].truncated = True
                     active[row] = False
                 else:
-                    pending[row] = self.formatter.next_prompt(feedback_message(
-                        env, _row(new_host, row), p, float(reward[row]), int(actions[row])))
+                    with timing.span("rollout/env"):
+                        message = feedback_message(env, _row(new_host, row), p,
+                                                   float(reward[row]), int(actions[row]))
+                    with timing.span("rollout/tokenize"):
+                        pending[row] = self.formatter.next_prompt(message)
             states, host = new_states, new_host
         set_episode_metrics(trajs)
         return trajs
@@ -231,11 +241,13 @@ def generate_replies(session, rows: list[int], trajs: list[Trajectory], formatte
         if eos_appended:
             session.extend([row], [[formatter.eos_token_id]])
             trajs[row].tokens.append(formatter.eos_token_id)
-        replies[row] = Reply(context_len, ids, logprobs, reason, eos_appended,
-                             formatter.decode_reply(ids))
+        with timing.span("rollout/tokenize"):
+            reply = formatter.decode_reply(ids)
+        replies[row] = Reply(context_len, ids, logprobs, reason, eos_appended, reply)
     return replies
 
 
+@timing.spanned("rollout/env")
 def set_episode_metrics(trajs: list[Trajectory]) -> None:
     for t in trajs:
         t.metrics = episode_metrics(

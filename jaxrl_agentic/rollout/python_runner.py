@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from jaxrl_agentic import timing
 from jaxrl_agentic.data.trajectory import Trajectory
 from jaxrl_agentic.envs import INVALID_ACTION
 from jaxrl_agentic.envs.python_env import PyStep, PythonEnvFactory, PythonTextEnv
@@ -119,17 +120,19 @@ class PythonRolloutRunner:
         pool = _DaemonThreadPool(self.max_workers or max(n, 1))
         try:
             # 0. build and reset every environment at once
-            started = self._gather(pool, {
-                i: (_start_episode, self.env_factory, e, self.run_seed)
-                for i, e in enumerate(episodes)
-            }, episodes, "reset")
+            with timing.span("rollout/env"):
+                started = self._gather(pool, {
+                    i: (_start_episode, self.env_factory, e, self.run_seed)
+                    for i, e in enumerate(episodes)
+                }, episodes, "reset")
             self.stats["resets"] += n
             for i, result in started.items():
                 if result is _TIMED_OUT:
                     trajs[i].truncated = timed_out[i] = True
                     continue
                 envs[i], text, hashes[i] = result
-                pending[i] = self.formatter.first_prompt(text)
+                with timing.span("rollout/tokenize"):
+                    pending[i] = self.formatter.first_prompt(text)
                 active[i] = True
             session = self.sampler.new_session(n)
             for turn_index in range(self.max_turns):
@@ -141,9 +144,10 @@ class PythonRolloutRunner:
                 replies = generate_replies(session, rows, trajs, self.formatter, gen,
                                            params=params, seed=sample_seed * 100_003 + turn_index)
                 # 4. step every environment at once, on the pool, under one deadline
-                stepped = self._gather(pool, {
-                    row: (_step_episode, envs[row], replies[row].reply) for row in rows
-                }, episodes, "step")
+                with timing.span("rollout/env"):
+                    stepped = self._gather(pool, {
+                        row: (_step_episode, envs[row], replies[row].reply) for row in rows
+                    }, episodes, "step")
                 self.stats["env_steps"] += len(rows)
                 for row in rows:
                     result = stepped[row]
@@ -173,7 +177,8 @@ class PythonRolloutRunner:
                         trajs[row].truncated = True
                         active[row] = False
                     else:
-                        pending[row] = self.formatter.next_prompt(step.observation)
+                        with timing.span("rollout/tokenize"):
+                            pending[row] = self.formatter.next_prompt(step.observation)
         finally:
             pool.shutdown()
         self.stats["timeouts"] += int(timed_out.sum())
