@@ -9,6 +9,7 @@ An environment that calls a tool, a sandbox or a web service cannot be vmapped a
     h = env.state_hash()            # bytes: hash of the state the next reply answers
     step = env.step(reply)          # -> PyStep
     ...
+    frame = env.render_rgb()        # optional: [H, W, 3] uint8 for episode GIFs, or None
 
 - `reply` is the raw decoded model reply (special tokens stripped); the environment parses
   it itself. `PyStep.action` is the parsed action id the turn records (`Turn.action`), or
@@ -42,6 +43,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import jax
+import numpy as np
 
 from jaxrl_agentic.envs.base import INVALID_ACTION
 from jaxrl_agentic.envs.gymnax_adapter import PREFIX as GYMNAX_PREFIX
@@ -88,6 +90,12 @@ class PythonTextEnv:
     def state_hash(self) -> bytes:
         """Process-stable bytes identifying the current state (GiGPO anchor)."""
         raise NotImplementedError(f"{type(self).__name__} must implement state_hash()")
+
+    def render_rgb(self) -> np.ndarray | None:
+        """The current state as an [H, W, 3] uint8 image for the run's episode GIFs, or
+        None (the default) when the environment has no picture: the run then logs once
+        that it skips the GIFs and counts the skips in `render/skipped`."""
+        return None
 
 
 PythonEnvFactory = Callable[[EpisodeKey, int], PythonTextEnv]
@@ -158,6 +166,11 @@ class JaxEnvAsPython(PythonTextEnv):
         if self._state is None:
             raise RuntimeError("state_hash() before reset()")
         return self.env.state_hash(self._state)
+
+    def render_rgb(self) -> np.ndarray:
+        if self._state is None:
+            raise RuntimeError("render_rgb() before reset()")
+        return self.env.render_rgb(self._state, self.params)
 
 
 def _compile(env):

@@ -83,6 +83,19 @@ class RolloutRunner:
         self._step_one = jax.jit(env.step_env)
         self._where = jax.jit(_rows_where)
 
+    def replay_frames(self, traj: Trajectory) -> list[np.ndarray]:
+        """RGB frames of an episode, re-simulated from its seed and actions (same keys)."""
+        env, p = self.env, self.env_params
+        spec = EpisodeSpec(seed=traj.seed, group_id=traj.group_id, member=traj.member)
+        map_keys, noise_keys = self._episode_keys([spec])
+        _, state = self._reset_one(map_keys[0], p)
+        frames = [env.render_rgb(state, p)]
+        for t, turn in enumerate(traj.turns):
+            key = jax.random.fold_in(noise_keys[0], t)
+            _, state, _, _, _ = self._step_one(key, state, turn.action, p)
+            frames.append(env.render_rgb(state, p))
+        return frames
+
     def _episode_keys(self, episodes: Sequence[EpisodeSpec]):
         map_keys = jnp.stack([jax.random.fold_in(self.base_key, e.seed) for e in episodes])
         # Same map for a group; separate dynamics noise per member.
@@ -258,18 +271,10 @@ def set_episode_metrics(trajs: list[Trajectory]) -> None:
         )
 
 
-def replay_frames(runner: RolloutRunner, traj: Trajectory) -> list[np.ndarray]:
-    """RGB frames of an episode, re-simulated from its seed and actions (same keys)."""
-    env, p = runner.env, runner.env_params
-    spec = EpisodeSpec(seed=traj.seed, group_id=traj.group_id, member=traj.member)
-    map_keys, noise_keys = runner._episode_keys([spec])
-    _, state = runner._reset_one(map_keys[0], p)
-    frames = [env.render_rgb(state, p)]
-    for t, turn in enumerate(traj.turns):
-        key = jax.random.fold_in(noise_keys[0], t)
-        _, state, _, _, _ = runner._step_one(key, state, turn.action, p)
-        frames.append(env.render_rgb(state, p))
-    return frames
+def replay_frames(runner, traj: Trajectory) -> list[np.ndarray]:
+    """RGB frames of an episode played by `runner` (a `RolloutRunner` or a
+    `PythonRolloutRunner`); [] when its environment cannot draw itself."""
+    return runner.replay_frames(traj)
 
 
 def _rows_where(rows: jax.Array, on_true, on_false):

@@ -187,6 +187,26 @@ class PythonRolloutRunner:
             t.metrics["env_timeout"] = float(late)
         return trajs
 
+    def replay_frames(self, traj: Trajectory) -> list[np.ndarray]:
+        """RGB frames of an episode, replayed on a fresh env from its seed and replies
+        (`env.render_rgb()` after the reset and after each step); [] when the environment
+        has no picture (`render_rgb()` returns None).
+
+        The replay calls the environment again, on this thread and without the deadline:
+        an environment whose steps are not a function of (seed, replies), or whose calls
+        have side effects, should not draw itself."""
+        spec = EpisodeSpec(seed=traj.seed, group_id=traj.group_id, member=traj.member)
+        env = self.env_factory(spec, self.run_seed)
+        env.reset(spec.seed)
+        first = env.render_rgb()
+        if first is None:
+            return []
+        frames = [np.asarray(first)]
+        for turn in traj.turns:
+            env.step(turn.reply)
+            frames.append(np.asarray(env.render_rgb()))
+        return frames
+
     def _gather(self, pool: _DaemonThreadPool, calls: dict[int, tuple], episodes, what: str):
         """{row: fn(*args)} run on `pool`, or `_TIMED_OUT` for calls past the deadline."""
         deadline = time.monotonic() + self.step_timeout_s
