@@ -37,8 +37,9 @@ from jax import lax
 from jaxrl_agentic.algos.reductions import loss_sum_and_denominator
 from pallas_kernels import masked_ppo_loss, restricted_token_logprobs, token_logprobs
 from pallas_kernels.ppo_loss import POLICY_LOSSES
+from pallas_kernels.token_logprobs import IMPLS as TOKEN_LOGPROB_IMPLS
 
-KERNEL_IMPLS = ("auto", "reference", "chunked", "pallas")
+KERNEL_IMPLS = TOKEN_LOGPROB_IMPLS  # the `kernel_impl` choices
 __all__ = ["POLICY_LOSSES", "KERNEL_IMPLS", "PolicyLossSums", "clipped_value_loss",
            "entropy_bonus", "flat_segment_ids", "policy_loss", "ppo_loss_impl", "value_loss"]
 
