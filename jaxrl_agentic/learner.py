@@ -32,14 +32,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxrl_agentic.algos.importance import truncated_importance_weights
+from jaxrl_agentic.algos.importance import TIS_LEVELS, TIS_MODES, importance_weights, tis_metrics
 from jaxrl_agentic.algos.kl import (
     KL_ESTIMATORS,
     KLControllerState,
     init_kl_controller,
     update_kl_controller,
 )
-from jaxrl_agentic.algos.losses import KERNEL_IMPLS, PolicyLossSums, policy_loss
+from jaxrl_agentic.algos.losses import KERNEL_IMPLS, POLICY_LOSSES, PolicyLossSums, policy_loss
 from jaxrl_agentic.algos.reductions import REDUCTIONS, loss_denominator, loss_weights
 from jaxrl_agentic.data import Sample, token_stats, updates_per_step
 from jaxrl_agentic.parallel import make_mesh, place, train_state_shardings
@@ -59,7 +59,7 @@ from jaxrl_agentic.update import (
     mean_over_applied,
     per_sample_outputs,
 )
-from pallas_kernels import token_logprobs
+from pallas_kernels import restricted_token_logprobs, token_logprobs
 
 _F32 = jnp.float32
 # Arrays of a PackedBatch the train step reads (ref_logprobs only when a reference is used).
@@ -79,6 +79,8 @@ ACTOR_METRICS = {
     "kl": "actor/kl",
     "entropy": "actor/entropy",
     "clipfrac": "actor/clipfrac",
+    "clipfrac_low": "actor/clipfrac_low",
+    "clipfrac_high": "actor/clipfrac_high",
     "dual_clipfrac": "actor/dual_clipfrac",
     "ratio": "actor/ratio",
     "approx_kl": "actor/approx_kl",
@@ -94,19 +96,28 @@ MISMATCH_SAMPLES = 8
 class LearnerConfig(UpdateConfig):
     """The policy's loss settings, on top of the shared optimizer/packing ones.
 
-    Loss: ``pg_clip`` / ``pg_clip_high`` are ε_lo / ε_hi (None = symmetric), ``dual_clip`` the
-    dual-clip bound c (None = off), ``loss_reduction`` one of ``REDUCTIONS``. KL:
+    Loss: ``policy_loss`` one of ``POLICY_LOSSES`` (ppo, gspo, cispo; ``algos/losses.py``),
+    ``pg_clip`` / ``pg_clip_high`` are ε_lo / ε_hi (None = symmetric), ``dual_clip`` the
+    dual-clip bound c (None = off, ppo only), ``loss_reduction`` one of ``REDUCTIONS`` with
+    ``loss_norm_length`` L for ``seq_mean_token_sum_norm`` (Dr. GRPO). KL:
     ``init_kl_coef`` β₀, ``target_kl`` (None = fixed β, else the adaptive controller with
     ``kl_horizon``), ``kl_estimator`` k1/k2/k3, ``kl_in_reward`` (penalise rewards instead of
     the loss: the loss then carries no KL term, the reported KL is still measured).
     ``temperature``: the sampling temperature the logprobs are taken at.
     ``recompute_old_logprobs``: replace the sampler's logprobs by the learner's at the start
-    of each pipeline step. ``tis_imp_ratio_cap`` C (0 = off, needs recompute): truncated
-    importance weights ``algos/importance.py``. ``kernel_impl``: ``token_logprobs``
-    implementation. Defaults equal the run defaults (``config.default_config``).
+    of each pipeline step. ``tis_imp_ratio_cap`` C (0 = off, needs recompute): importance
+    weights of the sampler/learner gap at ``tis_level`` (token, sequence, geometric) in
+    ``tis_mode`` (truncate, mask), ``algos/importance.py``. ``top_k`` / ``top_p``: the
+    sampler's support restriction; with ``logprob_under_sampling_filter`` every logprob the
+    learner computes is that of the renormalised distribution the sampler drew from
+    (``pallas_kernels/restricted_logprobs.py``), so the ratio is that of the distribution
+    actually sampled. ``kernel_impl``: ``token_logprobs`` implementation. Defaults equal the
+    run defaults (``config.default_config``).
     """
 
+    policy_loss: str = "ppo"
     loss_reduction: str = "token_mean"
+    loss_norm_length: float | None = None
     pg_clip: float = 0.2
     pg_clip_high: float | None = None
     dual_clip: float | None = None
@@ -119,13 +130,25 @@ class LearnerConfig(UpdateConfig):
     temperature: float = 1.0
     recompute_old_logprobs: bool = False
     tis_imp_ratio_cap: float = 0.0
+    tis_level: str = "token"
+    tis_mode: str = "truncate"
+    top_k: int = 0
+    top_p: float = 1.0
+    logprob_under_sampling_filter: bool = False
     kernel_impl: str = "auto"
 
     def __post_init__(self):
         super().__post_init__()
         fail_first([
+            (self.policy_loss in POLICY_LOSSES, "policy_loss",
+             f"choose one of {', '.join(POLICY_LOSSES)}"),
             (self.loss_reduction in REDUCTIONS, "loss_reduction",
              f"choose one of {', '.join(REDUCTIONS)}"),
+            (self.loss_reduction != "seq_mean_token_sum_norm"
+             or (self.loss_norm_length or 0) > 0, "loss_norm_length",
+             "seq_mean_token_sum_norm divides each sample's token sum by it; set it > 0"),
+            (self.dual_clip is None or self.policy_loss == "ppo", "dual_clip",
+             f"bounds PPO's token loss; policy_loss={self.policy_loss!r} has none"),
             (self.kernel_impl in KERNEL_IMPLS, "kernel_impl",
              f"choose one of {', '.join(KERNEL_IMPLS)}"),
             (self.kl_estimator in KL_ESTIMATORS, "kl_estimator",
@@ -145,7 +168,25 @@ class LearnerConfig(UpdateConfig):
             (self.tis_imp_ratio_cap == 0 or self.recompute_old_logprobs, "tis_imp_ratio_cap",
              "needs recompute_old_logprobs=True (without it the old policy is the behaviour "
              "policy and every weight is 1)"),
+            (self.tis_level in TIS_LEVELS, "tis_level", f"choose one of {', '.join(TIS_LEVELS)}"),
+            (self.tis_mode in TIS_MODES, "tis_mode", f"choose one of {', '.join(TIS_MODES)}"),
+            (self.top_k >= 0, "top_k", "must be >= 0 (0 = off)"),
+            (0 < self.top_p <= 1, "top_p", "must lie in (0, 1]"),
+            (not self.logprob_under_sampling_filter or self.restricts_support,
+             "logprob_under_sampling_filter", "needs generation top_k > 0 or top_p < 1"),
         ], self)
+
+    @property
+    def restricts_support(self) -> bool:
+        """Whether the sampler draws from a top-k / top-p restricted support."""
+        return self.top_k > 0 or self.top_p < 1.0
+
+    @property
+    def logprob_filter(self) -> tuple[int, float]:
+        """``(top_k, top_p)`` the learner's logprobs are taken under ((0, 1.0) = none)."""
+        if self.logprob_under_sampling_filter:
+            return self.top_k, self.top_p
+        return 0, 1.0
 
     @property
     def uses_reference(self) -> bool:
@@ -228,10 +269,12 @@ def micro_batch_sums(
     segment_ids = micro["segment_ids"]
     mask = _shift_left(micro["loss_mask"]) * next_token_valid(segment_ids)
     # Prediction i sits in token i's segment (= token i+1's wherever mask > 0).
-    weights = loss_weights(mask, segment_ids, config.loss_reduction)
+    weights = loss_weights(mask, segment_ids, config.loss_reduction,
+                           loss_norm_length=config.loss_norm_length)
     denominator = loss_denominator(mask, segment_ids, config.loss_reduction)
     ref = micro.get("ref_logprobs")
     flat = lambda x: _shift_left(x).reshape(b * t)  # noqa: E731
+    top_k, top_p = config.logprob_filter
     sums = policy_loss(
         hidden.reshape(b * t, d),
         head,
@@ -248,6 +291,10 @@ def micro_batch_sums(
         kl_estimator=config.kl_estimator,
         entropy_coef=config.entropy_loss_coef,
         impl=config.kernel_impl,
+        policy_loss=config.policy_loss,
+        segment_ids=segment_ids,
+        top_k=top_k,
+        top_p=top_p,
     )
     return sums, denominator
 
@@ -271,6 +318,8 @@ def policy_update_loss(graphdef, config: LearnerConfig) -> UpdateLoss:
             "kl": sums.kl * scale,
             "entropy": sums.entropy * scale,
             "clipfrac": sums.clipped * per_token,
+            "clipfrac_low": sums.clipped_low * per_token,
+            "clipfrac_high": sums.clipped_high * per_token,
             "dual_clipfrac": sums.dual_clipped * per_token,
             "ratio": sums.ratio * per_token,
             "approx_kl": sums.approx_kl_old * per_token,
@@ -323,13 +372,14 @@ def make_compute_logprobs(graphdef, config: LearnerConfig, mesh, param_shardings
     def rows_logprobs(params, micro):
         hidden, head = _hidden_and_head(graphdef, params, micro)
         b, t, d = hidden.shape
-        logprobs = token_logprobs(
-            hidden.reshape(b * t, d),
-            head,
-            _shift_left(micro["tokens"]).reshape(b * t),
-            config.temperature,
-            impl=config.kernel_impl,
-        ).reshape(b, t)
+        args = (hidden.reshape(b * t, d), head, _shift_left(micro["tokens"]).reshape(b * t),
+                config.temperature)
+        top_k, top_p = config.logprob_filter
+        if top_k > 0 or top_p < 1.0:
+            logprobs = restricted_token_logprobs(*args, top_k=top_k, top_p=top_p)
+        else:
+            logprobs = token_logprobs(*args, impl=config.kernel_impl)
+        logprobs = logprobs.reshape(b, t)
         valid = next_token_valid(micro["segment_ids"])
         return _shift_right(jnp.where(valid, logprobs, 0.0))
 
@@ -344,6 +394,32 @@ def logprob_mismatch(samples: Sequence[Sample], recomputed: Sequence[np.ndarray]
     gap = sum(float(np.abs(s.old_logprobs - r)[s.loss_mask > 0].sum())
               for s, r in zip(samples, recomputed, strict=True))
     return gap / max(sum(s.num_loss_tokens for s in samples), 1)
+
+
+def sample_importance_weights(samples: Sequence[Sample], recomputed: Sequence[np.ndarray],
+                              config: LearnerConfig) -> tuple[list[np.ndarray], dict]:
+    """Per-sample TIS weights of ``π_old = recomputed`` against the sampler's logprobs, at
+    ``config.tis_level`` / ``tis_mode`` / ``tis_imp_ratio_cap`` (``algos/importance.py``),
+    and their metrics.
+
+    All samples go in one call as the segments of one row padded to a power of two, so the
+    sequence and geometric levels see exactly each sample's loss tokens and the few eager
+    programs compile for a handful of lengths, not once per sample length.
+    """
+    lengths = [len(s) for s in samples]
+    total = sum(lengths)
+    width = max(1024, 1 << (total - 1).bit_length())
+    row = lambda parts, dtype: np.pad(np.concatenate(parts).astype(dtype),  # noqa: E731
+                                      (0, width - total))
+    ids = row([np.full(n, i + 1) for i, n in enumerate(lengths)], np.int32)
+    mask = row([s.loss_mask for s in samples], np.float32)
+    tis = importance_weights(row(list(recomputed), np.float32),
+                             row([s.old_logprobs for s in samples], np.float32),
+                             mask[None], ids[None], level=config.tis_level,
+                             mode=config.tis_mode, cap=config.tis_imp_ratio_cap)
+    stats = tis_metrics(tis, mask[None])
+    weights = np.asarray(tis.weights)[0, :total]
+    return np.split(weights, np.cumsum(lengths)[:-1]), stats
 
 
 class Learner(EngineDriver):
@@ -398,12 +474,11 @@ class Learner(EngineDriver):
         recomputed = self.sample_logprobs(samples)
         extra = {"rollout/logprob_mismatch": logprob_mismatch(samples, recomputed)}
         if cfg.tis_imp_ratio_cap > 0:
-            weights, tis_metrics = truncated_importance_weights(
-                [s.loss_mask for s in samples], recomputed, [s.old_logprobs for s in samples],
-                cfg.tis_imp_ratio_cap)
-            samples = [dataclasses.replace(s, advantages=(s.advantages * w).astype(np.float32))
-                       for s, w in zip(samples, weights, strict=True)]
-            extra.update(tis_metrics)
+            weights, tis_stats = sample_importance_weights(samples, recomputed, cfg)
+            samples = [dataclasses.replace(
+                s, advantages=np.where(s.loss_mask > 0, s.advantages * w, s.advantages)
+                .astype(np.float32)) for s, w in zip(samples, weights, strict=True)]
+            extra.update(tis_stats)
         samples = [dataclasses.replace(s, old_logprobs=np.where(s.loss_mask > 0, r, 0.0))
                    for s, r in zip(samples, recomputed, strict=True)]
         return samples, extra

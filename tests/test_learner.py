@@ -139,10 +139,18 @@ def reference_loss(params, samples, config, kl_coef):
         lp = log_p[jnp.arange(PAD_LEN - 1), padded(s.tokens)[1:]]
         entropy = -(jnp.exp(log_p) * log_p).sum(-1)
         m, a = padded(s.loss_mask)[1:], padded(s.advantages)[1:]
-        ratio = jnp.exp(lp - padded(s.old_logprobs)[1:])
+        log_ratio = lp - padded(s.old_logprobs)[1:]
+        ratio = jnp.exp(log_ratio)
         high = config.pg_clip_high or config.pg_clip
-        pg = jnp.maximum(-a * ratio, -a * jnp.clip(ratio, 1 - config.pg_clip, 1 + high))
-        pg = jnp.where(a < 0, jnp.minimum(pg, -a * config.dual_clip), pg)
+        if config.policy_loss == "gspo":  # one ratio per sample: exp(mean log-ratio)
+            ratio = jnp.exp(jnp.sum(m * log_ratio) / jnp.maximum(m.sum(), 1)) * jnp.ones_like(lp)
+        clipped = jnp.clip(ratio, 1 - config.pg_clip, 1 + high)
+        if config.policy_loss == "cispo":
+            pg = -jax.lax.stop_gradient(clipped) * a * lp
+        else:
+            pg = jnp.maximum(-a * ratio, -a * clipped)
+        if config.dual_clip is not None:
+            pg = jnp.where(a < 0, jnp.minimum(pg, -a * config.dual_clip), pg)
         x = lp - padded(s.ref_logprobs)[1:]
         kl = jnp.exp(-x) + x - 1
         per_token = pg + kl_coef * kl - config.entropy_loss_coef * entropy
@@ -153,17 +161,27 @@ def reference_loss(params, samples, config, kl_coef):
         return sum(t for t, _ in trained) / sum(c for _, c in trained)
     if config.loss_reduction == "seq_mean_token_sum":
         return sum(t for t, _ in trained) / len(trained)
+    if config.loss_reduction == "seq_mean_token_sum_norm":
+        return sum(t / config.loss_norm_length for t, _ in trained) / len(trained)
     return sum(t / c for t, c in trained) / len(trained)
 
 
+def loss_config(reduction, policy_loss="ppo"):
+    """BASE with ``reduction`` (L = 12 for Dr. GRPO's) and ``policy_loss`` (no dual clip
+    outside PPO)."""
+    return dataclasses.replace(BASE, loss_reduction=reduction, loss_norm_length=12.0,
+                               policy_loss=policy_loss,
+                               dual_clip=BASE.dual_clip if policy_loss == "ppo" else None)
+
+
 @functools.cache
-def jitted_loss_and_grads(reduction):
-    config = dataclasses.replace(BASE, loss_reduction=reduction)
-    return jax.jit(make_loss_and_grads(GRAPHDEF, config))
+def jitted_loss_and_grads(reduction, policy_loss="ppo"):
+    return jax.jit(make_loss_and_grads(GRAPHDEF, loss_config(reduction, policy_loss)))
 
 
-def loss_of(reduction, batch, kl_coef=0.1):
-    grads, sums, denominator = jitted_loss_and_grads(reduction)(PARAMS, batch, kl_coef)
+def loss_of(reduction, batch, kl_coef=0.1, policy_loss="ppo"):
+    grads, sums, denominator = jitted_loss_and_grads(reduction, policy_loss)(
+        PARAMS, batch, kl_coef)
     return float(sums.objective / max(float(denominator), 1.0)), grads
 
 
@@ -187,9 +205,14 @@ def fresh_state():
 # ----------------------------------------------------------------------------- tests
 
 
-@pytest.mark.parametrize("reduction", REDUCTIONS)
-def test_accumulation_over_1_2_7_micro_batches_and_padded_layout(reduction):
-    results = {n: loss_of(reduction, rows_batch(groups)) for n, groups in LAYOUTS.items()}
+@pytest.mark.parametrize("reduction,policy_loss",
+                         [(r, "ppo") for r in REDUCTIONS]
+                         + [("token_mean", "gspo"), ("seq_mean_token_sum_norm", "cispo")])
+def test_accumulation_over_1_2_7_micro_batches_and_padded_layout(reduction, policy_loss):
+    """Every reduction (and the GSPO / CISPO losses, whose sequence ratio must not mix the
+    samples packed in one row) gives the per-sample full-logits loss in any layout."""
+    loss_of_ = functools.partial(loss_of, reduction, policy_loss=policy_loss)
+    results = {n: loss_of_(rows_batch(groups)) for n, groups in LAYOUTS.items()}
     loss_1, grads_1 = results[1]
     for n in (2, 7):
         loss_n, grads_n = results[n]
@@ -198,11 +221,11 @@ def test_accumulation_over_1_2_7_micro_batches_and_padded_layout(reduction):
     # The classic padded layout (one sample per row), bucketed to the same [7, 64] shape.
     pad = pad_samples(SAMPLES, sequence_length=ROW_LEN, length_bucket=ROW_LEN, num_rows=7)
     assert pad.tokens.shape == (7, ROW_LEN) and (pad.segment_ids.max(axis=1) == 1).all()
-    loss_p, grads_p = loss_of(reduction, pad.token_arrays())
+    loss_p, grads_p = loss_of_(pad.token_arrays())
     assert loss_p == pytest.approx(loss_1, rel=1e-6, abs=1e-7)
     assert rel_err(grads_p, grads_1) <= 1e-6
     # And all of it is the per-sample full-logits loss.
-    config = dataclasses.replace(BASE, loss_reduction=reduction)
+    config = loss_config(reduction, policy_loss)
     ref_loss, ref_grads = jax.value_and_grad(reference_loss)(PARAMS, SAMPLES, config, 0.1)
     assert loss_1 == pytest.approx(float(ref_loss), rel=1e-5)
     assert rel_err(grads_1, ref_grads) <= 1e-5
@@ -346,28 +369,50 @@ def test_config_and_input_checks():
     assert not LearnerConfig().uses_reference and LearnerConfig(init_kl_coef=0.1).uses_reference
 
 
-def test_truncated_importance_weights_scale_each_tokens_advantage():
-    """TIS: w_t = min(π_old/μ, C) on loss tokens, μ = the sampler's (made-up) logprobs.
+def hand_tis_weights(log_rho: np.ndarray, level: str, mode: str, cap: float):
+    """(weights, capped) over one sample's loss tokens, from the definitions."""
+    if log_rho.size == 0:
+        return log_rho, log_rho > 0
+    if level == "sequence":
+        log_rho = np.full_like(log_rho, log_rho.sum())
+    elif level == "geometric":
+        log_rho = np.full_like(log_rho, log_rho.mean())
+    rho = np.exp(log_rho.astype(np.float64))
+    capped = rho > cap
+    return (np.minimum(rho, cap) if mode == "truncate" else np.where(capped, 0.0, rho)), capped
+
+
+@pytest.mark.parametrize("level,mode,cap", [("token", "truncate", 1.5), ("token", "mask", 1.5),
+                                            ("sequence", "truncate", 1.2),
+                                            ("geometric", "mask", 1.05)])
+def test_importance_weights_scale_each_tokens_advantage(level, mode, cap):
+    """TIS: w = ρ (token), Π ρ (sequence) or (Π ρ)^(1/n) (geometric) with ρ = π_old/μ on
+    loss tokens, μ = the sampler's (made-up) logprobs; truncated at C or masked beyond it.
     The update equals a plain update on advantages multiplied by hand-computed weights."""
-    cap = 1.5
     base = dataclasses.replace(BASE, recompute_old_logprobs=True, mini_batch_size=8,
                                packing=SHORT_ROWS)
     samples = [dataclasses.replace(s, ref_logprobs=None) for s in make_samples(1)]
-    weighted, weights = [], []
+    weighted, weights, capped = [], [], []
     for s in samples:
+        on = s.loss_mask > 0
         old = independent_logprobs(PARAMS, s)
-        w = np.where(s.loss_mask > 0, np.minimum(np.exp(old - s.old_logprobs), cap), 1.0)
-        weights.append(w[s.loss_mask > 0])
+        w_on, c_on = hand_tis_weights((old - s.old_logprobs)[on], level, mode, cap)
+        w = np.ones(len(s))
+        w[on] = w_on
+        weights.append(w_on)
+        capped.append(c_on)
         weighted.append(dataclasses.replace(s, advantages=(s.advantages * w).astype(np.float32)))
-    w = np.concatenate(weights)
-    assert 0 < (w >= cap).mean() < 1  # some weights are capped, some are not
+    w, c = np.concatenate(weights), np.concatenate(capped)
+    assert 0 < c.mean() < 1  # some weights are capped, some are not
 
-    with_tis = Learner(GRAPHDEF, PARAMS, dataclasses.replace(base, tis_imp_ratio_cap=cap))
+    with_tis = Learner(GRAPHDEF, PARAMS, dataclasses.replace(
+        base, tis_imp_ratio_cap=cap, tis_level=level, tis_mode=mode))
     metrics = with_tis.step(samples, [1e-3])
     by_hand = Learner(GRAPHDEF, PARAMS, base)
     by_hand.step(weighted, [1e-3])
-    assert metrics["off_policy/tis_weight_mean"] == pytest.approx(float(w.mean()), rel=1e-5)
-    assert metrics["off_policy/tis_capped_frac"] == pytest.approx(float((w >= cap).mean()))
+    assert metrics["off_policy/tis_weight_mean"] == pytest.approx(float(w.mean()), rel=1e-4)
+    assert metrics["off_policy/tis_weight_max"] == pytest.approx(float(w.max()), rel=1e-4)
+    assert metrics["off_policy/tis_capped_frac"] == pytest.approx(float(c.mean()))
     assert rel_err(with_tis.params, by_hand.params) < 1e-5
     plain = Learner(GRAPHDEF, PARAMS, base)
     plain.step(samples, [1e-3])
