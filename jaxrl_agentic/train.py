@@ -96,7 +96,7 @@ def run(c, *, log=print) -> dict[str, float]:
     from jaxrl_agentic.data.debug import dump_batch
     from jaxrl_agentic.metrics_writer import MetricsWriter, console_line, save_gif
     from jaxrl_agentic.pipeline import Pipeline
-    from jaxrl_agentic.rollout.loop import replay_frames
+    from jaxrl_agentic.rollout.loop import RolloutRunner, replay_frames
 
     validate(c)
     # Every process plays and trains; only process 0 writes logs, text and GIFs.
@@ -155,9 +155,12 @@ def run(c, *, log=print) -> dict[str, float]:
                 if trajs and trajs[0].turns:
                     writer.write_text(step, "episodes/train",
                                       sample_episode_text(pipeline.formatter, trajs[0]))
-                    frames = replay_frames(pipeline.runners[trajs[0].tag], trajs[0])
-                    save_gif(os.path.join(paths["render_save_dir"], f"step_{step}.gif"), frames)
-                    writer.write_frames(step, "episodes/frames", frames)
+                    runner = pipeline.runners[trajs[0].tag]
+                    if isinstance(runner, RolloutRunner):  # Python envs have no pictures
+                        frames = replay_frames(runner, trajs[0])
+                        save_gif(os.path.join(paths["render_save_dir"], f"step_{step}.gif"),
+                                 frames)
+                        writer.write_frames(step, "episodes/frames", frames)
                 log(console_line(step, metrics))
             if step % c.save_steps == 0 or step == c.max_steps:
                 checkpointer.save(step, pipeline.train_states(), pipeline.host_state())
