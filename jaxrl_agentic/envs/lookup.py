@@ -127,11 +127,16 @@ class LookupEnv(ToolEnv):
         rng = random.Random(f"lookup:{self.run_seed}:{int(seed)}")
         self.world = make_world(rng, self.num_people, self.num_cities)
         question, kind, link, field = rng.choice(QUESTIONS)
-        start = rng.choice([k for k in self.world if k.startswith(kind + "/")])
-        answer = self.world[self.world[start][link]][field]
-        if field == "mayor":
-            answer = self.world[answer]["name"]
-        return f"Question: {question.format(name=self.world[start]['name'])}", answer
+        starts = [k for k in self.world if k.startswith(kind + "/")]
+        rng.shuffle(starts)
+        for start in starts:  # not a question that holds its answer (a mayor of their city)
+            answer = self.world[self.world[start][link]][field]
+            if field == "mayor":
+                answer = self.world[answer]["name"]
+            text = question.format(name=self.world[start]["name"])
+            if answer not in text:
+                return f"Question: {text}", answer
+        raise AssertionError("unreachable: not every resident is their own city's mayor")
 
 
 def _call(name: str, argument: str, value: str) -> str:

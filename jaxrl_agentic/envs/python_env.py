@@ -206,13 +206,21 @@ def register_python_env(name: str, factory_builder: FactoryBuilder) -> None:
     _REGISTRY[name] = factory_builder
 
 
+def _register_builtin_tool_envs() -> None:
+    """The tool environments register themselves on import; they build on this module, so
+    they are imported on first use of the registry rather than at its import (a cycle)."""
+    from jaxrl_agentic.envs import calculator, lookup  # noqa: F401
+
+
 def registered_python_envs() -> list[str]:
     """Registered names, sorted (any JAX environment name works too, through the adapter)."""
+    _register_builtin_tool_envs()
     return sorted(_REGISTRY)
 
 
 def make_python_env(name: str, **config: Any) -> PythonEnvFactory:
     """The episode factory `(spec, run_seed) -> PythonTextEnv` for `name` with `config`."""
+    _register_builtin_tool_envs()
     if name in _REGISTRY:
         return _REGISTRY[name](**config)
     if name.startswith(GYMNAX_PREFIX) or name in registered_envs():
@@ -227,6 +235,3 @@ def make_python_env(name: str, **config: Any) -> PythonEnvFactory:
 for _name in registered_envs():
     register_python_env(_name, functools.partial(jax_env_factory, _name))
 
-
-# The tool environments register themselves (imported last: they build on this module).
-from jaxrl_agentic.envs import calculator, lookup  # noqa: E402, F401
