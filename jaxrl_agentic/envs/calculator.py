@@ -265,9 +265,9 @@ class CalculatorOracle:
         results = tool_responses(new_text)
         if results:
             return f"<answer>{results[-1].strip()}</answer>"
-        problem = _problem(new_text)
+        problem = _problem(new_text) or ""  # may run on into chat-template text
         for pattern, expression in _TEMPLATES:
-            m = pattern.fullmatch(problem or "")
+            m = pattern.match(problem)
             if m:
                 return _call(expression.format(**m.groupdict()))
         return "<answer>unknown</answer>"
