@@ -11,6 +11,7 @@ in place of a person; a policy raises EOFError when it has nothing more to say.
 """
 
 import argparse
+import json
 import sys
 from collections.abc import Callable
 from functools import partial
@@ -45,7 +46,9 @@ def stdin_policy(stdin: TextIO, stdout: TextIO) -> Policy:
         if not stdin.isatty():
             stdout.write(line if line.endswith("\n") else line + "\n")  # piped input: echo it
         reply = line.strip()
-        return reply if "<answer>" in reply.lower() else f"<answer>{reply}</answer>"
+        if "<answer>" in reply.lower() or "<tool_call>" in reply:  # a tool call goes as typed
+            return reply
+        return f"<answer>{reply}</answer>"
 
     return policy
 
@@ -53,9 +56,12 @@ def stdin_policy(stdin: TextIO, stdout: TextIO) -> Policy:
 def model_policy(model_dir: str, stdout: TextIO, *, max_new_tokens: int = 64,
                  temperature: float = 1.0, greedy: bool = False, seed: int = 0,
                  max_total_len: int = 4096, reply_prefix: str = "",
-                 reply_suffix: str = "") -> Policy:
+                 reply_suffix: str = "", tools: list | None = None) -> Policy:
     """A policy where a model replies, over one token-level conversation (prefix reuse).
-    `reply_prefix`, `reply_suffix`: as in training (the config fields of those names)."""
+    `reply_prefix`, `reply_suffix`: as in training (the config fields of those names).
+    `tools` (a tool environment's schemas) are listed in the first prompt, and a prompt of
+    `<tool_response>` blocks is sent as `tool` messages, as in training."""
+    from jaxrl_agentic.envs.tools import tool_responses
     from jaxrl_agentic.models import load_pretrained
     from jaxrl_agentic.models.tiny import default_tiny_model_dir
     from jaxrl_agentic.rollout.conversation import ChatFormatter
@@ -68,7 +74,13 @@ def model_policy(model_dir: str, stdout: TextIO, *, max_new_tokens: int = 64,
     turn = [0]
 
     def policy(prompt: str) -> str:
-        ids = formatter.first_prompt(prompt) if turn[0] == 0 else formatter.next_prompt(prompt)
+        results = tool_responses(prompt) if tools else []
+        if turn[0] == 0:
+            ids = formatter.first_prompt(prompt, tools=tools)
+        elif results:
+            ids = formatter.tool_prompt(results)
+        else:
+            ids = formatter.next_prompt(prompt)
         session.extend([0], [ids])
         out = session.generate([0], max_new_tokens=max_new_tokens, temperature=temperature,
                                greedy=greedy, seed=seed + turn[0])
@@ -125,6 +137,43 @@ def play_episode(
     return metrics
 
 
+def play_python_episode(env, policy: Policy, seed: int, out: TextIO,
+                        max_turns: int | None = None) -> dict[str, float]:
+    """One episode of a Python (e.g. tool) environment, narrated to `out`; the results of
+    tool calls are shown, and passed to the policy, as `<tool_response>` blocks."""
+    from jaxrl_agentic.envs.tools import TOOL_METRICS, tool_episode_metrics, tool_response_text
+
+    prompt = env.reset(seed)
+    if env.tool_schemas:
+        print("tools:\n" + "\n".join(json.dumps(t) for t in env.tool_schemas), file=out)
+    steps, turn = [], 0
+    limit = env.max_steps_in_episode if max_turns is None else max_turns
+    while turn < limit:
+        turn += 1
+        print(f"--- turn {turn} ---\n{prompt}", file=out)
+        try:
+            reply = policy(prompt)
+        except EOFError:
+            print("\n(end of input)", file=out)
+            break
+        step = env.step(reply)
+        steps.append(step)
+        print(f"reward: {step.reward:g}  done: {step.terminated}", file=out)
+        if step.terminated:
+            break
+        prompt = (tool_response_text(step.tool_messages) if step.tool_messages
+                  else step.observation)
+    metrics = episode_metrics([s.reward for s in steps],
+                              [{"action_is_valid": s.action_is_valid,
+                                "action_is_effective": s.action_is_effective,
+                                "success": s.success} for s in steps])
+    if env.tool_schemas:
+        metrics.update({k: v for k, v in tool_episode_metrics(steps).items()
+                        if k in TOOL_METRICS})
+    print("metrics: " + " ".join(f"{k}={v:g}" for k, v in metrics.items()), file=out)
+    return metrics
+
+
 def main(argv: list[str] | None = None, stdin: TextIO | None = None,
          stdout: TextIO | None = None) -> int:
     """The command line (see module doc); returns the exit status."""
@@ -146,8 +195,17 @@ def main(argv: list[str] | None = None, stdin: TextIO | None = None,
     parser.add_argument("--reply-suffix", default="",
                         help="text appended to every reply for the parser, as in training")
     args = parser.parse_args(argv)
+    from jaxrl_agentic.envs.python_env import make_python_env, registered_python_envs
+    from jaxrl_agentic.envs.registry import registered_envs
+
+    python_env = args.env in registered_python_envs() and args.env not in registered_envs()
     try:
-        env, params = make(args.env)
+        if python_env:  # host-side (tool) environments
+            from jaxrl_agentic.rollout.loop import EpisodeSpec
+
+            env = make_python_env(args.env)(EpisodeSpec(args.seed, 0, 0), 0)
+        else:
+            env, params = make(args.env)
     except ValueError as error:
         parser.error(str(error))
     if args.model:
@@ -157,13 +215,17 @@ def main(argv: list[str] | None = None, stdin: TextIO | None = None,
             policy = model_policy(args.model, stdout, max_new_tokens=args.max_new_tokens,
                                   temperature=args.temperature, greedy=args.greedy,
                                   seed=args.seed, reply_prefix=args.reply_prefix,
-                                  reply_suffix=args.reply_suffix)
+                                  reply_suffix=args.reply_suffix,
+                                  tools=env.tool_schemas if python_env else None)
         except CheckpointError as error:
             parser.error(str(error))
     else:
         policy = stdin_policy(stdin, stdout)
-    play_episode(env, params, policy, jax.random.key(args.seed), stdout,
-                 max_turns=args.max_turns)
+    if python_env:
+        play_python_episode(env, policy, args.seed, stdout, max_turns=args.max_turns)
+    else:
+        play_episode(env, params, policy, jax.random.key(args.seed), stdout,
+                     max_turns=args.max_turns)
     return 0
 
 

@@ -103,3 +103,22 @@ def test_play_with_a_missing_model_is_one_line_error(capsys):
         play.main(["--model", "/nonexistent/dir"], stdin=io.StringIO(""), stdout=io.StringIO())
     assert e.value.code == 2
     assert "model directory not found: /nonexistent/dir" in capsys.readouterr().err
+
+
+def test_a_person_can_play_the_calculator_with_typed_tool_calls():
+    import io
+
+    from jaxrl_agentic.envs.calculator import CalculatorOracle
+    from jaxrl_agentic.envs.python_env import make_python_env
+    from jaxrl_agentic.play import main
+    from jaxrl_agentic.rollout.loop import EpisodeSpec
+
+    env = make_python_env("calculator")(EpisodeSpec(4, 0, 0), 0)
+    first = env.reset(4)
+    call = CalculatorOracle().reply(first)  # what a person would type
+    stdin = io.StringIO(call + "\n" + str(env.answer) + "\n")  # a bare line is an answer
+    out = io.StringIO()
+    assert main(["--env", "calculator", "--seed", "4"], stdin=stdin, stdout=out) == 0
+    text = out.getvalue()
+    assert '"name": "calculate"' in text and f"<tool_response>\n{env.answer}\n" in text
+    assert "success=1" in text and "tool/calls=1" in text and "tool/errors=0" in text
