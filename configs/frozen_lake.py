@@ -19,7 +19,7 @@ def get_config():
     # The reply is `<answer>ACTION</answer>`, but the model generates only ACTION (one token,
     # `max_tokens_per_step=1`): the tags are context and parser text. Generated format
     # tokens around the decision stopped policy-gradient learning in
-    # scripts/probe_reply_format.py and in every earlier run of this recipe.
+    # scripts/analysis/probe_reply_format.py and in every earlier run of this recipe.
     c.reply_prefix = "<answer>"
     c.reply_suffix = "</answer>"
     c.sample_mode = "trajectory"
@@ -36,7 +36,7 @@ def get_config():
     # policy gradient scales with 1 − p, and the hole words in the hint were never learned:
     # at β = 0.05 the greedy move was a function of the goal directions alone, into the
     # hole 20% of the time a safe way existed. β = 0.15 keeps entropy ~0.3 and the policy
-    # learns to read the holes (4%): scripts/frozen_lake_decisions.py.
+    # learns to read the holes (4%): scripts/analysis/frozen_lake_decisions.py.
     c.init_kl_coef = 0.15
     # Attention is dense within a packed row, so shorter rows cost less per real token
     # (512-token rows: ~25% less train time per token than 1024). A 6-turn episode is

@@ -1,7 +1,7 @@
 """Counting XLA compilations (and jit traces, lowerings, persistent-cache hits) while active.
 
 Used by `tests/test_recompilation.py` (nothing compiles after warm-up) and by
-`scripts/bench_pipeline.py` (`new_compilations_after_warmup`, per step and per bucket).
+`scripts/bench/bench_pipeline.py` (`new_compilations_after_warmup`, per step and per bucket).
 
 `CompileEvents` is a context manager that registers `jax.monitoring` listeners and records
 one `(kind, fun_name, label)` event each time JAX reports:

@@ -12,16 +12,18 @@ import os
 
 import ml_collections
 
-# The estimator registry's own lists: a new estimator is allowed here once it exists there.
-from jaxrl_agentic.algos.advantages import ADV_ESTIMATORS, GROUP_ESTIMATORS, TOKEN_ESTIMATORS
-
-SAMPLE_MODES = ("trajectory", "step")
-LOSS_REDUCTIONS = ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean")
-LR_SCHEDULERS = ("constant", "linear", "cosine")
-KL_ESTIMATORS = ("k1", "k2", "k3")
-KERNEL_IMPLS = ("auto", "reference", "chunked", "pallas")
-REWARD_NORM_BY = ("group", "tag", "batch")
-DTYPES = ("float32", "bfloat16")
+# Each choice's list is the one of the module that implements it: a new estimator, reduction
+# or schedule is allowed here once it exists there. The rules of the parts' own settings are
+# checked once, by their typed configs (typed_configs.check_typed_configs).
+from jaxrl_agentic.algos.advantages import (
+    ADV_ESTIMATORS,
+    GROUP_ESTIMATORS,
+    REWARD_NORM_BY,
+    TOKEN_ESTIMATORS,
+)
+from jaxrl_agentic.algos.schedules import LR_SCHEDULER_TYPES
+from jaxrl_agentic.data.samples import SAMPLE_MODES
+from jaxrl_agentic.models.config import DTYPES
 
 
 class ConfigError(ValueError):
@@ -94,6 +96,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.dual_clip = 0.0  # 0 = off; else c (≈ 3)
     c.init_kl_coef = 0.0
     c.target_kl = 0.0  # 0 = fixed coefficient
+    c.kl_horizon = 10000.0  # adaptive KL: samples over which β moves by at most ±20%
     c.kl_estimator = "k3"
     c.kl_in_reward = False
     c.entropy_loss_coef = 0.0
@@ -127,12 +130,15 @@ def default_config() -> ml_collections.ConfigDict:
     # skipped in the scan. Shapes no longer follow episode lengths: no recompilation.
     c.fixed_rows = True
     # generation
+    c.system_prompt = ""  # "" = none; else the chat's first (system) message
     # Text put at the start of every reply as context (e.g. "<answer>"): the model generates
     # only what follows, and the environment parses prefix + reply (rollout/conversation.py).
     c.reply_prefix = ""
     c.reply_suffix = ""  # appended to the reply text for the parser only (not in the stream)
     c.generation = ml_collections.ConfigDict(dict(
         temperature=1.0, top_p=1.0, top_k=0, num_return_sequences=1,
+        # token ids that end a reply besides EOS (the code then closes it with EOS, mask 0)
+        stop_token_ids=(),
     ))
     # environments
     c.custom_envs = ml_collections.ConfigDict({"frozen_lake": env_spec("frozen_lake")})
@@ -218,10 +224,7 @@ def validate(c) -> None:
             fail_unknown_field(f"{field}.{sorted(extra)[0]}", defaults[field].keys())
     _choice(c, "adv_estimator", ADV_ESTIMATORS)
     _choice(c, "sample_mode", SAMPLE_MODES)
-    _choice(c, "loss_reduction", LOSS_REDUCTIONS)
-    _choice(c, "lr_scheduler_type", LR_SCHEDULERS)
-    _choice(c, "kl_estimator", KL_ESTIMATORS)
-    _choice(c, "kernel_impl", KERNEL_IMPLS)
+    _choice(c, "lr_scheduler_type", LR_SCHEDULER_TYPES)
     _choice(c, "reward_norm_by", REWARD_NORM_BY)
     _choice(c, "dtype", DTYPES)
     _choice(c, "param_dtype", DTYPES)
@@ -232,10 +235,8 @@ def validate(c) -> None:
     for field in ("pg_clip", "init_kl_coef", "target_kl", "entropy_loss_coef", "advantage_clip",
                   "warmup_steps", "weight_decay", "estimated_chunks_per_traj",
                   "gamma", "lambd", "step_reward_gamma", "generation.top_k", "pg_clip_high",
-                  "critic_learning_rate", "value_clip"):
+                  "critic_learning_rate", "value_clip", "rows_bucket", "format_warmup.steps"):
         _positive(c, field, allow_zero=True)
-    _positive(c, "rows_bucket", allow_zero=True)
-    _positive(c, "format_warmup.steps", allow_zero=True)
     _positive(c, "format_warmup.learning_rate")
     _positive(c, "format_warmup.episodes_per_step")
     _positive(c, "format_warmup.max_turns")
@@ -244,39 +245,24 @@ def validate(c) -> None:
         _fail("generation.num_return_sequences", "must be an integer >= 1")
     if not 0 < c.generation.top_p <= 1:
         _fail("generation.top_p", f"must be in (0, 1], got {c.generation.top_p}")
+    if not all(isinstance(i, int) and i >= 0 for i in c.generation.stop_token_ids):
+        _fail("generation.stop_token_ids", f"must be token ids (ints >= 0), got "
+              f"{c.generation.stop_token_ids!r}")
     if not 0 <= c.min_lr_ratio <= 1:
         _fail("min_lr_ratio", f"must be in [0, 1], got {c.min_lr_ratio}")
-    if not 0 < c.pg_clip < 1:
-        _fail("pg_clip", f"must lie in (0, 1), got {c.pg_clip}")
-    if c.max_grad_norm <= 0:
-        _fail("max_grad_norm", f"must be > 0, got {c.max_grad_norm}")
-    if c.target_kl and not c.init_kl_coef:
-        _fail("target_kl", "an adaptive KL coefficient needs init_kl_coef > 0 to start from")
-    if c.dual_clip and c.dual_clip <= 1:
-        _fail("dual_clip", f"must be 0 (off) or > 1, got {c.dual_clip}")
     if c.merge_stepwise and c.sample_mode != "step":
         _fail("merge_stepwise", "applies to sample_mode='step' only")
     if c.sample_mode == "step" and c.adv_estimator in TOKEN_ESTIMATORS:
         _fail("adv_estimator", f"{c.adv_estimator!r} gives per-token values that cannot be "
               "broadcast onto step samples; use sample_mode='trajectory'")
-    if c.micro_batch_max_tokens < c.sequence_length:
-        _fail("micro_batch_max_tokens", f"{c.micro_batch_max_tokens} < sequence_length="
-              f"{c.sequence_length}: a full-length sample would not fit in a micro-batch")
     for name in ("train_env_manager", "val_env_manager"):
-        m = c[name]
-        for field in ("num_env_groups", "group_size"):
-            if not isinstance(m[field], int) or m[field] < 1:
-                _fail(f"{name}.{field}", f"must be an integer >= 1, got {m[field]!r}")
-        for tag in m.tags:
+        for tag in c[name].tags:
             if tag not in c.custom_envs:
                 _fail(f"{name}.tags", f"{tag!r} is not in custom_envs "
                       f"({', '.join(c.custom_envs.keys())})")
-        if m.num_groups_partition and (len(m.num_groups_partition) != len(m.tags) or
-                                       sum(m.num_groups_partition) != m.num_env_groups):
-            _fail(f"{name}.num_groups_partition", "needs one entry per tag summing to "
-                  f"num_env_groups={m.num_env_groups}")
-    if c.kl_in_reward and not c.init_kl_coef:
-        _fail("kl_in_reward", "folds init_kl_coef·KL into the rewards; set init_kl_coef > 0")
+    from jaxrl_agentic.typed_configs import check_typed_configs
+
+    check_typed_configs(c, _fail)
     group = c.train_env_manager.group_size * c.generation.num_return_sequences
     if c.adv_estimator in GROUP_ESTIMATORS and group < 2:
         _fail("train_env_manager.group_size", f"adv_estimator={c.adv_estimator!r} normalises "
@@ -310,9 +296,6 @@ def validate(c) -> None:
     if not isinstance(c.async_generation_ratio, int):
         _fail("async_generation_ratio", f"must be an integer, got {c.async_generation_ratio!r}")
     _positive(c, "tis_imp_ratio_cap", allow_zero=True)
-    if c.tis_imp_ratio_cap > 0 and not c.recompute_old_logprobs:
-        _fail("tis_imp_ratio_cap", "needs recompute_old_logprobs=True (without it the old "
-              "policy is the behaviour policy and every weight is 1)")
     if c.pretrain != "tiny":
         path = os.path.expanduser(c.pretrain)
         if not os.path.isdir(path):

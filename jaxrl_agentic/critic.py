@@ -14,26 +14,19 @@ so ``V``, ``returns`` and ``loss_mask`` are all indexed by the token itself. In 
 the shift must not cross segments: the first token of a segment would otherwise receive the
 last value of the previous sample.
 
-**One update** (``make_critic_train_step``) on one mini-batch, reduction ``token_mean``:
+**One update** (``make_critic_train_step``: ``update.make_update_step`` with this loss) on
+one mini-batch, reduction ``token_mean``; per group of rows the critic contributes
 
-    for each group of micro-batch rows (lax.scan):           # fp32 accumulators
-        V       = shifted values of the rows (above)
-        ℓ_k     = ½·max((V_k − R_k)², (clip(V_k, V_old,k ± ε_v) − R_k)²)    (ε_v = value_clip)
-        G      += ∇_θ Σ_k m_k·ℓ_k;     D += Σ_k m_k
-    g = G / max(D, 1)                                        # the one division
-    g = clip_by_global_norm(g, max_grad_norm);  θ ← AdamW(θ, g, lr)
+    V       = shifted values of the rows (above)
+    ℓ_k     = ½·max((V_k − R_k)², (clip(V_k, V_old,k ± ε_v) − R_k)²)    (ε_v = value_clip)
+    sum    = Σ_k m_k·ℓ_k;     D = Σ_k m_k
 
 ``m`` is the loss mask restricted to tokens that have a predecessor in their segment.
 ``value_clip=None`` gives the plain ``½(V − R)²``.
 
-**GAE samples** (:func:`gae_samples`): the critic's ``V`` on each trajectory sample, then
-``algos.advantages.token_advantages(adv_estimator="gae")``:
-
-    δ_k = r_k + γ·V_{k'} − V_k,    A_k = δ_k + γλ·A_{k'},    R_k = A_k + V_k
-
-over generated tokens in order (``k'`` = the next generated token; ``V`` after the last is 0).
-The samples carry ``advantages = A``, ``returns = R`` and ``values = V`` (the old values for
-clipping), all 0 off the loss mask.
+**GAE.** The critic supplies ``V`` on each trajectory sample (:meth:`Critic.sample_values`);
+the advantages, returns and samples come from ``algos.advantages.token_advantages`` and
+``data.samples.build_samples`` like every other estimator's (``pipeline.Pipeline``).
 """
 
 from __future__ import annotations
@@ -46,39 +39,26 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 from jax import lax
 
-from jaxrl_agentic.algos.advantages import token_advantages
 from jaxrl_agentic.algos.losses import value_loss
-from jaxrl_agentic.data import (
-    Sample,
-    pack_minibatches,
-    split_minibatches,
-    updates_per_step,
-)
-from jaxrl_agentic.data.samples import trajectory_sample
-from jaxrl_agentic.learner import (
-    _constrain_rows,
-    _micro_groups,
-    _strong_types,
-    accumulate_gradients,
-    apply_if_finite,
-    make_optimizer,
-    pad_to_shards,
-    per_sample_outputs,
-    put_batch,
-    set_learning_rate,
-)
+from jaxrl_agentic.data import Sample, updates_per_step
 from jaxrl_agentic.models.value import ValueModel, state_values
-from jaxrl_agentic.parallel import (
-    batch_sharding,
-    make_mesh,
-    num_batch_shards,
-    place,
-    replicated,
-    train_state_shardings,
+from jaxrl_agentic.parallel import make_mesh, train_state_shardings
+from jaxrl_agentic.update import (
+    EngineDriver,
+    UpdateConfig,
+    UpdateEngine,
+    UpdateLoss,
+    accumulate_gradients,
+    applied,
+    check_learning_rates,
+    fail_first,
+    init_optimizer_state,
+    make_per_token,
+    make_update_step,
+    per_sample_outputs,
 )
 
 _F32 = jnp.float32
@@ -87,42 +67,17 @@ VALUE_BATCH_KEYS = ("tokens", "positions", "segment_ids")
 
 
 @dataclasses.dataclass(frozen=True)
-class CriticConfig:
-    """Optimizer, loss and packing settings of the critic.
+class CriticConfig(UpdateConfig):
+    """The critic's settings: the shared optimizer/packing ones (its own learning rate, the
+    run's ``critic_learning_rate``) and ``value_clip``, ε_v of the clipped value loss (None =
+    unclipped ``½(V − R)²``). The loss reduction is ``token_mean``."""
 
-    ``value_clip``: ε_v of the clipped value loss (None = unclipped ``½(V − R)²``).
-    Mini-batches, epochs and packing work as in :class:`~jaxrl_agentic.learner.LearnerConfig`;
-    the loss reduction is ``token_mean``.
-    """
-
-    learning_rate: float = 1e-5
-    max_grad_norm: float | None = 1.0
     value_clip: float | None = 0.2
-    mini_batch_size: int = 8
-    ppo_epochs: int = 1
-    micro_batch_max_tokens: int = 4096
-    sequence_length: int = 4096
-    seed: int = 0
-    weight_decay: float = 0.0
-    rows_bucket: int = 0
-    pad_token_id: int = 0
-    adam_b1: float = 0.9
-    adam_b2: float = 0.999
-    adam_eps: float = 1e-8
 
     def __post_init__(self):
-        checks = [
-            (self.learning_rate >= 0, "learning_rate must be >= 0"),
-            (self.max_grad_norm is None or self.max_grad_norm > 0, "max_grad_norm must be > 0"),
-            (self.value_clip is None or self.value_clip > 0, "value_clip must be > 0"),
-            (self.mini_batch_size >= 1 and self.ppo_epochs >= 1,
-             "need mini_batch_size, ppo_epochs >= 1"),
-            (self.micro_batch_max_tokens >= self.sequence_length >= 1,
-             "need micro_batch_max_tokens >= sequence_length >= 1"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(f"CriticConfig: {message} (got {self})")
+        super().__post_init__()
+        fail_first([(self.value_clip is None or self.value_clip > 0, "value_clip",
+                     "must be > 0")], self)
 
 
 @flax.struct.dataclass
@@ -136,12 +91,6 @@ class CriticState:
     opt_state: Any
 
 
-def make_critic_optimizer(config: CriticConfig) -> optax.GradientTransformation:
-    """The policy's optimizer (``learner.make_optimizer``: clip by global norm ∘ AdamW with
-    the LR in its state) built from the critic's own settings, which use the same names."""
-    return make_optimizer(config)
-
-
 def value_model_from_policy(graphdef, params, *, seed: int = 0) -> ValueModel:
     """A ValueModel whose backbone is the policy ``Transformer`` (graphdef, params) and whose
     head is zero-initialised. The backbone arrays are shared, not copied."""
@@ -152,13 +101,11 @@ def value_model_from_policy(graphdef, params, *, seed: int = 0) -> ValueModel:
 def init_critic_state(params: Any, config: CriticConfig) -> CriticState:
     """Fresh state for ValueModel ``params``; arrays are copied (the step donates them)."""
     params = jax.tree.map(jnp.copy, params)
-    opt_state = make_critic_optimizer(config).init(params)
-    opt_state = set_learning_rate(opt_state, config.learning_rate)
     return CriticState(
         step=jnp.zeros((), jnp.int32),
         skipped=jnp.zeros((), jnp.int32),
         params=params,
-        opt_state=_strong_types(opt_state),
+        opt_state=init_optimizer_state(params, config),
     )
 
 
@@ -235,79 +182,48 @@ def micro_batch_value_sums(
     return sums, denominator
 
 
+def value_update_loss(graphdef, config: CriticConfig) -> UpdateLoss:
+    """The critic's part of an update (``update.UpdateLoss``): the value-loss sums per group
+    of rows; metrics are the raw :class:`ValueLossSums` fields (pooled on the host)."""
+    return UpdateLoss(
+        micro_sums=lambda params, micro, state: micro_batch_value_sums(graphdef, config,
+                                                                       params, micro),
+        objective=lambda sums: sums.loss_sum,
+        zero_sums=ValueLossSums(*(jnp.zeros((), _F32) for _ in ValueLossSums._fields)),
+        metrics=lambda state, sums, scale: sums._asdict(),
+    )
+
+
 def make_value_loss_and_grads(graphdef, config: CriticConfig, mesh=None):
     """``loss_and_grads(params, batch) -> (grads, sums, denominator)``: gradients of the
-    mini-batch value loss ``Σ m·ℓ / max(Σ m, 1)``, accumulated over micro-batch groups and
-    divided once (``learner.accumulate_gradients``; not jitted)."""
-    zero_sums = ValueLossSums(*(jnp.zeros((), _F32) for _ in ValueLossSums._fields))
+    mini-batch value loss ``Σ m·ℓ / max(Σ m, 1)`` (``update.accumulate_gradients``; not
+    jitted)."""
+    loss = value_update_loss(graphdef, config)
 
     def loss_and_grads(params, batch):
         def objective(p, micro):
-            sums, denominator = micro_batch_value_sums(graphdef, config, p, micro)
-            return sums.loss_sum, (sums, denominator)
+            sums, denominator = loss.micro_sums(p, micro, None)
+            return loss.objective(sums), (sums, denominator)
 
         batch = {k: batch[k] for k in CRITIC_BATCH_KEYS}
-        return accumulate_gradients(objective, params, batch, zero_sums, mesh)
+        return accumulate_gradients(objective, params, batch, loss.zero_sums, mesh)
 
     return loss_and_grads
 
 
 def make_critic_train_step(graphdef, config: CriticConfig, mesh, state_shardings):
     """Jitted ``train_step(state, batch, lr) -> (state, metrics)``: one AdamW update of the
-    critic on one mini-batch (``CRITIC_BATCH_KEYS`` arrays ``[n_micro, row_len]``), skipped
-    when the loss or gradient norm is not finite. Metrics: ``loss`` (÷ D), ``grad_norm``
-    (before clipping), ``nonfinite`` and the raw :class:`ValueLossSums` fields."""
-    optimizer = make_critic_optimizer(config)
-    loss_and_grads = make_value_loss_and_grads(graphdef, config, mesh)
-
-    def train_step(state: CriticState, batch: dict[str, jax.Array], lr: jax.Array):
-        grads, sums, denominator = loss_and_grads(state.params, batch)
-        loss = sums.loss_sum / jnp.maximum(denominator, 1.0)
-        params, opt_state, finite, grad_norm = apply_if_finite(
-            optimizer, state.params, state.opt_state, grads, loss, lr
-        )
-        new_state = state.replace(
-            step=state.step + 1,
-            skipped=state.skipped + (~finite).astype(jnp.int32),
-            params=params,
-            opt_state=opt_state,
-        )
-        metrics = {
-            "loss": loss,
-            "grad_norm": grad_norm,
-            "nonfinite": (~finite).astype(jnp.int32),
-            **sums._asdict(),
-        }
-        return new_state, metrics
-
-    repl = replicated(mesh)
-    return jax.jit(
-        train_step,
-        in_shardings=(state_shardings, batch_sharding(mesh), repl),
-        out_shardings=(state_shardings, repl),
-        donate_argnums=0,
-    )
+    critic on one mini-batch (``CRITIC_BATCH_KEYS`` arrays ``[n_micro, row_len]``)."""
+    return make_update_step(value_update_loss(graphdef, config), config, mesh,
+                            state_shardings)
 
 
 def make_compute_values(graphdef, mesh, param_shardings):
     """Jitted ``compute_values(params, batch) -> [n_micro, row_len]`` fp32 ``V_k`` (module
     doc; 0 on each segment's first token and on padding), rows scanned in groups of
     ``data · fsdp`` like the train step."""
-    group_rows = num_batch_shards(mesh)
-
-    def compute_values(params, batch):
-        def body(_, micro):
-            return None, packed_state_values(graphdef, params, _constrain_rows(micro, mesh))
-
-        batch = {k: batch[k] for k in VALUE_BATCH_KEYS}
-        _, out = lax.scan(body, None, _micro_groups(batch, group_rows))
-        return jnp.swapaxes(out, 0, 1).reshape(-1, out.shape[-1])
-
-    return jax.jit(
-        compute_values,
-        in_shardings=(param_shardings, batch_sharding(mesh)),
-        out_shardings=batch_sharding(mesh),
-    )
+    return make_per_token(lambda params, micro: packed_state_values(graphdef, params, micro),
+                          VALUE_BATCH_KEYS, mesh, param_shardings)
 
 
 # ----------------------------------------------------------------------------- host side
@@ -326,26 +242,26 @@ def _explained_variance(sums: dict[str, float]) -> float:
 def _aggregate(per_update: list[dict[str, np.ndarray]]) -> dict[str, float]:
     """Step metrics from the applied updates: loss and grad norm averaged over updates; the
     value/return means, explained variance and clip fraction pooled over their tokens."""
-    applied = [m for m in per_update if int(m["nonfinite"]) == 0]
-    if not applied:
+    kept = applied(per_update)
+    if not kept:
         nan = float("nan")
         return {f"critic/{k}": nan for k in ("value_loss", "values_mean", "returns_mean",
                                              "explained_variance", "grad_norm", "clipfrac")}
-    pooled = {k: sum(float(m[k]) for m in applied) for k in ValueLossSums._fields}
+    pooled = {k: sum(float(m[k]) for m in kept) for k in ValueLossSums._fields}
     n = max(pooled["num_tokens"], 1.0)
     return {
-        "critic/value_loss": float(np.mean([float(m["loss"]) for m in applied])),
+        "critic/value_loss": float(np.mean([float(m["loss"]) for m in kept])),
         "critic/values_mean": pooled["values"] / n,
         "critic/returns_mean": pooled["returns"] / n,
         "critic/explained_variance": _explained_variance(pooled),
-        "critic/grad_norm": float(np.mean([float(m["grad_norm"]) for m in applied])),
+        "critic/grad_norm": float(np.mean([float(m["grad_norm"]) for m in kept])),
         "critic/clipfrac": pooled["clipped"] / n,
     }
 
 
-class Critic:
+class Critic(EngineDriver):
     """Host driver of the critic: values for GAE, and ``ppo_epochs · ceil(n / mini_batch)``
-    value-loss updates per pipeline step.
+    value-loss updates per pipeline step (``update.UpdateEngine``).
 
     ``Critic(graphdef, params, config, mesh)`` takes the *policy* ``Transformer``'s graphdef
     and params: the backbone starts as a copy of them, the value head at zero. The critic's
@@ -359,25 +275,16 @@ class Critic:
             value_model_from_policy(graphdef, params, seed=config.seed)
         )
         state = init_critic_state(value_params, config)
-        self.state_shardings = train_state_shardings(state, self.mesh)
-        self.state = place(state, self.state_shardings)
-        self.train_step = make_critic_train_step(
-            self.graphdef, config, self.mesh, self.state_shardings
-        )
-        self.compute_values = make_compute_values(
-            self.graphdef, self.mesh, self.state_shardings.params
-        )
-        self.np_rng = np.random.default_rng(config.seed)
-
-    @property
-    def params(self):
-        return self.state.params
+        shardings = train_state_shardings(state, self.mesh)
+        self.engine = UpdateEngine(state, value_update_loss(self.graphdef, config), config,
+                                   self.mesh, shardings, CRITIC_BATCH_KEYS)
+        self.compute_values = make_compute_values(self.graphdef, self.mesh, shardings.params)
 
     # ---- values -----------------------------------------------------------------------------
     def sample_values(self, samples: Sequence[Sample]) -> list[np.ndarray]:
         """Per-sample ``[len(sample)]`` fp32 ``V_k`` (the value of the state token ``k`` was
         generated in); 0 on each sample's first token and beyond ``sequence_length``."""
-        return per_sample_outputs(samples, self.config, self.mesh, self.compute_values,
+        return per_sample_outputs(samples, self.config.packing, self.mesh, self.compute_values,
                                   self.state.params, VALUE_BATCH_KEYS)
 
     # ---- one pipeline step ------------------------------------------------------------------
@@ -386,79 +293,40 @@ class Critic:
     ) -> dict[str, float]:
         """Value-loss updates on ``samples`` (which carry ``returns`` and old ``values``).
 
-        ``learning_rate``: one LR for every update, one per update
-        (``updates_per_step(len(samples), mini_batch_size, ppo_epochs)`` of them), or None
-        for ``config.learning_rate``. Returns host-side ``critic/*`` metrics.
+        ``learning_rate``: one LR for every update, one per update, or None for
+        ``config.learning_rate``. Returns host-side ``critic/*`` metrics.
         """
         cfg = self.config
         if not samples:
             raise ValueError("Critic.step got no samples")
         if any(s.returns is None or s.values is None for s in samples):
-            raise ValueError("Critic.step needs samples with returns and values (gae_samples)")
-        num_updates = updates_per_step(len(samples), cfg.mini_batch_size, cfg.ppo_epochs)
-        lr = cfg.learning_rate if learning_rate is None else learning_rate
-        lrs = np.asarray(lr, np.float32).reshape(-1)
-        if lrs.size == 1:
-            lrs = np.full(num_updates, lrs[0], np.float32)
-        if lrs.shape != (num_updates,):
-            raise ValueError(
-                f"{len(samples)} samples make {num_updates} critic updates but {lrs.size} "
-                "learning rates were given"
-            )
-        minibatches = split_minibatches(
-            list(samples), cfg.mini_batch_size, cfg.ppo_epochs, self.np_rng
-        )
-        packed = pack_minibatches(
-            minibatches,
-            micro_batch_max_tokens=cfg.micro_batch_max_tokens,
-            sequence_length=cfg.sequence_length,
-            rows_bucket=cfg.rows_bucket,
-            pad_token_id=cfg.pad_token_id,
-        )
-        per_update = []
-        for batch, lr_i in zip(packed, lrs, strict=True):
-            arrays = put_batch(pad_to_shards(batch, self.mesh, cfg.pad_token_id),
-                               CRITIC_BATCH_KEYS, self.mesh)
-            self.state, metrics = self.train_step(self.state, arrays, lr_i)
-            per_update.append(metrics)
-        per_update = jax.device_get(per_update)
+            raise ValueError("Critic.step needs samples with returns and values (GAE samples)")
+        lr = np.asarray(cfg.learning_rate if learning_rate is None else learning_rate,
+                        np.float32).reshape(-1)
+        if lr.size == 1:
+            lr = np.full(updates_per_step(len(samples), cfg.mini_batch_size, cfg.ppo_epochs),
+                         lr[0], np.float32)
+        lrs = check_learning_rates(lr, len(samples), cfg, "critic")
+        per_update, _ = self.engine.run(samples, lrs)
         out = _aggregate(per_update)
         out["critic/lr"] = float(np.mean(lrs))
         out["critic/nonfinite_updates"] = float(sum(int(m["nonfinite"]) for m in per_update))
         return out
 
 
-def gae_samples(
-    trajectories, critic: Critic, *, gamma: float, lambd: float
-) -> tuple[list[Sample], dict[str, float]]:
-    """Trajectory samples with GAE advantages, returns and old values (module doc).
-
-    Trajectories without turns give no sample (the rest keep their order). Values are the
-    critic's ``V_k`` on each trajectory sample, so tokens cut off by ``sequence_length`` have
-    ``V = 0`` there. Metrics (over loss tokens): ``critic/rollout_values_mean``,
-    ``critic/rollout_returns_mean``, ``critic/rollout_explained_variance`` (of the old values
-    for the GAE returns) and ``critic/gae_advantages_mean``.
-    """
-    trajectories = [t for t in trajectories if t.turns]
-    if not trajectories:
-        return [], {}
-    base = [trajectory_sample(t, 0.0) for t in trajectories]
-    values = critic.sample_values(base)
-    advantages, returns = token_advantages(
-        trajectories, adv_estimator="gae", gamma=gamma, lambd=lambd, values=values
-    )
-    samples = []
-    for traj, a, r, v in zip(trajectories, advantages, returns, values, strict=True):
-        sample = trajectory_sample(traj, a, token_level=True, returns=r)
-        samples.append(dataclasses.replace(sample, values=v * sample.loss_mask))
+def gae_rollout_metrics(samples: Sequence[Sample]) -> dict[str, float]:
+    """Over the loss tokens of GAE samples (which carry old ``values`` and ``returns``):
+    ``critic/rollout_values_mean``, ``critic/rollout_returns_mean``,
+    ``critic/rollout_explained_variance`` (of the old values for the GAE returns) and
+    ``critic/gae_advantages_mean``; {} when there is no loss token."""
     on = [s.loss_mask > 0 for s in samples]
-    v_all = np.concatenate([s.values[m] for s, m in zip(samples, on, strict=True)])
-    r_all = np.concatenate([s.returns[m] for s, m in zip(samples, on, strict=True)])
-    a_all = np.concatenate([s.advantages[m] for s, m in zip(samples, on, strict=True)])
-    if not r_all.size:
-        return samples, {}
+    if not samples or not any(m.any() for m in on):
+        return {}
+    v_all, r_all, a_all = (np.concatenate([getattr(s, f)[m] for s, m in zip(samples, on,
+                                                                             strict=True)])
+                           for f in ("values", "returns", "advantages"))
     var_r = float(np.var(r_all))
-    metrics = {
+    return {
         "critic/rollout_values_mean": float(v_all.mean()),
         "critic/rollout_returns_mean": float(r_all.mean()),
         "critic/rollout_explained_variance": (
@@ -466,4 +334,3 @@ def gae_samples(
         ),
         "critic/gae_advantages_mean": float(a_all.mean()),
     }
-    return samples, metrics

@@ -2,8 +2,9 @@
 
     rollout (all env tags) → advantages → samples (+ prefix merge) → learner updates
 
-`Pipeline` holds the long-lived pieces — sampler, rollout runners, learner, the LR schedule
-and the chunk estimate, the env-group seed cursor — and exposes `train_step()`,
+`Pipeline` holds the long-lived pieces — sampler, rollout runners, learner (and critic), the
+learning-rate plan with its chunk estimate, the env-group seed cursor — and exposes
+`train_step()`,
 `evaluate()` and a checkpointable `host_state()`. Everything random is derived from the
 run seed and the step number, or lives in the learner's state, so a run restored from a
 checkpoint continues exactly.
@@ -19,15 +20,17 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 
+from jaxrl_agentic import timing, typed_configs
 from jaxrl_agentic.algos import advantages as adv
 from jaxrl_agentic.algos.kl import kl_estimate
-from jaxrl_agentic.algos.schedules import ChunkEstimator, planned_total_updates, step_learning_rates
+from jaxrl_agentic.algos.schedules import ChunkEstimator, LearningRatePlan
 from jaxrl_agentic.config import TOKEN_ESTIMATORS, ConfigError, resolve_model_path
-from jaxrl_agentic.critic import Critic, CriticConfig, gae_samples
+from jaxrl_agentic.critic import Critic, gae_rollout_metrics
+from jaxrl_agentic.data import updates_per_step
 from jaxrl_agentic.data.samples import build_samples, trajectory_sample
 from jaxrl_agentic.envs import make
 from jaxrl_agentic.envs.python_env import make_python_env
-from jaxrl_agentic.learner import Learner, LearnerConfig
+from jaxrl_agentic.learner import Learner
 from jaxrl_agentic.models import load_pretrained
 from jaxrl_agentic.parallel import (
     SamplerPlacement,
@@ -37,54 +40,11 @@ from jaxrl_agentic.parallel import (
     process_share,
 )
 from jaxrl_agentic.rollout.conversation import ChatFormatter
-from jaxrl_agentic.rollout.groups import EnvManagerConfig, plan_episodes
-from jaxrl_agentic.rollout.loop import GenerationConfig, RolloutRunner
+from jaxrl_agentic.rollout.groups import plan_episodes
+from jaxrl_agentic.rollout.loop import RolloutRunner
 from jaxrl_agentic.rollout.producer import RolloutProducer
 from jaxrl_agentic.rollout.python_runner import PythonRolloutRunner
 from jaxrl_agentic.sampler import Sampler
-
-
-def learner_config(c, pad_token_id: int) -> LearnerConfig:
-    return LearnerConfig(
-        learning_rate=c.learning_rate,
-        lr_scheduler_type=c.lr_scheduler_type,
-        warmup_steps=c.warmup_steps,
-        min_lr_ratio=c.min_lr_ratio,
-        weight_decay=c.weight_decay,
-        max_grad_norm=c.max_grad_norm,
-        mini_batch_size=c.mini_batch_size,
-        ppo_epochs=c.ppo_epochs,
-        loss_reduction=c.loss_reduction,
-        pg_clip=c.pg_clip,
-        pg_clip_high=c.pg_clip_high or None,
-        dual_clip=c.dual_clip or None,
-        init_kl_coef=c.init_kl_coef,
-        target_kl=c.target_kl or None,
-        kl_estimator=c.kl_estimator,
-        kl_in_reward=c.kl_in_reward,
-        entropy_loss_coef=c.entropy_loss_coef,
-        temperature=c.generation.temperature,
-        recompute_old_logprobs=c.recompute_old_logprobs,
-        tis_imp_ratio_cap=c.tis_imp_ratio_cap,
-        kernel_impl=c.kernel_impl,
-        micro_batch_max_tokens=c.micro_batch_max_tokens,
-        sequence_length=c.sequence_length,
-        rows_bucket=c.rows_bucket,
-        fixed_rows=c.fixed_rows,
-        pad_token_id=pad_token_id,
-        seed=c.seed,
-    )
-
-
-def manager(m, num_return_sequences: int = 1) -> EnvManagerConfig:
-    """`num_return_sequences` samples per initial state = that many episodes per group
-    member: the multi-turn analogue of several completions per prompt."""
-    return EnvManagerConfig(
-        num_env_groups=m.num_env_groups,
-        group_size=m.group_size * num_return_sequences,
-        tags=tuple(m.tags),
-        num_groups_partition=tuple(m.num_groups_partition),
-    )
 
 
 def _mean(values) -> float:
@@ -135,6 +95,29 @@ def check_same_model_everywhere(model_dir: str) -> None:
                           f"processes (process 0 vs {odd}); copy the same model to every host")
 
 
+def token_estimator_samples(trajs, *, adv_estimator: str, gamma: float, lambd: float,
+                            critic: Critic | None = None):
+    """Trajectory samples with per-token advantages (``TOKEN_ESTIMATORS``), and counts.
+
+    GAE: the critic's ``V`` on each trajectory sample (before any update of this step) →
+    ``token_advantages`` → ``build_samples`` with the returns ``R = A + V`` and the old
+    values for the value loss's clipping, plus ``gae_rollout_metrics``. Trajectories without
+    turns give no sample.
+    """
+    played = [t for t in trajs if t.turns]
+    values = None
+    if critic is not None:
+        values = critic.sample_values([trajectory_sample(t, 0.0) for t in played])
+    advantages, returns = adv.token_advantages(played, adv_estimator=adv_estimator,
+                                               gamma=gamma, lambd=lambd, values=values)
+    samples, stats = build_samples(played, advantages, sample_mode="trajectory",
+                                   token_level=True, returns=returns, values=values)
+    stats["batch/empty_trajectories"] = float(len(trajs) - len(played))
+    if critic is not None:
+        stats.update(gae_rollout_metrics(samples))
+    return samples, stats
+
+
 class Pipeline:
     """``devices``: the learner's devices (default: all, less any reserved for the sampler
     by ``mesh.sampler_devices``); tests pass a subset to compare meshes in one process."""
@@ -164,43 +147,29 @@ class Pipeline:
         model, tokenizer = load_pretrained(model_dir, dtype=c.dtype, param_dtype=c.param_dtype,
                                            shardings=shardings)
         self.tokenizer = tokenizer
-        self.formatter = ChatFormatter(tokenizer, reply_prefix=c.reply_prefix,
+        self.formatter = ChatFormatter(tokenizer, system_prompt=c.system_prompt or None,
+                                       reply_prefix=c.reply_prefix,
                                        reply_suffix=c.reply_suffix)
         max_new = max(spec.max_tokens_per_step for spec in c.custom_envs.values())
         total = c.max_input_length + max_new + 1
         self.sampler = Sampler(model, tokenizer, max_total_len=-(-total // 64) * 64,
                                mesh=mesh if self.placement.colocated else self.placement.mesh)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        self.learner_cfg = learner_config(c, pad_id)
+        self.learner_cfg = typed_configs.learner_config(c, pad_id)
         self.critic = None
         if c.adv_estimator == "gae":  # the critic starts from the policy's backbone
-            self.critic = Critic(self.sampler.graphdef, self.sampler.params, CriticConfig(
-                learning_rate=c.critic_learning_rate,
-                max_grad_norm=c.max_grad_norm,
-                value_clip=c.value_clip or None,
-                mini_batch_size=c.mini_batch_size,
-                ppo_epochs=c.ppo_epochs,
-                micro_batch_max_tokens=c.micro_batch_max_tokens,
-                sequence_length=c.sequence_length,
-                rows_bucket=c.rows_bucket,
-                pad_token_id=pad_id,
-                seed=c.seed,
-            ), mesh)
+            self.critic = Critic(self.sampler.graphdef, self.sampler.params,
+                                 typed_configs.critic_config(c, pad_id), mesh)
         self.learner = Learner(self.sampler.graphdef, self.sampler.params, self.learner_cfg,
                                mesh)
         self.sampler.set_params(None)  # the learner owns the params from here on
-        self.train_manager = manager(c.train_env_manager, c.generation.num_return_sequences)
-        self.val_manager = manager(c.val_env_manager)
+        self.train_manager = typed_configs.env_manager_config(
+            c.train_env_manager, c.generation.num_return_sequences)
+        self.val_manager = typed_configs.env_manager_config(c.val_env_manager)
         self.runners = {}
         for tag, spec in c.custom_envs.items():
-            gen = GenerationConfig(
-                max_tokens_per_step=spec.max_tokens_per_step,
-                temperature=c.generation.temperature,
-                top_p=c.generation.top_p,
-                top_k=c.generation.top_k,
-            )
             common = dict(tag=tag, max_turns=spec.max_turns, max_input_length=c.max_input_length,
-                          generation=gen, run_seed=c.seed)
+                          generation=typed_configs.generation_config(c, spec), run_seed=c.seed)
             if spec.get("env_backend", "jax") == "python":  # host-side envs, thread pool
                 factory = make_python_env(spec.env_type, format_penalty=spec.format_penalty,
                                           **dict(spec.env_config))
@@ -213,16 +182,14 @@ class Pipeline:
                 self.runners[tag] = RolloutRunner(env, env_params, self.sampler, self.formatter,
                                                   **common)
         max_turns = max(spec.max_turns for spec in c.custom_envs.values())
-        chunks_mode = "trajectory" if c.sample_mode == "trajectory" else "step"
-        self.chunks = ChunkEstimator.from_config(c.estimated_chunks_per_traj, chunks_mode,
-                                                 max_turns)
-        self.trajectories_per_step = self.train_manager.num_episodes
-        self.planned_updates = planned_total_updates(
-            c.max_steps, c.ppo_epochs, self.trajectories_per_step, self.chunks.initial,
-            c.mini_batch_size)
-        self.schedule = self.learner_cfg.lr_schedule(self.planned_updates)
+        self.lr_plan = LearningRatePlan(
+            learning_rate=c.learning_rate, lr_scheduler_type=c.lr_scheduler_type,
+            warmup_steps=c.warmup_steps, min_lr_ratio=c.min_lr_ratio, max_steps=c.max_steps,
+            ppo_epochs=c.ppo_epochs, trajectories_per_step=self.train_manager.num_episodes,
+            mini_batch_size=c.mini_batch_size,
+            chunks=ChunkEstimator.from_config(c.estimated_chunks_per_traj, c.sample_mode,
+                                              max_turns))
         self.step = 0
-        self.updates_done = 0
         self.cursor = 0
         self.producer = None  # async_generation_ratio ≥ 1: rollouts made ahead in a thread
         if c.async_generation_ratio and jax.process_count() > 1:
@@ -241,6 +208,7 @@ class Pipeline:
             self._sampler_version = version
         return self._sampler_params
 
+    @timing.spanned("rollout/other")
     def rollout(self, split: str, *, greedy: bool = False, step: int | None = None,
                 cursor: int | None = None, params=None):
         """Plays the episodes of pipeline step `step` (default: the current one) with
@@ -268,30 +236,21 @@ class Pipeline:
         return sorted((t for share in shares for t in share), key=lambda t: t.traj_id)
 
     # ---- advantages and samples ---------------------------------------------------------------
+    @timing.spanned("samples")
     def make_samples(self, trajs):
+        """Advantages → samples (``build_samples``), shaped, and their counts."""
         c = self.c
-        token_level = c.adv_estimator in TOKEN_ESTIMATORS
-        if c.adv_estimator == "gae":
-            samples, critic_metrics = gae_samples(trajs, self.critic, gamma=c.gamma,
-                                                  lambd=c.lambd)
-            stats = {"batch/sequences_before_merge": float(len(samples)),
-                     "batch/sequences_after_merge": float(len(samples)),
-                     "batch/empty_trajectories": float(sum(not t.turns for t in trajs)),
-                     **critic_metrics}
-            return self._shape_advantages(samples), stats
-        if token_level:
-            advantages, _ = adv.token_advantages(
-                [t for t in trajs if t.turns], adv_estimator=c.adv_estimator, gamma=c.gamma,
-                lambd=c.lambd)
-            it = iter(advantages)
-            advantages = [next(it) if t.turns else None for t in trajs]
+        if c.adv_estimator in TOKEN_ESTIMATORS:
+            samples, stats = token_estimator_samples(
+                trajs, adv_estimator=c.adv_estimator, gamma=c.gamma, lambd=c.lambd,
+                critic=self.critic)
         else:
             advantages = adv.turn_advantages(
                 trajs, adv_estimator=c.adv_estimator, reward_norm_by=c.reward_norm_by,
                 use_std=c.norm_adv_std, step_reward_gamma=c.step_reward_gamma,
                 gigpo_step_weight=c.gigpo_step_weight)
-        samples, stats = build_samples(trajs, advantages, sample_mode=c.sample_mode,
-                                       merge_stepwise=c.merge_stepwise, token_level=token_level)
+            samples, stats = build_samples(trajs, advantages, sample_mode=c.sample_mode,
+                                           merge_stepwise=c.merge_stepwise)
         return self._shape_advantages(samples), stats
 
     def _shape_advantages(self, samples):
@@ -308,6 +267,7 @@ class Pipeline:
         return samples
 
     # ---- one pipeline step ----------------------------------------------------------------------
+    @timing.spanned("pipeline_other")
     def train_step(self) -> tuple[dict[str, float], list, list]:
         """One pipeline step → (metrics, trajectories, samples)."""
         c = self.c
@@ -328,30 +288,25 @@ class Pipeline:
         metrics.update(sample_stats)
         t1 = time.perf_counter()
         if samples:
-            mismatch = self.logprob_mismatch(samples)
-            updates = -(-len(samples) // c.mini_batch_size) * c.ppo_epochs
-            lrs = step_learning_rates(self.schedule, steps_done=self.step,
-                                      updates_done=self.updates_done, updates_this_step=updates,
-                                      max_steps=c.max_steps)
+            updates = updates_per_step(len(samples), c.mini_batch_size, c.ppo_epochs)
+            lrs = self.lr_plan.learning_rates(self.step, updates)
             if self.critic is not None:  # values for this step were computed before updating
-                metrics.update(self.critic.step(samples))
-            learner_metrics = self.learner.step(samples, lrs)
-            self.updates_done += updates
-            metrics.update(_rename(learner_metrics))
-            metrics["rollout/logprob_mismatch"] = mismatch
+                with timing.span("critic"):
+                    metrics.update(self.critic.step(samples))
+            with timing.span("learner"):
+                metrics.update(self.learner.step(samples, lrs))
             metrics["critic/advantages_mean"] = _mean(
                 float(s.advantages[s.loss_mask > 0].mean()) for s in samples
                 if s.loss_mask.sum() > 0)
         else:
+            updates = 0
             metrics["optim/nonfinite_updates"] = float(bad_turns > 0)
-        if not bad_turns and trajs:  # a skipped batch says nothing about samples/trajectory
-            self.chunks = self.chunks.observe(sample_stats["batch/sequences_after_merge"],
-                                              max(len(trajs), 1))
-        metrics["optim/estimated_chunks_per_traj"] = self.chunks.chunks_per_traj
-        metrics["optim/planned_updates"] = float(self.chunks.projected_total_updates(
-            updates_done=self.updates_done, steps_done=self.step + 1, max_steps=c.max_steps,
-            ppo_epochs=c.ppo_epochs, trajectories_per_step=self.trajectories_per_step,
-            mini_batch_size=c.mini_batch_size))
+        # A skipped batch says nothing about samples per trajectory.
+        played = len(trajs) if not bad_turns and trajs else 0
+        self.lr_plan.record(updates, sample_stats["batch/sequences_after_merge"], played)
+        metrics["optim/estimated_chunks_per_traj"] = self.lr_plan.chunks.chunks_per_traj
+        metrics["optim/planned_updates"] = float(
+            self.lr_plan.projected_total_updates(steps_done=self.step + 1))
         t_train = time.perf_counter() - t1
         self.step += 1
         self.cursor += self.train_manager.num_env_groups
@@ -417,6 +372,7 @@ class Pipeline:
             self.producer.close()
             self.producer = None
 
+    @timing.spanned("samples")
     def fold_kl_into_rewards(self, trajs) -> dict[str, float]:
         """r'_turn = r_turn − β · Σ_{tokens of its reply} k(logπ_old − logπ_ref).
 
@@ -441,18 +397,7 @@ class Pipeline:
                 tokens += len(turn.generated)
         return {"actor/reward_kl": total_kl / max(tokens, 1), "kl/coef": coef}
 
-    def logprob_mismatch(self, samples, max_samples: int = 8) -> float:
-        """Mean |sampler logprob − learner logprob| over generated tokens (same params).
-
-        A diagnostic, so it checks the first `max_samples` samples only: a full extra
-        forward pass over the batch every step would cost a third of the learner's time.
-        """
-        samples = samples[:max_samples]
-        recomputed = self.learner.sample_logprobs(samples)
-        total = sum(float(np.abs(s.old_logprobs - r)[s.loss_mask > 0].sum())
-                    for s, r in zip(samples, recomputed, strict=True))
-        return total / max(sum(float(s.loss_mask.sum()) for s in samples), 1.0)
-
+    @timing.spanned("eval")
     def evaluate(self) -> tuple[dict[str, float], list]:
         trajs = self.rollout("val", greedy=True)
         return trajectory_metrics(trajs, "eval/"), trajs
@@ -461,9 +406,8 @@ class Pipeline:
     def host_state(self) -> dict:
         return {
             "step": self.step,
-            "updates_done": self.updates_done,
             "cursor": self.cursor,
-            "chunks": dataclasses.asdict(self.chunks),
+            "lr_plan": self.lr_plan.to_dict(),
             "learner_np_rng": self.learner.np_rng.bit_generator.state,
             "critic_np_rng": None if self.critic is None else
             self.critic.np_rng.bit_generator.state,
@@ -471,9 +415,8 @@ class Pipeline:
 
     def load_host_state(self, state: dict) -> None:
         self.step = int(state["step"])
-        self.updates_done = int(state["updates_done"])
         self.cursor = int(state["cursor"])
-        self.chunks = ChunkEstimator(**state["chunks"])
+        self.lr_plan.load_dict(state["lr_plan"])
         self.learner.np_rng.bit_generator.state = state["learner_np_rng"]
         if self.critic is not None:
             self.critic.np_rng.bit_generator.state = state["critic_np_rng"]
@@ -493,20 +436,3 @@ class Pipeline:
     def export_model(self):
         """An nnx model with the current parameters (for HF export)."""
         return nnx.merge(self.sampler.graphdef, jax.device_get(self.learner.params))
-
-
-_RENAMES = {
-    "loss/pg": "actor/pg_loss",
-    "loss/kl": "actor/kl",
-    "loss/entropy": "actor/entropy",
-    "loss/total": "actor/loss",
-    "policy/clipfrac": "actor/clipfrac",
-    "policy/dual_clipfrac": "actor/dual_clipfrac",
-    "policy/ratio": "actor/ratio",
-    "policy/approx_kl": "actor/approx_kl",
-    "optim/grad_norm": "actor/grad_norm",
-}
-
-
-def _rename(metrics: dict[str, float]) -> dict[str, float]:
-    return {_RENAMES.get(k, k): v for k, v in metrics.items()}

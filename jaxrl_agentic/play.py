@@ -8,10 +8,17 @@ End of input ends the episode early (still with the metrics line).
 
 The loop only talks to a `policy(prompt_text) -> reply_text` callable, so a model can play
 in place of a person; a policy raises EOFError when it has nothing more to say.
+
+A model must see the prompts it was trained on: `--config configs/<recipe>.py` takes the
+environment (its params, format penalty), the reply prefix/suffix and the reply length from
+the recipe (`--env` then picks one of its env tags). `--model` without `--config` plays the
+default recipe's environment (`configs/frozen_lake.py`, what `train` runs by default); a
+person without `--config` plays the environment's defaults (full instructions).
 """
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from functools import partial
@@ -24,6 +31,8 @@ from jaxrl_agentic.envs.base import TextEnvironment, TextEnvParams
 from jaxrl_agentic.envs.messages import feedback_message, first_message
 
 Policy = Callable[[str], str]
+DEFAULT_RECIPE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                              "configs", "frozen_lake.py")
 
 
 # step_env, not step: gymnax's step would auto-reset and hide the final board. Jitted at
@@ -174,6 +183,24 @@ def play_python_episode(env, policy: Policy, seed: int, out: TextIO,
     return metrics
 
 
+def recipe_env(path: str, tag: str | None):
+    """(env spec, reply_prefix, reply_suffix) of env tag `tag` (default: the first) of the
+    recipe at `path`; ValueError (one line) for a bad recipe or tag."""
+    from jaxrl_agentic.config import ConfigError
+    from jaxrl_agentic.train import parse_config
+
+    try:
+        c = parse_config(["play", f"--config={path}"])
+    except ConfigError as error:
+        raise ValueError(f"--config {path}: {error}") from None
+    tags = list(c.custom_envs.keys())
+    tag = tags[0] if tag is None else tag
+    if tag not in tags:
+        raise ValueError(f"--env {tag!r} is not an env tag of {path}; its tags: "
+                         f"{', '.join(tags)}")
+    return c.custom_envs[tag], c.reply_prefix, c.reply_suffix
+
+
 def main(argv: list[str] | None = None, stdin: TextIO | None = None,
          stdout: TextIO | None = None) -> int:
     """The command line (see module doc); returns the exit status."""
@@ -181,41 +208,68 @@ def main(argv: list[str] | None = None, stdin: TextIO | None = None,
     stdout = sys.stdout if stdout is None else stdout
     parser = argparse.ArgumentParser(prog="python -m jaxrl_agentic.play", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--env", default="frozen_lake", help="registered name or gymnax:<id>")
+    parser.add_argument("--env", default=None,
+                        help="registered name or gymnax:<id>; with --config, one of the "
+                             "recipe's env tags (default: frozen_lake / the recipe's first)")
+    parser.add_argument("--config", default=None,
+                        help="a recipe (configs/*.py): play its env with its prompt format "
+                             "(default with --model: configs/frozen_lake.py)")
     parser.add_argument("--seed", type=int, default=0, help="PRNG seed of the episode")
     parser.add_argument("--max-turns", type=int, default=None,
                         help="stop after this many turns (default: until the episode ends)")
     parser.add_argument("--model", default=None,
                         help="a Hugging Face model directory (or 'tiny') that plays instead")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help="reply length (default: the recipe's max_tokens_per_step, or 64)")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--greedy", action="store_true")
-    parser.add_argument("--reply-prefix", default="",
-                        help="text every reply starts with, as the model was trained with")
-    parser.add_argument("--reply-suffix", default="",
-                        help="text appended to every reply for the parser, as in training")
+    parser.add_argument("--reply-prefix", default=None,
+                        help="text every reply starts with (default: the recipe's, or none)")
+    parser.add_argument("--reply-suffix", default=None,
+                        help="text appended to every reply for the parser (default: the "
+                             "recipe's, or none)")
     args = parser.parse_args(argv)
     from jaxrl_agentic.envs.python_env import make_python_env, registered_python_envs
     from jaxrl_agentic.envs.registry import registered_envs
+    from jaxrl_agentic.rollout.groups import EpisodeSpec
 
-    python_env = args.env in registered_python_envs() and args.env not in registered_envs()
+    recipe = args.config
+    if recipe is None and args.model and args.env in (None, "frozen_lake") \
+            and os.path.exists(DEFAULT_RECIPE):
+        recipe = DEFAULT_RECIPE
+    prefix, suffix, max_new = "", "", 64
     try:
-        if python_env:  # host-side (tool) environments
-            from jaxrl_agentic.rollout.loop import EpisodeSpec
-
-            env = make_python_env(args.env)(EpisodeSpec(args.seed, 0, 0), 0)
+        if recipe is None:
+            name = args.env or "frozen_lake"
+            # Host-side (tool) environments; a JAX env name stays on the JAX path.
+            python_env = name in registered_python_envs() and name not in registered_envs()
+            if python_env:
+                env = make_python_env(name)(EpisodeSpec(args.seed, 0, 0), 0)
+            else:
+                env, params = make(name)
         else:
-            env, params = make(args.env)
+            spec, prefix, suffix = recipe_env(recipe, args.env)
+            python_env = spec.get("env_backend", "jax") == "python"
+            if python_env:  # as the pipeline builds it
+                env = make_python_env(spec.env_type, format_penalty=spec.format_penalty,
+                                      **dict(spec.env_config))(EpisodeSpec(args.seed, 0, 0), 0)
+            else:
+                env, params = make(spec.env_type, format_penalty=spec.format_penalty,
+                                   **dict(spec.env_config))
+            max_new = spec.max_tokens_per_step
+            print(f"env {spec.env_type} as in {recipe}", file=stdout)
     except ValueError as error:
         parser.error(str(error))
+    prefix = prefix if args.reply_prefix is None else args.reply_prefix
+    suffix = suffix if args.reply_suffix is None else args.reply_suffix
+    max_new = max_new if args.max_new_tokens is None else args.max_new_tokens
     if args.model:
         from jaxrl_agentic.models import CheckpointError
 
         try:
-            policy = model_policy(args.model, stdout, max_new_tokens=args.max_new_tokens,
+            policy = model_policy(args.model, stdout, max_new_tokens=max_new,
                                   temperature=args.temperature, greedy=args.greedy,
-                                  seed=args.seed, reply_prefix=args.reply_prefix,
-                                  reply_suffix=args.reply_suffix,
+                                  seed=args.seed, reply_prefix=prefix, reply_suffix=suffix,
                                   tools=env.tool_schemas if python_env else None)
         except CheckpointError as error:
             parser.error(str(error))

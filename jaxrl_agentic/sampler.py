@@ -51,6 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxrl_agentic import timing
 from jaxrl_agentic.models.transformer import KVCache, Transformer
 from jaxrl_agentic.parallel import kv_cache_sharding, rows_sharding
 
@@ -316,6 +317,7 @@ class Session:
                 )
             self.streams[row].extend(int(t) for t in ids)
 
+    @timing.spanned("rollout/prefill")
     def _prefill(self, rows: Sequence[int], params) -> jax.Array:
         """Feeds each row's uncached tail; returns the logits at each row's last token."""
         tails = {}
@@ -344,8 +346,9 @@ class Session:
             key_len=min(self.cache.max_len,
                         next_power_of_two(end, self.sampler.min_prefill_bucket)),
         )
-        return logits
+        return timing.ready(logits)
 
+    @timing.spanned("rollout/decode")
     def generate(
         self,
         rows: Sequence[int],

@@ -79,6 +79,28 @@ def sample_episode_text(formatter, traj, max_chars: int = 4000) -> str:
     return text[-max_chars:]
 
 
+def write_episode(writer, pipeline, traj, step: int, kind: str, gif_path: str, *,
+                  log, unrendered: set[str]) -> bool:
+    """The episode as text (`episodes/<kind>`) and, when its environment can draw itself,
+    as frames (`episodes/frames` for train, `episodes/eval_frames`) and a GIF.
+    → False when the frames were skipped (logged once per env tag)."""
+    from jaxrl_agentic.metrics_writer import save_gif
+    from jaxrl_agentic.rollout.loop import replay_frames
+
+    writer.write_text(step, f"episodes/{kind}", sample_episode_text(pipeline.formatter, traj))
+    frames = replay_frames(pipeline.runners[traj.tag], traj)
+    if not frames:
+        if traj.tag not in unrendered:
+            unrendered.add(traj.tag)
+            log(f"env {traj.tag!r}: no episode GIFs (its python env's render_rgb() returns "
+                f"None); counted in render/skipped")
+        return False
+    save_gif(gif_path, frames)
+    writer.write_frames(step, "episodes/frames" if kind == "train" else f"episodes/{kind}_frames",
+                        frames)
+    return True
+
+
 def run(c, *, log=print) -> dict[str, float]:
     """Trains according to `c`; returns the last step's metrics."""
     import jax
@@ -91,12 +113,11 @@ def run(c, *, log=print) -> dict[str, float]:
 
         initialize_distributed(c.distributed.coordinator_address,
                                c.distributed.num_processes, c.distributed.process_id)
+    from jaxrl_agentic import timing
     from jaxrl_agentic.checkpoint import Checkpointer, resolve_checkpoint
-    from jaxrl_agentic.data import pack_samples
     from jaxrl_agentic.data.debug import dump_batch
-    from jaxrl_agentic.metrics_writer import MetricsWriter, console_line, save_gif
+    from jaxrl_agentic.metrics_writer import MetricsWriter, console_line
     from jaxrl_agentic.pipeline import Pipeline
-    from jaxrl_agentic.rollout.loop import RolloutRunner, replay_frames
 
     validate(c)
     # Every process plays and trains; only process 0 writes logs, text and GIFs.
@@ -125,6 +146,8 @@ def run(c, *, log=print) -> dict[str, float]:
     bar = tqdm(total=c.max_steps, initial=pipeline.step, desc=c.exp_name, file=sys.stderr,
                disable=not (main_process and sys.stderr.isatty()))
     nonfinite_streak = 0
+    unrendered: set[str] = set()  # env tags whose episodes cannot be drawn
+    render_skipped = 0
     metrics: dict[str, float] = {}
     try:
         while pipeline.step < c.max_steps:
@@ -144,26 +167,30 @@ def run(c, *, log=print) -> dict[str, float]:
                     f"(last at step {step}); stopping. The last checkpoint holds finite params."
                 )
             if c.debug.dump_dir and samples and main_process:
-                dump_batch(c.debug.dump_dir, step, pack_samples(
-                    samples, micro_batch_max_tokens=c.micro_batch_max_tokens,
-                    sequence_length=c.sequence_length))
+                dump_batch(c.debug.dump_dir, step, pipeline.learner_cfg.packing.pack(samples))
+            eval_trajs = []
             if step % c.eval_steps == 0 or step == c.max_steps:
-                eval_metrics, _ = pipeline.evaluate()
+                eval_metrics, eval_trajs = pipeline.evaluate()
                 metrics.update(eval_metrics)
             if writer and (step % c.logging_steps == 0 or step == c.max_steps):
-                writer.write(step, metrics)
-                if trajs and trajs[0].turns:
-                    writer.write_text(step, "episodes/train",
-                                      sample_episode_text(pipeline.formatter, trajs[0]))
-                    runner = pipeline.runners[trajs[0].tag]
-                    if isinstance(runner, RolloutRunner):  # Python envs have no pictures
-                        frames = replay_frames(runner, trajs[0])
-                        save_gif(os.path.join(paths["render_save_dir"], f"step_{step}.gif"),
-                                 frames)
-                        writer.write_frames(step, "episodes/frames", frames)
-                log(console_line(step, metrics))
+                with timing.span("logging"):
+                    # Episodes first, so the metrics line of this step carries render/skipped.
+                    # The eval GIF shows an eval episode (greedy, held-out map), not a train one.
+                    shown = [("train", trajs, f"step_{step}.gif"),
+                             ("eval", eval_trajs, f"eval_step_{step}.gif")]
+                    for kind, episodes, name in shown:
+                        if episodes and episodes[0].turns and not write_episode(
+                                writer, pipeline, episodes[0], step, kind,
+                                os.path.join(paths["render_save_dir"], name), log=log,
+                                unrendered=unrendered):
+                            render_skipped += 1
+                    if unrendered:
+                        metrics["render/skipped"] = float(render_skipped)
+                    writer.write(step, metrics)
+                    log(console_line(step, metrics))
             if step % c.save_steps == 0 or step == c.max_steps:
-                checkpointer.save(step, pipeline.train_states(), pipeline.host_state())
+                with timing.span("checkpoint"):
+                    checkpointer.save(step, pipeline.train_states(), pipeline.host_state())
             bar.update(1)
             bar.set_postfix(reward=f"{metrics.get('env/return', 0):.3f}",
                             tok_s=f"{metrics.get('perf/tokens_per_s', 0):.0f}")

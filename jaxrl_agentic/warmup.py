@@ -118,6 +118,7 @@ def format_warmup(base_model_dir: str, c, out_dir: str, *, log=print) -> dict[st
     import jax
     from flax import nnx
 
+    from jaxrl_agentic.data import PackingConfig
     from jaxrl_agentic.data.samples import trajectory_sample
     from jaxrl_agentic.envs import make
     from jaxrl_agentic.learner import Learner, LearnerConfig
@@ -134,12 +135,12 @@ def format_warmup(base_model_dir: str, c, out_dir: str, *, log=print) -> dict[st
     graphdef, params = nnx.split(model)
     learner = Learner(graphdef, params, LearnerConfig(
         learning_rate=w.learning_rate,
-        lr_scheduler_type="constant",
         mini_batch_size=10**9,  # one update per step: ratio stays exactly 1 (see module doc)
         recompute_old_logprobs=True,
-        micro_batch_max_tokens=c.micro_batch_max_tokens,
-        sequence_length=c.sequence_length,
-        pad_token_id=tokenizer.pad_token_id or 0,
+        # Exact row counts: one step's batch varies, and fixed rows would mean 10**9 rows.
+        packing=PackingConfig(micro_batch_max_tokens=c.micro_batch_max_tokens,
+                              sequence_length=c.sequence_length, rows_bucket=0,
+                              fixed_rows=False, pad_token_id=tokenizer.pad_token_id or 0),
         max_grad_norm=1.0,
         seed=c.seed,
     ), make_mesh(devices=jax.local_devices()))  # per process: others wait on the cache lock

@@ -40,3 +40,21 @@ def qwen_fixture_dir():
             if not os.path.exists(os.path.join(out, "model.safetensors")):
                 build_qwen_fixture(out, layers=2, hidden=56, seed=0)
     return out
+
+
+# A small Qwen2-architecture policy for learner/critic tests that need real parameters but
+# not the tiny default model's tokenizer (one layer, GQA 2:1, vocabulary 64).
+SMALL_MODEL_FIELDS = dict(vocab_size=64, hidden_size=32, intermediate_size=64,
+                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                          head_dim=16)
+
+
+@pytest.fixture(scope="session")
+def small_policy():
+    """``(graphdef, params)`` of the shared small policy (seed 0)."""
+    from flax import nnx
+
+    from jaxrl_agentic.models.config import ModelConfig
+    from jaxrl_agentic.models.transformer import Transformer
+
+    return nnx.split(Transformer(ModelConfig(**SMALL_MODEL_FIELDS), rngs=nnx.Rngs(0)))

@@ -5,7 +5,7 @@
 * Gradient: the accumulated value-loss gradient over 1 or 3 micro-batches, and a whole
   ``Critic.step`` (metrics and the AdamW update), equal ``jax.grad`` of a per-sample loop.
 * Fitting: repeated steps drive the value loss down on a constant target.
-* ``gae_samples`` = ``gae()`` on hand-built trajectories with the critic's values.
+* ``token_estimator_samples`` (GAE) = ``gae()`` on hand-built trajectories with the critic's values.
 
 Tiny model (vocab 64, hidden 32, 1 layer).
 """
@@ -24,16 +24,15 @@ from jaxrl_agentic.algos.advantages import gae
 from jaxrl_agentic.critic import (
     Critic,
     CriticConfig,
-    gae_samples,
     init_critic_state,
-    make_critic_optimizer,
     make_value_loss_and_grads,
 )
-from jaxrl_agentic.data import Sample, pack_samples
-from jaxrl_agentic.learner import set_learning_rate
+from jaxrl_agentic.data import PackingConfig, Sample, pack_samples
 from jaxrl_agentic.models.config import ModelConfig
 from jaxrl_agentic.models.transformer import Transformer
 from jaxrl_agentic.models.value import state_values
+from jaxrl_agentic.pipeline import token_estimator_samples
+from jaxrl_agentic.update import make_optimizer, set_learning_rate
 from tests.data.test_samples import EOS, make_traj
 
 MODEL_CFG = ModelConfig(
@@ -52,21 +51,17 @@ CLIP = 0.2
 # Rows of 16 tokens: the test samples take 3 micro-batches (4 rows once bucketed).
 STEP_CONFIG = dict(micro_batch_max_tokens=16, sequence_length=16, mini_batch_size=5,
                    ppo_epochs=1, weight_decay=0.01)
+PACKING_FIELDS = ("micro_batch_max_tokens", "sequence_length", "rows_bucket", "fixed_rows")
 
 
 def make_critic(random_head=True, **overrides) -> Critic:
     """A critic, by default with a random value head (a zero head would give zero backbone
     gradients and all-zero values, hiding alignment errors)."""
-    config = CriticConfig(
-        **{
-            "learning_rate": 1e-3,
-            "max_grad_norm": 1.0,
-            "value_clip": CLIP,
-            "micro_batch_max_tokens": ROW_LEN,
-            "sequence_length": ROW_LEN,
-            **overrides,
-        }
-    )
+    settings = {"learning_rate": 1e-3, "max_grad_norm": 1.0, "value_clip": CLIP,
+                "micro_batch_max_tokens": ROW_LEN, "sequence_length": ROW_LEN,
+                "rows_bucket": 0, "fixed_rows": False, "mini_batch_size": 8, **overrides}
+    packing = PackingConfig(**{k: settings.pop(k) for k in PACKING_FIELDS})
+    config = CriticConfig(packing=packing, **settings)
     critic = Critic(POLICY_GRAPHDEF, POLICY_PARAMS, config)
     model = nnx.merge(critic.graphdef, critic.params)
     assert np.all(np.asarray(model.head.kernel[...]) == 0)  # zero-initialised head
@@ -237,7 +232,7 @@ def test_critic_step_applies_adamw_to_the_reference_gradient():
     ev = 1 - np.var(returns - values) / np.var(returns)
     assert metrics["critic/explained_variance"] == pytest.approx(ev, rel=1e-4, abs=1e-5)
     # optax's own clip + AdamW on the reference gradient gives the same parameters.
-    optimizer = make_critic_optimizer(critic.config)
+    optimizer = make_optimizer(critic.config)
     opt_state = set_learning_rate(optimizer.init(params), 1e-3)
     updates, _ = optimizer.update(ref_grads, opt_state, params)
     expected = optax.apply_updates(params, updates)
@@ -252,7 +247,7 @@ def test_value_loss_decreases_on_a_constant_target():
     assert all(np.all(v == 0) for v in critic.sample_values(samples))  # zero head: V = 0
     losses = []
     for _ in range(12):
-        # Fresh old values each step, as gae_samples would give (clipping stays on).
+        # Fresh old values each step, as token_estimator_samples would give (clipping stays on).
         values = critic.sample_values(samples)
         samples = [dataclasses.replace(s, values=s.loss_mask * v)
                    for s, v in zip(samples, values, strict=True)]
@@ -279,8 +274,9 @@ def test_gae_samples_match_gae_on_hand_built_trajectories():
         for turn, r in zip(t.turns, rewards, strict=True):
             turn.reward = r
     empty = dataclasses.replace(trajs[1], traj_id=3, turns=[])
-    samples, metrics = gae_samples(trajs[:2] + [empty] + trajs[2:], critic, gamma=0.9,
-                                   lambd=0.8)
+    samples, metrics = token_estimator_samples(trajs[:2] + [empty] + trajs[2:],
+                                               adv_estimator="gae", gamma=0.9, lambd=0.8,
+                                               critic=critic)
     assert [s.traj_id for s in samples] == [0, 1, 2]  # the turn-less trajectory is dropped
     for traj, s in zip(trajs, samples, strict=True):
         end = traj.turns[-1].context_len + len(traj.turns[-1].generated)

@@ -21,7 +21,8 @@ import pytest
 from flax import nnx
 
 from jaxrl_agentic.algos.reductions import REDUCTIONS
-from jaxrl_agentic.data import Sample, pack_samples, pad_samples, updates_per_step
+from jaxrl_agentic.data import PackingConfig, Sample, pack_samples, updates_per_step
+from jaxrl_agentic.data.baseline_packing import pad_samples
 from jaxrl_agentic.learner import (
     TRAIN_BATCH_KEYS,
     Learner,
@@ -56,9 +57,12 @@ BASE = LearnerConfig(
     kl_estimator="k3",
     entropy_loss_coef=0.01,
     temperature=0.9,
-    micro_batch_max_tokens=ROW_LEN,
-    sequence_length=ROW_LEN,
+    mini_batch_size=8,
+    packing=PackingConfig(micro_batch_max_tokens=ROW_LEN, sequence_length=ROW_LEN, rows_bucket=0,
+                          fixed_rows=False),
 )
+SHORT_ROWS = PackingConfig(micro_batch_max_tokens=32, sequence_length=32, rows_bucket=0,
+                           fixed_rows=False)
 BATCH_KEYS = TRAIN_BATCH_KEYS + ("ref_logprobs",)
 
 
@@ -263,8 +267,7 @@ def test_learner_step_with_reference_recompute_and_adaptive_kl():
         kl_horizon=100.0,
         recompute_old_logprobs=True,
         mini_batch_size=8,
-        micro_batch_max_tokens=32,
-        sequence_length=32,
+        packing=SHORT_ROWS,
     )
     learner = Learner(GRAPHDEF, PARAMS, config)
     samples = [dataclasses.replace(s, ref_logprobs=None) for s in make_samples(1)]
@@ -275,10 +278,10 @@ def test_learner_step_with_reference_recompute_and_adaptive_kl():
     metrics = learner.step(samples, [1e-3])
     # Old logprobs were recomputed with the same params and the reference is the initial
     # policy: on this single update every ratio is 1 and the KL is 0.
-    assert metrics["policy/ratio"] == pytest.approx(1.0, abs=1e-5)
-    assert metrics["policy/clipfrac"] == 0.0
-    assert abs(metrics["policy/approx_kl"]) < 1e-5
-    assert abs(metrics["loss/kl"]) < 1e-7
+    assert metrics["actor/ratio"] == pytest.approx(1.0, abs=1e-5)
+    assert metrics["actor/clipfrac"] == 0.0
+    assert abs(metrics["actor/approx_kl"]) < 1e-5
+    assert abs(metrics["actor/kl"]) < 1e-7
     assert metrics["rollout/logprob_mismatch"] > 0.1  # the samples' logprobs were made up
     # Adaptive controller: e = clip(0/0.5 − 1) = −0.2 → β = 0.1·(1 − 0.2·8/100) = 0.0984
     assert metrics["kl/coef"] == pytest.approx(0.0984, rel=1e-6)
@@ -302,8 +305,7 @@ def test_compiled_programs_are_bounded_by_row_buckets():
         init_kl_coef=0.0,
         mini_batch_size=8,
         ppo_epochs=2,
-        micro_batch_max_tokens=32,
-        sequence_length=32,
+        packing=SHORT_ROWS,
     )
     learner = Learner(GRAPHDEF, PARAMS, config)
     rng = np.random.default_rng(5)
@@ -328,9 +330,9 @@ def test_compiled_programs_are_bounded_by_row_buckets():
         assert metrics["tokens/real"] == 16 * n * config.ppo_epochs
         assert metrics["tokens/loss"] == 10 * n * config.ppo_epochs
         assert metrics["optim/nonfinite_updates"] == 0
-        assert np.isfinite(metrics["loss/total"])
+        assert np.isfinite(metrics["actor/loss"])
     assert rows_seen == {2.0, 4.0}
-    assert learner.train_step._cache_size() == len(rows_seen)
+    assert learner.engine.update_step._cache_size() == len(rows_seen)
     assert learner.state.ref_params is None
 
 
@@ -349,7 +351,7 @@ def test_truncated_importance_weights_scale_each_tokens_advantage():
     The update equals a plain update on advantages multiplied by hand-computed weights."""
     cap = 1.5
     base = dataclasses.replace(BASE, recompute_old_logprobs=True, mini_batch_size=8,
-                               micro_batch_max_tokens=32, sequence_length=32)
+                               packing=SHORT_ROWS)
     samples = [dataclasses.replace(s, ref_logprobs=None) for s in make_samples(1)]
     weighted, weights = [], []
     for s in samples:
@@ -382,8 +384,10 @@ def test_policy_gradient_learns_a_contextual_bandit():
     model_cfg = dataclasses.replace(MODEL_CFG, vocab_size=32, hidden_size=64,
                                     intermediate_size=128, head_dim=16)
     graphdef, params = nnx.split(Transformer(model_cfg, rngs=nnx.Rngs(0)))
-    config = LearnerConfig(learning_rate=1e-3, mini_batch_size=64, micro_batch_max_tokens=640,
-                           sequence_length=ROW_LEN, max_grad_norm=1.0, seed=0)
+    config = LearnerConfig(learning_rate=1e-3, mini_batch_size=64, max_grad_norm=1.0, seed=0,
+                           packing=PackingConfig(micro_batch_max_tokens=640,
+                                                 sequence_length=ROW_LEN, rows_bucket=0,
+                                                 fixed_rows=False))
     learner = Learner(graphdef, params, config, make_mesh())
     rng = np.random.default_rng(0)
 

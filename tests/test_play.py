@@ -111,7 +111,7 @@ def test_a_person_can_play_the_calculator_with_typed_tool_calls():
     from jaxrl_agentic.envs.calculator import CalculatorOracle
     from jaxrl_agentic.envs.python_env import make_python_env
     from jaxrl_agentic.play import main
-    from jaxrl_agentic.rollout.loop import EpisodeSpec
+    from jaxrl_agentic.rollout.groups import EpisodeSpec
 
     env = make_python_env("calculator")(EpisodeSpec(4, 0, 0), 0)
     first = env.reset(4)
@@ -122,3 +122,58 @@ def test_a_person_can_play_the_calculator_with_typed_tool_calls():
     text = out.getvalue()
     assert '"name": "calculate"' in text and f"<tool_response>\n{env.answer}\n" in text
     assert "success=1" in text and "tool/calls=1" in text and "tool/errors=0" in text
+
+
+def recipe_first_prompt(recipe: str, seed: int) -> str:
+    """What the recipe's training rollout would show on the first turn of episode `seed`."""
+    import os
+
+    from jaxrl_agentic.envs.messages import first_message
+    from jaxrl_agentic.train import parse_config
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    c = parse_config(["play", f"--config={os.path.join(root, 'configs', recipe)}"])
+    spec = next(iter(c.custom_envs.values()))
+    env, params = make(spec.env_type, format_penalty=spec.format_penalty,
+                       **dict(spec.env_config))
+    _, reset_key = jax.random.split(jax.random.key(seed))  # play_episode's reset key
+    _, state = env.reset(reset_key, params)
+    return first_message(env, state, params)
+
+
+@pytest.mark.parametrize("config", [None, "configs/frozen_lake.py"])
+def test_a_model_plays_with_the_recipes_prompts_and_reply_format(tiny_model_dir, config):
+    import os
+
+    from jaxrl_agentic import play
+    from jaxrl_agentic.envs.messages import first_message
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    argv = ["--model", tiny_model_dir, "--max-turns", "1", "--seed", "3"]
+    if config:  # without it, --model means the default recipe (what train runs)
+        argv += ["--config", os.path.join(root, config)]
+    out = io.StringIO()
+    assert play.main(argv, stdin=io.StringIO(""), stdout=out) == 0
+    text = out.getvalue()
+    want = recipe_first_prompt("frozen_lake.py", 3)
+    default_env, default_params = make("frozen_lake")
+    assert f"--- turn 1 ---\n{want}\n" in text
+    # The recipe's prompt is not the env's default one (brief instructions, hints).
+    _, state = default_env.reset(jax.random.split(jax.random.key(3))[1], default_params)
+    assert first_message(default_env, state, default_params) != want
+    # The recipe's reply format: "<answer>" + one generated token + "</answer>".
+    reply = [line for line in text.splitlines() if line.startswith("model: ")][0]
+    assert reply.startswith("model: <answer>") and reply.endswith("</answer>")
+
+
+def test_play_config_with_an_unknown_env_tag_is_a_usage_error(capsys):
+    import os
+
+    from jaxrl_agentic import play
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with pytest.raises(SystemExit) as e:
+        play.main(["--config", os.path.join(root, "configs", "sokoban.py"), "--env", "lake"],
+                  stdin=io.StringIO(""), stdout=io.StringIO())
+    assert e.value.code == 2
+    assert "--env 'lake' is not an env tag of" in capsys.readouterr().err

@@ -17,9 +17,10 @@ after different numbers of turns.
 * `test_no_compilation_after_warmup_*`: 3 warm-up pipeline steps, then 5 steps whose
   episode lengths differ compile nothing; a control step with longer rows does compile.
 * `test_longer_episodes_*`: what the pipeline test cannot force at test size, on the
-  learner directly: episodes longer than any warm-up step's compile no new `train_step` /
-  `compute_logprobs` program (`fixed_rows`: the row count no longer follows the lengths);
-  control: with `fixed_rows=False` the same steps do compile both.
+  learner and on the GAE critic directly: episodes longer than any warm-up step's compile
+  no new `update_step` / per-token (`compute`) program (`fixed_rows`: the row count no
+  longer follows the lengths); control: with `fixed_rows=False` the same steps do compile
+  both.
 * `test_episode_replays_*`: train.py's GIF replay of an episode (every logged step)
   compiles nothing after the first (its env reset is jitted once per runner).
 """
@@ -143,64 +144,104 @@ def test_no_compilation_after_warmup_while_episode_lengths_change(warm_pipeline)
     # Control: one more step whose batch rows are longer than any compiled so far does
     # show up, so an empty list above means nothing compiled, not that nothing was seen.
     learner = pipeline.learner
-    learner.config = dataclasses.replace(
-        learner.config, micro_batch_max_tokens=learner.config.micro_batch_max_tokens + 64)
+    longer = dataclasses.replace(learner.config.packing, micro_batch_max_tokens=(
+        learner.config.packing.micro_batch_max_tokens + 64))
+    learner.config = learner.engine.config = dataclasses.replace(learner.config, packing=longer)
     with CompileEvents() as counter:
         pipeline.train_step()
-    assert any("train_step" in name for name in counter.programs), counter.programs
+    assert any("update_step" in name for name in counter.programs), counter.programs
 
 
-def learner_programs_after_warmup(fixed_rows: bool):
-    """What the pipeline test cannot force at test size, on the learner directly: three
-    warm-up steps of short episodes, then steps whose episodes grow, through the two calls
-    a pipeline step makes (`logprob_mismatch`'s `sample_logprobs`, then `Learner.step`).
-    Returns (rows needed per warm-up step, per measured step, programs compiled after)."""
-    from flax import nnx
+def growing_episodes(rng, count: int, max_len: int):
+    """`count` trajectory samples of 8..max_len tokens; the reply is each one's second half."""
+    from jaxrl_agentic.data import Sample
 
-    from jaxrl_agentic.data import Sample, pack_samples
-    from jaxrl_agentic.learner import Learner, LearnerConfig
-    from jaxrl_agentic.models.config import ModelConfig
-    from jaxrl_agentic.models.transformer import Transformer
+    out = []
+    for i, n in enumerate(rng.integers(8, max_len + 1, size=count)):
+        mask = (np.arange(n) >= n // 2).astype(np.float32)
+        out.append(Sample(tokens=rng.integers(1, 64, n), loss_mask=mask,
+                          old_logprobs=-4.0 * mask, advantages=mask * rng.normal(),
+                          returns=mask * rng.normal(), values=mask * rng.normal(),
+                          traj_id=i, prompt_len=int(n // 2)))
+    return out
 
-    model = Transformer(ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
-                                    num_hidden_layers=1, num_attention_heads=2,
-                                    num_key_value_heads=1, head_dim=16), rngs=nnx.Rngs(0))
-    graphdef, params = nnx.split(model)
-    # The default recipe's packing rules (rows_bucket 4) at a small row length.
-    config = LearnerConfig(mini_batch_size=8, micro_batch_max_tokens=64, sequence_length=64,
-                           rows_bucket=4, fixed_rows=fixed_rows, learning_rate=1e-3)
-    learner = Learner(graphdef, params, config)
+
+def programs_after_warmup(model_step, mini_batch_size: int):
+    """Three warm-up steps of short episodes, then steps whose episodes grow, each through
+    `model_step(samples)`. Returns (rows needed per warm-up step, per measured step,
+    programs compiled after the warm-up)."""
+    from jaxrl_agentic.data import pack_samples
+
     rng = np.random.default_rng(0)
 
-    def episodes(max_len):  # one trajectory sample per episode; the reply is its second half
-        out = []
-        for i, n in enumerate(rng.integers(8, max_len + 1, size=config.mini_batch_size)):
-            mask = (np.arange(n) >= n // 2).astype(np.float32)
-            out.append(Sample(tokens=rng.integers(1, 64, n), loss_mask=mask,
-                              old_logprobs=-4.0 * mask, advantages=mask * rng.normal(),
-                              traj_id=i, prompt_len=int(n // 2)))
-        return out
-
-    def pipeline_step(samples):
-        learner.sample_logprobs(samples)
-        learner.step(samples, np.full(1, 1e-3))
+    def step(samples):
+        model_step(samples)
         return pack_samples(samples, micro_batch_max_tokens=64, sequence_length=64,
                             rows_bucket=1).num_micro_batches
 
-    warm_rows = [pipeline_step(episodes(16)) for _ in range(WARMUP_STEPS)]
+    warm_rows = [step(growing_episodes(rng, mini_batch_size, 16)) for _ in range(WARMUP_STEPS)]
     with CompileEvents() as counter:
-        rows = [pipeline_step(episodes(16 + 10 * k)) for k in range(1, MEASURED_STEPS + 1)]
+        rows = [step(growing_episodes(rng, mini_batch_size, 16 + 10 * k))
+                for k in range(1, MEASURED_STEPS + 1)]
     # Meaningful only if the measured steps need a row bucket the warm-up never did.
     assert max(warm_rows) <= 4 < max(rows), (warm_rows, rows)
     return warm_rows, rows, counter.programs
 
 
-def test_longer_episodes_after_warmup_compile_no_new_learner_program():
-    warm_rows, rows, programs = learner_programs_after_warmup(fixed_rows=True)
+def small_rows(fixed_rows: bool):
+    """The default recipe's packing rules (rows_bucket 4) at a small row length."""
+    from jaxrl_agentic.data import PackingConfig
+
+    return PackingConfig(micro_batch_max_tokens=64, sequence_length=64, rows_bucket=4,
+                         fixed_rows=fixed_rows)
+
+
+def learner_programs_after_warmup(small_policy, fixed_rows: bool):
+    """What the pipeline test cannot force at test size, on the learner directly, through
+    the two calls a pipeline step makes (the mismatch check's `sample_logprobs`, then the
+    updates)."""
+    from jaxrl_agentic.learner import Learner, LearnerConfig
+
+    config = LearnerConfig(mini_batch_size=8, learning_rate=1e-3, packing=small_rows(fixed_rows))
+    learner = Learner(*small_policy, config)
+
+    def pipeline_step(samples):
+        learner.sample_logprobs(samples)
+        learner.step([dataclasses.replace(s, returns=None, values=None) for s in samples],
+                     np.full(1, 1e-3))
+
+    return programs_after_warmup(pipeline_step, config.mini_batch_size)
+
+
+def test_longer_episodes_after_warmup_compile_no_new_learner_program(small_policy):
+    warm_rows, rows, programs = learner_programs_after_warmup(small_policy, fixed_rows=True)
     assert programs == [], f"rows needed {warm_rows} during warm-up, then {rows}: {programs}"
     # Control: with row counts that follow the lengths, the same steps do compile.
-    _, _, programs = learner_programs_after_warmup(fixed_rows=False)
-    assert {"jit(train_step)", "jit(compute_logprobs)"} <= set(programs), programs
+    _, _, programs = learner_programs_after_warmup(small_policy, fixed_rows=False)
+    assert {"jit(update_step)", "jit(compute)"} <= set(programs), programs
+
+
+def critic_programs_after_warmup(small_policy, fixed_rows: bool):
+    """The GAE critic through what a pipeline step makes it do: values of the trajectory
+    samples, then its value-loss updates. Before the shared update engine the critic had
+    no `fixed_rows` and compiled a new train step whenever episodes grew."""
+    from jaxrl_agentic.critic import Critic, CriticConfig
+
+    config = CriticConfig(mini_batch_size=8, learning_rate=1e-3, packing=small_rows(fixed_rows))
+    critic = Critic(*small_policy, config)
+
+    def pipeline_step(samples):
+        critic.sample_values(samples)
+        critic.step(samples)
+
+    return programs_after_warmup(pipeline_step, config.mini_batch_size)
+
+
+def test_longer_episodes_after_warmup_compile_no_new_critic_program(small_policy):
+    warm_rows, rows, programs = critic_programs_after_warmup(small_policy, fixed_rows=True)
+    assert programs == [], f"rows needed {warm_rows} during warm-up, then {rows}: {programs}"
+    _, _, programs = critic_programs_after_warmup(small_policy, fixed_rows=False)
+    assert {"jit(update_step)", "jit(compute)"} <= set(programs), programs
 
 
 def test_episode_replays_compile_nothing_after_the_first(warm_pipeline):

@@ -233,3 +233,89 @@ def test_checkpointer_refuses_nonfinite_params(tmp_path):
     with pytest.raises(CheckpointError, match="not finite"):
         ckpt.save(1, {"learner": state}, {"step": 1})
     assert ckpt.latest_step() is None
+
+
+# ---- episode renders: Python backend, eval episodes ---------------------------------------
+
+
+def gif_frames(path: str) -> list:
+    import numpy as np
+    from PIL import Image, ImageSequence
+
+    with Image.open(path) as image:
+        return [np.asarray(f.convert("RGB")) for f in ImageSequence.Iterator(image)]
+
+
+def first_map_frame(seed: int, episode_seed: int):
+    """The reset state of map `episode_seed` as the rollout keys it, drawn by the env."""
+    import jax
+
+    from jaxrl_agentic.envs import make
+
+    recipe = os.path.join(ROOT, "configs", "frozen_lake.py")
+    spec = train.parse_config(["train", f"--config={recipe}"]).custom_envs.frozen_lake
+    env, params = make(spec.env_type, **dict(spec.env_config))
+    _, state = env.reset_env(jax.random.fold_in(jax.random.PRNGKey(seed), episode_seed), params)
+    return env.render_rgb(state, params)
+
+
+@pytest.mark.parametrize("backend", ["jax", "python"])
+def test_train_cli_renders_the_train_and_an_eval_episode(backend, tmp_path):
+    import numpy as np
+
+    out = str(tmp_path / backend)
+    args = [*tiny_overrides("frozen_lake", out, steps=1),
+            f"--config.custom_envs.frozen_lake.env_backend={backend}"]
+    assert train.main(["train", *args]) == 0
+    assert "render/skipped" not in read_metrics(out)[-1]
+    renders = os.path.join(out, "renders")
+    # Step 1 trains on even seeds from cursor 0 (map 0) and evaluates on odd ones (map 1);
+    # each GIF starts on its own episode's map (groups.plan_episodes).
+    train_frames = gif_frames(os.path.join(renders, "step_1.gif"))
+    eval_frames = gif_frames(os.path.join(renders, "eval_step_1.gif"))
+    want_train, want_eval = first_map_frame(0, 0), first_map_frame(0, 1)
+    assert not np.array_equal(want_train, want_eval)  # the maps tell the episodes apart
+    np.testing.assert_array_equal(train_frames[0], want_train)
+    np.testing.assert_array_equal(eval_frames[0], want_eval)
+
+
+def _blind_factory(**config):
+    from jaxrl_agentic.envs.python_env import PyStep, PythonTextEnv, text_state_hash
+
+    class Blind(PythonTextEnv):
+        """Rewards any reply; has no picture (PythonTextEnv.render_rgb's None)."""
+
+        max_steps_in_episode = 2
+
+        def reset(self, seed):
+            self.turns = 0
+            return "say anything"
+
+        def step(self, reply):
+            self.turns += 1
+            return PyStep(observation="again", reward=1.0, terminated=False,
+                          action_is_valid=True, action_is_effective=True, success=False)
+
+        def state_hash(self):
+            return text_state_hash(str(self.turns))
+
+    return lambda spec, run_seed: Blind()
+
+
+def test_python_env_without_a_picture_skips_gifs_with_one_logged_reason(tmp_path):
+    from jaxrl_agentic.envs.python_env import register_python_env, registered_python_envs
+
+    if "blind_for_test" not in registered_python_envs():
+        register_python_env("blind_for_test", _blind_factory)
+    out = str(tmp_path / "blind")
+    c = train.parse_config(["train", *tiny_overrides("frozen_lake", out, steps=2),
+                            "--config.custom_envs.frozen_lake.env_backend=python",
+                            "--config.custom_envs.frozen_lake.env_type=blind_for_test",
+                            "--config.eval_steps=1"])
+    lines = []
+    train.run(c, log=lines.append)
+    records = read_metrics(out)
+    # Per step a train and an eval episode were not drawn: 2, then 4 in all.
+    assert [r["render/skipped"] for r in records] == [2.0, 4.0]
+    assert sum("no episode GIFs" in line for line in lines) == 1
+    assert not glob.glob(os.path.join(out, "renders", "*.gif"))

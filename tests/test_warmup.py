@@ -7,7 +7,8 @@ from jaxrl_agentic.config import default_config, env_spec
 from jaxrl_agentic.envs import make
 from jaxrl_agentic.models import load_pretrained
 from jaxrl_agentic.rollout.conversation import ChatFormatter
-from jaxrl_agentic.rollout.loop import EpisodeSpec, GenerationConfig, RolloutRunner
+from jaxrl_agentic.rollout.groups import EpisodeSpec
+from jaxrl_agentic.rollout.loop import GenerationConfig, RolloutRunner
 
 
 def small_config(steps: int):

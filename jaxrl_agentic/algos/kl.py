@@ -33,7 +33,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-KL_ESTIMATORS = ("k1", "k2", "k3")
+from pallas_kernels.ppo_loss import KL_ESTIMATORS
+
 # Same clamp as pallas_kernels.ppo_loss.LOG_RATIO_CLAMP (kept equal so the k3 values match).
 _K3_CLAMP = 20.0
 # The proportional controller's error clip (Ziegler et al.; also TRL and verl).

@@ -34,8 +34,9 @@ from jax import lax
 
 from jaxrl_agentic.algos.reductions import loss_sum_and_denominator
 from pallas_kernels import masked_ppo_loss, token_logprobs
+from pallas_kernels.token_logprobs import IMPLS as TOKEN_LOGPROB_IMPLS
 
-KERNEL_IMPLS = ("auto", "reference", "chunked", "pallas")
+KERNEL_IMPLS = TOKEN_LOGPROB_IMPLS  # the `kernel_impl` choices
 
 
 class PolicyLossSums(NamedTuple):

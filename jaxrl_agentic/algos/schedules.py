@@ -49,8 +49,9 @@ from collections.abc import Callable
 import numpy as np
 import optax
 
+from jaxrl_agentic.data.samples import SAMPLE_MODES
+
 LR_SCHEDULER_TYPES = ("constant", "linear", "cosine")
-SAMPLE_MODES = ("trajectory", "step")
 
 
 def _check_schedule_args(
@@ -265,3 +266,51 @@ class ChunkEstimator:
             observed_samples=int(state["observed_samples"]),
             observed_trajectories=int(state["observed_trajectories"]),
         )
+
+
+class LearningRatePlan:
+    """The run's learning rates: the progress schedule, sized once by the chunk estimate at
+    the start, next to the estimator that is corrected as samples are observed.
+
+    ``learning_rates(steps_done, num_updates)`` gives one LR per update of a step;
+    ``record(num_updates, num_samples, num_trajectories)`` counts the step afterwards
+    (``num_trajectories = 0``: a skipped batch, which says nothing about chunks).
+    ``to_dict()`` / ``load_dict()`` checkpoint the counts and the estimator.
+    """
+
+    def __init__(self, *, learning_rate: float, lr_scheduler_type: str, warmup_steps: int,
+                 min_lr_ratio: float, max_steps: int, ppo_epochs: int,
+                 trajectories_per_step: int, mini_batch_size: int, chunks: ChunkEstimator):
+        self.max_steps = max_steps
+        self.ppo_epochs = ppo_epochs
+        self.trajectories_per_step = trajectories_per_step
+        self.mini_batch_size = mini_batch_size
+        self.chunks = chunks
+        self.updates_done = 0
+        self.planned_updates = planned_total_updates(
+            max_steps, ppo_epochs, trajectories_per_step, chunks.initial, mini_batch_size)
+        self.schedule = make_progress_lr_schedule(
+            learning_rate, lr_scheduler_type, warmup_steps, self.planned_updates, min_lr_ratio)
+
+    def learning_rates(self, steps_done: int, num_updates: int) -> np.ndarray:
+        return step_learning_rates(self.schedule, steps_done=steps_done,
+                                   updates_done=self.updates_done,
+                                   updates_this_step=num_updates, max_steps=self.max_steps)
+
+    def record(self, num_updates: int, num_samples: int, num_trajectories: int) -> None:
+        self.updates_done += num_updates
+        if num_trajectories > 0:
+            self.chunks = self.chunks.observe(num_samples, num_trajectories)
+
+    def projected_total_updates(self, steps_done: int) -> int:
+        return self.chunks.projected_total_updates(
+            updates_done=self.updates_done, steps_done=steps_done, max_steps=self.max_steps,
+            ppo_epochs=self.ppo_epochs, trajectories_per_step=self.trajectories_per_step,
+            mini_batch_size=self.mini_batch_size)
+
+    def to_dict(self) -> dict:
+        return {"updates_done": self.updates_done, "chunks": self.chunks.to_dict()}
+
+    def load_dict(self, state: dict) -> None:
+        self.updates_done = int(state["updates_done"])
+        self.chunks = ChunkEstimator.from_dict(state["chunks"])

@@ -3,12 +3,11 @@
 from jaxrl_agentic.data.minibatch import pack_minibatches, split_minibatches, updates_per_step
 from jaxrl_agentic.data.packing import (
     PackedBatch,
+    PackingConfig,
     bucket_rows,
-    dynamic_batches,
     first_fit_decreasing,
     pack_samples,
     pad_rows,
-    pad_samples,
     round_up_to_bucket,
     token_stats,
 )
@@ -16,14 +15,13 @@ from jaxrl_agentic.data.types import Sample, truncate_sample
 
 __all__ = [
     "PackedBatch",
+    "PackingConfig",
     "Sample",
     "bucket_rows",
-    "dynamic_batches",
     "first_fit_decreasing",
     "pack_minibatches",
     "pack_samples",
     "pad_rows",
-    "pad_samples",
     "round_up_to_bucket",
     "split_minibatches",
     "token_stats",

@@ -14,7 +14,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from jaxrl_agentic.data.packing import PackedBatch, bucket_rows, pack_samples, pad_rows
+from jaxrl_agentic.data.packing import (
+    PackedBatch,
+    PackingConfig,
+    bucket_rows,
+    pack_samples,
+    pad_rows,
+    round_up_to_bucket,
+)
 from jaxrl_agentic.data.types import Sample
 
 
@@ -48,36 +55,37 @@ def split_minibatches(
 
 def pack_minibatches(
     minibatches: Sequence[Sequence[Sample]],
+    packing: PackingConfig,
     *,
-    micro_batch_max_tokens: int,
-    sequence_length: int,
-    rows_bucket: int = 0,
-    num_micro_batches: int | None = None,
-    pad_token_id: int = 0,
+    mini_batch_size: int,
+    rows_multiple: int = 1,
 ) -> list[PackedBatch]:
     """Packs each mini-batch and pads them all to one shape for the learner's ``lax.scan``.
 
-    The common micro-batch count is ``num_micro_batches`` if given (an error if a
-    mini-batch needs more), else ``bucket_rows(max rows needed, rows_bucket)``; the
-    segment-metadata width is likewise the largest one. Padding micro-batches have segment
-    ids 0 everywhere, so they add nothing to any loss sum or denominator.
+    The common micro-batch (row) count is a multiple of ``rows_multiple`` (the mesh's batch
+    shards): with ``packing.fixed_rows`` it is ``mini_batch_size`` rounded up (a mini-batch
+    never needs more rows than samples, as each fits one row), so the shape never changes
+    within a run; otherwise ``bucket_rows(most rows needed, rows_bucket)`` rounded up. The
+    segment-metadata width is the largest one. Padding micro-batches have segment ids 0
+    everywhere, so they add nothing to any loss sum or denominator.
     """
     packed = [
         pack_samples(
             mb,
-            micro_batch_max_tokens=micro_batch_max_tokens,
-            sequence_length=sequence_length,
+            micro_batch_max_tokens=packing.micro_batch_max_tokens,
+            sequence_length=packing.sequence_length,
             rows_bucket=1,  # exact row count here; the common bucket is applied below
-            pad_token_id=pad_token_id,
+            pad_token_id=packing.pad_token_id,
         )
         for mb in minibatches
     ]
     needed = max((b.num_micro_batches for b in packed), default=0)
-    if num_micro_batches is None:
-        num_micro_batches = bucket_rows(needed, rows_bucket)
-    elif needed > num_micro_batches:
-        raise ValueError(
-            f"a mini-batch needs {needed} micro-batches but num_micro_batches={num_micro_batches}"
-        )
+    if packing.fixed_rows:
+        if needed > mini_batch_size:
+            raise ValueError(f"a mini-batch needs {needed} micro-batches but mini_batch_size="
+                             f"{mini_batch_size} (one row per sample at most)")
+        num_rows = round_up_to_bucket(mini_batch_size, rows_multiple)
+    else:
+        num_rows = round_up_to_bucket(bucket_rows(needed, packing.rows_bucket), rows_multiple)
     width = max((b.sample_index.shape[1] for b in packed), default=1)
-    return [pad_rows(b, num_micro_batches, width, pad_token_id) for b in packed]
+    return [pad_rows(b, num_rows, width, packing.pad_token_id) for b in packed]

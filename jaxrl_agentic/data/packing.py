@@ -1,15 +1,12 @@
 """Packing samples into the learner's fixed-shape batches.
 
-Three layouts, one contract (:class:`PackedBatch`, arrays of shape ``[rows, row_len]``):
-
-* :func:`pack_samples` — padding-free. Samples are placed first-fit-decreasing into rows of
-  ``micro_batch_max_tokens`` tokens; each row is one micro-batch. Several samples share a
-  row, told apart by ``segment_ids`` (attention must not cross segments) and with
-  ``positions`` restarting at 0 for each.
-* :func:`pad_samples` — the classic padded layout, one sample per row, row length bucketed
-  from the longest sample. Each row is one micro-batch (the baseline to compare against).
-* :func:`dynamic_batches` — padded rows grouped by similar length; each returned
-  ``PackedBatch`` is one micro-batch of ``rows × row_len <= max_tokens_per_micro_batch``.
+One contract (:class:`PackedBatch`, arrays of shape ``[rows, row_len]``), one layout:
+:func:`pack_samples` is padding-free. Samples are placed first-fit-decreasing into rows of
+``micro_batch_max_tokens`` tokens; each row is one micro-batch. Several samples share a row,
+told apart by ``segment_ids`` (attention must not cross segments) and with ``positions``
+restarting at 0 for each. :class:`PackingConfig` holds the packing settings of a run (one
+object, validated once, shared by the learner, the critic and the debug dump). The padded
+layouts the packing benchmark compares against live in ``data/baseline_packing.py``.
 
 Row counts and row lengths are rounded up to buckets so that a run compiles a handful of
 programs rather than one per step. Every sample is first cut to ``sequence_length`` tokens
@@ -33,6 +30,50 @@ from jaxrl_agentic.data.types import Sample, truncate_sample
 # the batch unless every sample has them.
 _REQUIRED_TOKEN_FIELDS = ("loss_mask", "advantages", "old_logprobs")
 _OPTIONAL_TOKEN_FIELDS = ("ref_logprobs", "returns", "values")
+
+
+@dataclasses.dataclass(frozen=True)
+class PackingConfig:
+    """How a run packs samples into micro-batch rows (the run config's fields of these names).
+
+    ``micro_batch_max_tokens``: tokens per row (one row = one micro-batch);
+    ``sequence_length``: a sample's tokens are cut to this many first; ``rows_bucket``: row
+    counts are rounded up to a multiple of it (0 = the next power of two); ``fixed_rows``:
+    every mini-batch is packed to the most rows it can need (one per sample), so the train
+    step's shape never follows episode lengths and the padding rows are skipped in the scan;
+    ``pad_token_id``: the token id of padding slots.
+
+    A rule that fails raises ``ValueError("<field>: <why>")``; ``config.validate`` reports it
+    as ``config.<field>: <why>``.
+    """
+
+    micro_batch_max_tokens: int = 4096
+    sequence_length: int = 2048
+    rows_bucket: int = 4
+    fixed_rows: bool = True
+    pad_token_id: int = 0
+
+    def __post_init__(self):
+        if self.sequence_length < 1:
+            raise ValueError(f"sequence_length: must be > 0, got {self.sequence_length}")
+        if self.micro_batch_max_tokens < self.sequence_length:
+            raise ValueError(
+                f"micro_batch_max_tokens: {self.micro_batch_max_tokens} < sequence_length="
+                f"{self.sequence_length}: a full-length sample would not fit in a micro-batch"
+            )
+        if self.rows_bucket < 0:
+            raise ValueError(f"rows_bucket: must be >= 0, got {self.rows_bucket}")
+
+    def pack(self, samples: Sequence[Sample], *, num_rows: int | None = None) -> PackedBatch:
+        """:func:`pack_samples` with these settings."""
+        return pack_samples(
+            samples,
+            micro_batch_max_tokens=self.micro_batch_max_tokens,
+            sequence_length=self.sequence_length,
+            rows_bucket=self.rows_bucket,
+            num_rows=num_rows,
+            pad_token_id=self.pad_token_id,
+        )
 
 
 @dataclasses.dataclass
@@ -255,101 +296,6 @@ def pack_samples(
         pad_token_id=pad_token_id,
         optional_fields=optional,
     )
-
-
-def _padded_row_len(longest: int, length_bucket: int, limit: int | None) -> int:
-    row_len = round_up_to_bucket(longest, length_bucket)
-    return row_len if limit is None else max(longest, min(row_len, limit))
-
-
-def pad_samples(
-    samples: Sequence[Sample],
-    *,
-    sequence_length: int,
-    length_bucket: int = 0,
-    rows_bucket: int = 0,
-    num_rows: int | None = None,
-    pad_token_id: int = 0,
-) -> PackedBatch:
-    """Padded layout: one sample per row (segment id 1), right-padded.
-
-    Row length is the longest (truncated) sample rounded up by ``length_bucket`` (0 = power
-    of two), capped at ``sequence_length``. Row count is bucketed like :func:`pack_samples`.
-    """
-    if not samples:
-        raise ValueError("pad_samples got no samples")
-    cut, num_truncated = _truncate_all(samples, sequence_length)
-    longest = max(len(s) for s in cut)
-    return _assemble(
-        cut,
-        [[i] for i in range(len(cut))],
-        num_rows=_resolve_num_rows(len(cut), num_rows, rows_bucket, "pad_samples"),
-        row_len=_padded_row_len(longest, length_bucket, sequence_length),
-        max_segments=1,
-        num_truncated=num_truncated,
-        pad_token_id=pad_token_id,
-        optional_fields=_check_optional_fields(cut),
-    )
-
-
-def dynamic_batches(
-    samples: Sequence[Sample],
-    max_tokens_per_micro_batch: int,
-    *,
-    sequence_length: int | None = None,
-    length_bucket: int = 0,
-    rows_bucket: int = 0,
-    pad_token_id: int = 0,
-) -> list[PackedBatch]:
-    """Padded micro-batches of similar-length samples, each within a token budget.
-
-    Samples are sorted by decreasing length. A micro-batch opened by a sample of length
-    ``l`` gets rows of ``row_len = bucket(l)`` and room for ``C = max_tokens // row_len``
-    rows; it takes the next ``C`` samples in order (all no longer than ``l``). So every
-    micro-batch but the last is full, and a sample sits in a row longer than its own bucket
-    only at the ``< C`` boundary places per length bucket. The last micro-batch's row count
-    is bucketed (``min(C, bucket_rows(k))``). Shapes are ``[rows, row_len]`` with few distinct
-    values: one per (length bucket, row bucket).
-
-    Each returned batch is one micro-batch (its rows are processed together), unlike
-    :func:`pack_samples` / :func:`pad_samples` where each row is a micro-batch.
-    """
-    if sequence_length is not None and max_tokens_per_micro_batch < sequence_length:
-        raise ValueError(
-            f"max_tokens_per_micro_batch={max_tokens_per_micro_batch} must be >= "
-            f"sequence_length={sequence_length} so that any sample fits in one micro-batch"
-        )
-    cut, num_truncated = _truncate_all(samples, sequence_length)
-    lengths = np.array([len(s) for s in cut], dtype=np.int64)
-    if np.any(lengths > max_tokens_per_micro_batch):
-        raise ValueError(
-            f"a sample of {lengths.max()} tokens exceeds "
-            f"max_tokens_per_micro_batch={max_tokens_per_micro_batch}; set sequence_length"
-        )
-    optional = _check_optional_fields(cut)
-    limit = max_tokens_per_micro_batch if sequence_length is None else sequence_length
-    order = np.argsort(-lengths, kind="stable")
-    batches, start = [], 0
-    while start < len(order):
-        row_len = _padded_row_len(int(lengths[order[start]]), length_bucket, limit)
-        capacity = max_tokens_per_micro_batch // row_len
-        members = order[start : start + capacity]
-        start += len(members)
-        batch = _assemble(
-            cut,
-            [[int(i)] for i in members],
-            num_rows=min(capacity, bucket_rows(len(members), rows_bucket)),
-            row_len=row_len,
-            max_segments=1,
-            num_truncated=0,
-            pad_token_id=pad_token_id,
-            optional_fields=optional,
-        )
-        batches.append(batch)
-    if batches:
-        # Counted once for the whole call so summing over micro-batches is right.
-        batches[0].num_truncated = num_truncated
-    return batches
 
 
 def pad_rows(

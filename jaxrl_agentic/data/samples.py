@@ -28,17 +28,41 @@ from jaxrl_agentic.data.types import Sample
 SAMPLE_MODES = ("trajectory", "step")
 
 
+def _per_turn(advantage, traj: Trajectory) -> np.ndarray:
+    """``[num_turns]`` fp32 advantages: a scalar (0-d) applies to every turn; an array must
+    have exactly one value per turn (a length-1 array for a longer episode is misaligned
+    data, not a scalar, and raises like any other wrong length)."""
+    adv = np.asarray(advantage, np.float32)
+    if adv.ndim == 0:
+        return np.full(len(traj.turns), adv, np.float32)
+    if adv.shape != (len(traj.turns),):
+        raise ValueError(f"trajectory {traj.traj_id}: {adv.shape} advantages for "
+                         f"{len(traj.turns)} turns (need one per turn, or a scalar)")
+    return adv
+
+
+def _per_token(values, end: int, traj: Trajectory, what: str) -> np.ndarray:
+    """``[end]`` fp32 per-token values of a trajectory sample; any other shape raises."""
+    values = np.asarray(values, np.float32)
+    if values.shape != (end,):
+        raise ValueError(f"trajectory {traj.traj_id}: {values.shape} per-token {what} for a "
+                         f"sample of {end} tokens")
+    return values
+
+
 def trajectory_sample(
     traj: Trajectory,
     advantage: float | np.ndarray,
     *,
     token_level: bool = False,
     returns: np.ndarray | None = None,
+    values: np.ndarray | None = None,
 ) -> Sample | None:
     """One sample for the whole episode (None if the model never generated).
 
     `advantage`: a scalar, or per-turn values [num_turns], or with `token_level` one value
-    per token of the sample (token estimators), masked to the generated tokens.
+    per token of the sample (token estimators), masked to the generated tokens. `returns`
+    and `values` (a critic's targets and old values) are per token too, also masked.
     """
     if not traj.turns:
         return None
@@ -46,18 +70,18 @@ def trajectory_sample(
     end = last.context_len + len(last.generated)
     mask = traj.loss_mask()[:end]
     if token_level:
-        adv = np.asarray(advantage, np.float32) * mask
+        adv = _per_token(advantage, end, traj, "advantages") * mask
     else:
-        per_turn = np.broadcast_to(np.asarray(advantage, np.float32), (len(traj.turns),))
         adv = np.zeros(end, np.float32)
-        for turn, a in zip(traj.turns, per_turn, strict=True):
+        for turn, a in zip(traj.turns, _per_turn(advantage, traj), strict=True):
             adv[turn.context_len : turn.context_len + len(turn.generated)] = a
     return Sample(
         tokens=np.asarray(traj.tokens[:end], np.int32),
         loss_mask=mask,
         old_logprobs=traj.stream_logprobs()[:end],
         advantages=adv,
-        returns=None if returns is None else np.asarray(returns, np.float32) * mask,
+        returns=None if returns is None else _per_token(returns, end, traj, "returns") * mask,
+        values=None if values is None else _per_token(values, end, traj, "values") * mask,
         traj_id=traj.traj_id,
         turn=0,
         prompt_len=traj.turns[0].context_len,
@@ -66,7 +90,7 @@ def trajectory_sample(
 
 def step_samples(traj: Trajectory, advantages: Sequence[float] | np.ndarray) -> list[Sample]:
     """One gen-only sample per turn; `advantages[t]` lands on turn t's generated tokens."""
-    advantages = np.broadcast_to(np.asarray(advantages, np.float32), (len(traj.turns),))
+    advantages = _per_turn(advantages, traj)
     samples = []
     for t, (turn, a) in enumerate(zip(traj.turns, advantages, strict=True)):
         n_gen = len(turn.generated)
@@ -139,20 +163,26 @@ def merge_prefix_samples(samples: Sequence[Sample]) -> list[Sample]:
 
 def build_samples(
     trajectories: Sequence[Trajectory],
-    advantages: Callable[[Trajectory], np.ndarray] | Sequence[np.ndarray],
+    advantages: Callable[[Trajectory], np.ndarray] | Sequence[np.ndarray | None],
     *,
     sample_mode: str,
     merge_stepwise: bool = False,
     token_level: bool = False,
+    returns: Sequence[np.ndarray | None] | None = None,
+    values: Sequence[np.ndarray | None] | None = None,
 ) -> tuple[list[Sample], dict[str, float]]:
     """Samples for a pipeline step and their counts.
 
     `advantages[i]` holds per-turn advantages of trajectory i ([num_turns]; outcome
     estimators give the same value for every turn), or with `token_level` (trajectory mode
-    only) per-token advantages of its trajectory sample.
+    only) per-token advantages of its trajectory sample; `returns[i]` / `values[i]` (token
+    level, e.g. GAE's targets and the critic's old values) likewise per token. Entries of
+    trajectories without turns are ignored.
     """
     if token_level and sample_mode != "trajectory":
         raise ValueError("token-level advantages apply to sample_mode='trajectory' only")
+    if (returns is not None or values is not None) and not token_level:
+        raise ValueError("per-token returns/values come with token-level advantages only")
     if sample_mode not in SAMPLE_MODES:
         raise ValueError(f"sample_mode must be one of {SAMPLE_MODES}, got {sample_mode!r}")
     if merge_stepwise and sample_mode != "step":
@@ -164,7 +194,10 @@ def build_samples(
         if not traj.turns:
             continue
         if sample_mode == "trajectory":
-            samples.append(trajectory_sample(traj, adv, token_level=token_level))
+            samples.append(trajectory_sample(
+                traj, adv, token_level=token_level,
+                returns=None if returns is None else returns[i],
+                values=None if values is None else values[i]))
             before += 1
             continue
         steps = step_samples(traj, adv)

@@ -9,6 +9,7 @@ An environment that calls a tool, a sandbox or a web service cannot be vmapped a
     h = env.state_hash()            # bytes: hash of the state the next reply answers
     step = env.step(reply)          # -> PyStep
     ...
+    frame = env.render_rgb()        # optional: [H, W, 3] uint8 for episode GIFs, or None
 
 - `reply` is the raw decoded model reply (special tokens stripped); the environment parses
   it itself. `PyStep.action` is the parsed action id the turn records (`Turn.action`), or
@@ -42,17 +43,24 @@ import functools
 import hashlib
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import jax
+import numpy as np
 
 from jaxrl_agentic.envs.base import INVALID_ACTION
 from jaxrl_agentic.envs.gymnax_adapter import PREFIX as GYMNAX_PREFIX
 from jaxrl_agentic.envs.messages import feedback_message, first_message
 from jaxrl_agentic.envs.registry import make, registered_envs
 
-if TYPE_CHECKING:
-    from jaxrl_agentic.rollout.loop import EpisodeSpec
+
+class EpisodeKey(Protocol):
+    """What a factory reads of the episode it makes (``rollout.groups.EpisodeSpec`` is one;
+    environments do not import the rollout layer above them)."""
+
+    seed: int
+    group_id: int
+    member: int
 
 # How long `hang_on_step` sleeps: "forever" for a test, finite so the thread ends one day.
 HANG_SECONDS = 3600.0
@@ -93,8 +101,14 @@ class PythonTextEnv:
         """Process-stable bytes identifying the current state (GiGPO anchor)."""
         raise NotImplementedError(f"{type(self).__name__} must implement state_hash()")
 
+    def render_rgb(self) -> np.ndarray | None:
+        """The current state as an [H, W, 3] uint8 image for the run's episode GIFs, or
+        None (the default) when the environment has no picture: the run then logs once
+        that it skips the GIFs and counts the skips in `render/skipped`."""
+        return None
 
-PythonEnvFactory = Callable[["EpisodeSpec", int], PythonTextEnv]
+
+PythonEnvFactory = Callable[[EpisodeKey, int], PythonTextEnv]
 FactoryBuilder = Callable[..., PythonEnvFactory]
 
 
@@ -163,6 +177,11 @@ class JaxEnvAsPython(PythonTextEnv):
             raise RuntimeError("state_hash() before reset()")
         return self.env.state_hash(self._state)
 
+    def render_rgb(self) -> np.ndarray:
+        if self._state is None:
+            raise RuntimeError("render_rgb() before reset()")
+        return self.env.render_rgb(self._state, self.params)
+
 
 def _compile(env):
     return jax.jit(env.reset_env), jax.jit(env.step_env)
@@ -181,7 +200,7 @@ def jax_env_factory(env_type: str, *, step_delay_s: float = 0.0, hang_on_step: i
     env, params = make(env_type, **env_config)
     compiled = _compile(env)
 
-    def factory(spec: EpisodeSpec, run_seed: int) -> JaxEnvAsPython:
+    def factory(spec: EpisodeKey, run_seed: int) -> JaxEnvAsPython:
         return JaxEnvAsPython(env, params, member=spec.member, run_seed=run_seed,
                               step_delay_s=step_delay_s, hang_on_step=hang_on_step,
                               _compiled=compiled)

@@ -14,7 +14,15 @@ rendering a fixed two-message skeleton with and without that message:
     delta(user) = tail_after_eos(T([u, a])) + T([u, a, user], gen=True)[len(T([u, a])):]
 
 which is exact for templates whose rendering of a message does not depend on the content
-of the messages after it (true of Qwen2/Qwen2.5/Qwen3/Llama 3 templates).
+of the messages after it (true of Qwen2/Qwen2.5/Llama 3 templates).
+
+Qwen3's template does depend on it: once a later user message exists it re-renders past
+assistant turns (drops their `<think>` block and the empty one it gives the last turn), so
+T([u, a, user]) does not start with T([u, a]). The stream never holds the template's
+rendering of a reply, only what the model generated, so the delta is then what the template
+puts after the assistant turn's EOS in T([u, a, user], gen=True), provided everything
+before that assistant turn renders as before. A template that re-renders anything else
+fails when the formatter is built, with one line.
 
 Tools (`envs/tools.py`): `first_prompt(text, tools=schemas)` renders the template with its
 `tools` argument (a Qwen-style template lists them in the system prompt), and
@@ -30,7 +38,7 @@ wraps them in one user turn of `<tool_response>` blocks).
 reply starts after it, and is put back in front of the reply text before parsing. The
 prefix tokens are context (loss mask 0), not generated tokens: the "assistant prefill" of
 chat APIs. Why it exists: in a contextual bandit through the learner after a format
-warm-up (`scripts/probe_reply_format.py`), the decision token was learned when it
+warm-up (`scripts/analysis/probe_reply_format.py`), the decision token was learned when it
 was the first generated token (p(right) 0.25 → 0.9 in 100 updates) and not at all when a
 generated open tag preceded it (chance after 150). Trailing generated tokens slowed it too.
 `reply_suffix` (e.g. "</answer>") is appended to the reply text for the parser only; it is
@@ -68,6 +76,11 @@ class ChatFormatter:
         self._skeleton = skeleton
         self._base = base
         self._assistant_tail = base[cut + len(self._eos_text) :]
+        # Qwen3-style templates (module docstring): the rendering before the assistant turn
+        # must not change, and the assistant turn must close with the same EOS count.
+        self._before_assistant = self._render(skeleton[:-1], generation_prompt=False)
+        self._eos_in_base = base.count(self._eos_text)
+        self._next_prompt_text("probe")  # an unsupported template fails here, not at turn 2
 
     def _system(self) -> list[dict]:
         return [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
@@ -92,10 +105,27 @@ class ChatFormatter:
         return self._appended_text([{"role": "user", "content": user_content}])
 
     def _appended_text(self, messages: list[dict]) -> str:
+        """Text to append after an assistant turn that ended with EOS for `messages` (user or
+        tool) + the generation prompt; see the module docstring."""
         full = self._render(self._skeleton + messages, generation_prompt=True)
-        if not full.startswith(self._base):
-            raise ValueError("the chat template re-renders earlier messages; cannot append")
-        return self._assistant_tail + full[len(self._base) :]
+        if full.startswith(self._base):
+            return self._assistant_tail + full[len(self._base) :]
+        # The template re-rendered the past assistant turn (Qwen3): append what follows its
+        # EOS, the same EOS the stream holds after the reply.
+        end = -1
+        for _ in range(self._eos_in_base):
+            end = full.find(self._eos_text, end + 1)
+            if end < 0:
+                break
+        if end < 0 or not full.startswith(self._before_assistant):
+            raise ValueError("the chat template re-renders earlier user/system messages "
+                             "when a message is added; token-level conversations cannot "
+                             "append to it")
+        delta = full[end + len(self._eos_text) :]
+        if not delta.startswith(self._assistant_tail):
+            raise ValueError("the chat template closes a past assistant turn differently "
+                             "once a message follows it; cannot append")
+        return delta
 
     def next_prompt(self, user_content: str) -> list[int]:
         """Ids to append after an assistant turn that ended with EOS: template tail + user

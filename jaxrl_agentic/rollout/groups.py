@@ -14,7 +14,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from jaxrl_agentic.rollout.loop import EpisodeSpec
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeSpec:
+    """One episode to play: which seed (map) and which group it belongs to."""
+
+    seed: int
+    group_id: int
+    member: int  # index within the group (members share the map, not the dynamics noise)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,21 +32,19 @@ class EnvManagerConfig:
     num_groups_partition: tuple[int, ...] = ()
 
     def __post_init__(self):
-        if self.num_env_groups < 1 or self.group_size < 1:
-            raise ValueError("num_env_groups and group_size must be >= 1")
+        # "<field>: <why>", the typed configs' error format (typed_configs.py).
+        for field in ("num_env_groups", "group_size"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{field}: must be an integer >= 1, got {value!r}")
         if not self.tags:
-            raise ValueError("tags must name at least one env in custom_envs")
-        if self.num_groups_partition:
-            if len(self.num_groups_partition) != len(self.tags):
-                raise ValueError(
-                    f"num_groups_partition has {len(self.num_groups_partition)} entries for "
-                    f"{len(self.tags)} tags"
-                )
-            if sum(self.num_groups_partition) != self.num_env_groups:
-                raise ValueError(
-                    f"num_groups_partition sums to {sum(self.num_groups_partition)}, "
-                    f"expected num_env_groups={self.num_env_groups}"
-                )
+            raise ValueError("tags: must name at least one env in custom_envs")
+        if self.num_groups_partition and (
+                len(self.num_groups_partition) != len(self.tags)
+                or sum(self.num_groups_partition) != self.num_env_groups):
+            raise ValueError(f"num_groups_partition: needs one entry per tag summing to "
+                             f"num_env_groups={self.num_env_groups}, got "
+                             f"{self.num_groups_partition} for tags {self.tags}")
 
     def groups_per_tag(self) -> tuple[int, ...]:
         if self.num_groups_partition:

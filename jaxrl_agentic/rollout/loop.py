@@ -28,10 +28,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_agentic import timing
 from jaxrl_agentic.data.trajectory import Trajectory, Turn
 from jaxrl_agentic.envs import INVALID_ACTION, episode_metrics
 from jaxrl_agentic.envs.messages import feedback_message, first_message  # noqa: F401 (re-exported)
 from jaxrl_agentic.rollout.conversation import ChatFormatter
+from jaxrl_agentic.rollout.groups import EpisodeSpec
 from jaxrl_agentic.sampler import Sampler
 
 
@@ -42,15 +44,9 @@ class GenerationConfig:
     top_p: float = 1.0
     top_k: int = 0
     greedy: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class EpisodeSpec:
-    """One episode to play: which seed (map) and which group it belongs to."""
-
-    seed: int
-    group_id: int
-    member: int  # index within the group (members share the map, not the dynamics noise)
+    # Token ids that end a reply besides EOS (e.g. a closing tag's id); the chat is then
+    # closed with an EOS the model did not generate (loss mask 0), as at the length limit.
+    stop_token_ids: tuple[int, ...] = ()
 
 
 class RolloutRunner:
@@ -87,6 +83,19 @@ class RolloutRunner:
         self._step_one = jax.jit(env.step_env)
         self._where = jax.jit(_rows_where)
 
+    def replay_frames(self, traj: Trajectory) -> list[np.ndarray]:
+        """RGB frames of an episode, re-simulated from its seed and actions (same keys)."""
+        env, p = self.env, self.env_params
+        spec = EpisodeSpec(seed=traj.seed, group_id=traj.group_id, member=traj.member)
+        map_keys, noise_keys = self._episode_keys([spec])
+        _, state = self._reset_one(map_keys[0], p)
+        frames = [env.render_rgb(state, p)]
+        for t, turn in enumerate(traj.turns):
+            key = jax.random.fold_in(noise_keys[0], t)
+            _, state, _, _, _ = self._step_one(key, state, turn.action, p)
+            frames.append(env.render_rgb(state, p))
+        return frames
+
     def _episode_keys(self, episodes: Sequence[EpisodeSpec]):
         map_keys = jnp.stack([jax.random.fold_in(self.base_key, e.seed) for e in episodes])
         # Same map for a group; separate dynamics noise per member.
@@ -110,8 +119,9 @@ class RolloutRunner:
             gen = dataclasses.replace(gen, greedy=greedy)
         n = len(episodes)
         map_keys, noise_keys = self._episode_keys(episodes)
-        _, states = self._reset(map_keys, p)
-        host = jax.device_get(states)
+        with timing.span("rollout/env"):
+            _, states = self._reset(map_keys, p)
+            host = jax.device_get(states)
         trajs = [
             Trajectory(traj_id=traj_id_start + i, group_id=e.group_id, tag=self.tag, seed=e.seed,
                        tokens=[], turns=[], member=e.member)
@@ -119,8 +129,10 @@ class RolloutRunner:
         ]
         session = self.sampler.new_session(n)
         active = np.ones(n, bool)
-        pending = {i: self.formatter.first_prompt(first_message(env, _row(host, i), p))
-                   for i in range(n)}
+        with timing.span("rollout/env"):
+            messages = [first_message(env, _row(host, i), p) for i in range(n)]
+        with timing.span("rollout/tokenize"):
+            pending = {i: self.formatter.first_prompt(m) for i, m in enumerate(messages)}
         max_steps = int(p.max_steps_in_episode)
         for turn_index in range(self.max_turns):
             # 1. append the new user messages; end episodes whose prompt would not fit
@@ -131,20 +143,23 @@ class RolloutRunner:
             replies = generate_replies(session, rows, trajs, self.formatter, gen, params=params,
                                        seed=sample_seed * 100_003 + turn_index)
             actions = np.full(n, INVALID_ACTION, np.int32)
-            for row, r in replies.items():
-                action = env.parse_action(r.reply)
-                actions[row] = INVALID_ACTION if action is None else action
+            with timing.span("rollout/env"):
+                for row, r in replies.items():
+                    action = env.parse_action(r.reply)
+                    actions[row] = INVALID_ACTION if action is None else action
             # 4. step every environment at once; finished ones keep their state
             step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(noise_keys, turn_index)
-            _, stepped, reward, terminated, info = self._step(
-                step_keys, states, jnp.asarray(actions), p
-            )
-            stepping = np.zeros(n, bool)
-            stepping[rows] = True
-            new_states = self._where(jnp.asarray(stepping), stepped, states)
-            reward, terminated, info, new_host = jax.device_get(
-                (reward, terminated, info, new_states)
-            )
+            with timing.span("rollout/env"):
+                _, stepped, reward, terminated, info = self._step(
+                    step_keys, states, jnp.asarray(actions), p
+                )
+                stepping = np.zeros(n, bool)
+                stepping[rows] = True
+                new_states = self._where(jnp.asarray(stepping), stepped, states)
+                reward, terminated, info, new_host = jax.device_get(
+                    (reward, terminated, info, new_states)
+                )
+                hashes = {row: env.state_hash(_row(host, row)) for row in rows}
             for row in rows:
                 done = bool(terminated[row])
                 trajs[row].turns.append(replies[row].turn(
@@ -154,7 +169,7 @@ class RolloutRunner:
                     action_is_effective=bool(info["action_is_effective"][row]),
                     success=bool(info["success"][row]),
                     done=done,
-                    state_hash=env.state_hash(_row(host, row)),
+                    state_hash=hashes[row],
                 ))
                 if done:
                     trajs[row].terminated = True
@@ -163,8 +178,11 @@ class RolloutRunner:
                     trajs[row].truncated = True
                     active[row] = False
                 else:
-                    pending[row] = self.formatter.next_prompt(feedback_message(
-                        env, _row(new_host, row), p, float(reward[row]), int(actions[row])))
+                    with timing.span("rollout/env"):
+                        message = feedback_message(env, _row(new_host, row), p,
+                                                   float(reward[row]), int(actions[row]))
+                    with timing.span("rollout/tokenize"):
+                        pending[row] = self.formatter.next_prompt(message)
             states, host = new_states, new_host
         set_episode_metrics(trajs)
         return trajs
@@ -221,6 +239,7 @@ def generate_replies(session, rows: list[int], trajs: list[Trajectory], formatte
         top_k=gen.top_k,
         greedy=gen.greedy,
         seed=seed,
+        stop_token_ids=list(gen.stop_token_ids) or None,
         params=params,
         # Noise keyed by episode id: the same episode samples the same reply in any batch
         # and on any process.
@@ -235,11 +254,13 @@ def generate_replies(session, rows: list[int], trajs: list[Trajectory], formatte
         if eos_appended:
             session.extend([row], [[formatter.eos_token_id]])
             trajs[row].tokens.append(formatter.eos_token_id)
-        replies[row] = Reply(context_len, ids, logprobs, reason, eos_appended,
-                             formatter.decode_reply(ids))
+        with timing.span("rollout/tokenize"):
+            reply = formatter.decode_reply(ids)
+        replies[row] = Reply(context_len, ids, logprobs, reason, eos_appended, reply)
     return replies
 
 
+@timing.spanned("rollout/env")
 def set_episode_metrics(trajs: list[Trajectory]) -> None:
     for t in trajs:
         t.metrics = episode_metrics(
@@ -250,18 +271,10 @@ def set_episode_metrics(trajs: list[Trajectory]) -> None:
         )
 
 
-def replay_frames(runner: RolloutRunner, traj: Trajectory) -> list[np.ndarray]:
-    """RGB frames of an episode, re-simulated from its seed and actions (same keys)."""
-    env, p = runner.env, runner.env_params
-    spec = EpisodeSpec(seed=traj.seed, group_id=traj.group_id, member=traj.member)
-    map_keys, noise_keys = runner._episode_keys([spec])
-    _, state = runner._reset_one(map_keys[0], p)
-    frames = [env.render_rgb(state, p)]
-    for t, turn in enumerate(traj.turns):
-        key = jax.random.fold_in(noise_keys[0], t)
-        _, state, _, _, _ = runner._step_one(key, state, turn.action, p)
-        frames.append(env.render_rgb(state, p))
-    return frames
+def replay_frames(runner, traj: Trajectory) -> list[np.ndarray]:
+    """RGB frames of an episode played by `runner` (a `RolloutRunner` or a
+    `PythonRolloutRunner`); [] when its environment cannot draw itself."""
+    return runner.replay_frames(traj)
 
 
 def _rows_where(rows: jax.Array, on_true, on_false):

@@ -40,13 +40,14 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from jaxrl_agentic import timing
 from jaxrl_agentic.data.trajectory import Trajectory
 from jaxrl_agentic.envs import INVALID_ACTION
 from jaxrl_agentic.envs.python_env import PyStep, PythonEnvFactory, PythonTextEnv
 from jaxrl_agentic.envs.tools import tool_episode_metrics
 from jaxrl_agentic.rollout.conversation import ChatFormatter
+from jaxrl_agentic.rollout.groups import EpisodeSpec
 from jaxrl_agentic.rollout.loop import (
-    EpisodeSpec,
     GenerationConfig,
     append_prompts,
     generate_replies,
@@ -126,17 +127,19 @@ class PythonRolloutRunner:
         pool = _DaemonThreadPool(self.max_workers or max(n, 1))
         try:
             # 0. build and reset every environment at once
-            started = self._gather(pool, {
-                i: (_start_episode, self.env_factory, e, self.run_seed)
-                for i, e in enumerate(episodes)
-            }, episodes, "reset")
+            with timing.span("rollout/env"):
+                started = self._gather(pool, {
+                    i: (_start_episode, self.env_factory, e, self.run_seed)
+                    for i, e in enumerate(episodes)
+                }, episodes, "reset")
             self.stats["resets"] += n
             for i, result in started.items():
                 if result is _TIMED_OUT:
                     trajs[i].truncated = timed_out[i] = True
                     continue
                 envs[i], text, hashes[i] = result
-                pending[i] = self.formatter.first_prompt(text, tools=envs[i].tool_schemas)
+                with timing.span("rollout/tokenize"):
+                    pending[i] = self.formatter.first_prompt(text, tools=envs[i].tool_schemas)
                 active[i] = True
             session = self.sampler.new_session(n)
             for turn_index in range(self.max_turns):
@@ -148,9 +151,10 @@ class PythonRolloutRunner:
                 replies = generate_replies(session, rows, trajs, self.formatter, gen,
                                            params=params, seed=sample_seed * 100_003 + turn_index)
                 # 4. step every environment at once, on the pool, under one deadline
-                stepped = self._gather(pool, {
-                    row: (_step_episode, envs[row], replies[row].reply) for row in rows
-                }, episodes, "step")
+                with timing.span("rollout/env"):
+                    stepped = self._gather(pool, {
+                        row: (_step_episode, envs[row], replies[row].reply) for row in rows
+                    }, episodes, "step")
                 self.stats["env_steps"] += len(rows)
                 for row in rows:
                     result = stepped[row]
@@ -181,9 +185,11 @@ class PythonRolloutRunner:
                         trajs[row].truncated = True
                         active[row] = False
                     elif step.tool_messages:
-                        pending[row] = self.formatter.tool_prompt(step.tool_messages)
+                        with timing.span("rollout/tokenize"):
+                            pending[row] = self.formatter.tool_prompt(step.tool_messages)
                     else:
-                        pending[row] = self.formatter.next_prompt(step.observation)
+                        with timing.span("rollout/tokenize"):
+                            pending[row] = self.formatter.next_prompt(step.observation)
         finally:
             pool.shutdown()
         self.stats["timeouts"] += int(timed_out.sum())
@@ -193,6 +199,26 @@ class PythonRolloutRunner:
             if envs.get(i) is not None and envs[i].tool_schemas:
                 t.metrics.update(tool_episode_metrics(steps[i]))
         return trajs
+
+    def replay_frames(self, traj: Trajectory) -> list[np.ndarray]:
+        """RGB frames of an episode, replayed on a fresh env from its seed and replies
+        (`env.render_rgb()` after the reset and after each step); [] when the environment
+        has no picture (`render_rgb()` returns None).
+
+        The replay calls the environment again, on this thread and without the deadline:
+        an environment whose steps are not a function of (seed, replies), or whose calls
+        have side effects, should not draw itself."""
+        spec = EpisodeSpec(seed=traj.seed, group_id=traj.group_id, member=traj.member)
+        env = self.env_factory(spec, self.run_seed)
+        env.reset(spec.seed)
+        first = env.render_rgb()
+        if first is None:
+            return []
+        frames = [np.asarray(first)]
+        for turn in traj.turns:
+            env.step(turn.reply)
+            frames.append(np.asarray(env.render_rgb()))
+        return frames
 
     def _gather(self, pool: _DaemonThreadPool, calls: dict[int, tuple], episodes, what: str):
         """{row: fn(*args)} run on `pool`, or `_TIMED_OUT` for calls past the deadline."""

@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 
+from jaxrl_agentic.data import PackingConfig
 from jaxrl_agentic.data.minibatch import pack_minibatches, split_minibatches, updates_per_step
 from jaxrl_agentic.data.packing import bucket_rows, pack_samples
 from jaxrl_agentic.data.types import Sample
@@ -54,7 +55,9 @@ def test_split_rejects_bad_arguments():
 def test_pack_minibatches_share_one_bucketed_shape():
     samples = samples_of_lengths([9, 2, 7, 3, 8, 8, 1, 5, 6, 4])
     minibatches = split_minibatches(samples, 4, 2, np.random.default_rng(3))
-    packed = pack_minibatches(minibatches, micro_batch_max_tokens=12, sequence_length=10)
+    packed = pack_minibatches(minibatches, PackingConfig(micro_batch_max_tokens=12,
+                                                         sequence_length=10, rows_bucket=0,
+                                                         fixed_rows=False), mini_batch_size=4)
     # reference: pack each one on its own with exact row counts, then take the bucket of the max
     alone = [
         pack_samples(mb, micro_batch_max_tokens=12, sequence_length=10, rows_bucket=1)
@@ -73,11 +76,11 @@ def test_pack_minibatches_share_one_bucketed_shape():
 
 def test_pack_minibatches_fixed_count_and_overflow_error():
     minibatches = [samples_of_lengths([10, 10, 10])]
-    packed = pack_minibatches(
-        minibatches, micro_batch_max_tokens=10, sequence_length=10, num_micro_batches=5
-    )
+    packing = PackingConfig(micro_batch_max_tokens=10, sequence_length=10, fixed_rows=True)
+    packed = pack_minibatches(minibatches, packing, mini_batch_size=5)
     assert packed[0].tokens.shape == (5, 10)
-    with pytest.raises(ValueError, match="needs 3 micro-batches but num_micro_batches=2"):
-        pack_minibatches(
-            minibatches, micro_batch_max_tokens=10, sequence_length=10, num_micro_batches=2
-        )
+    # Rows are a multiple of the mesh's batch shards too.
+    assert pack_minibatches(minibatches, packing, mini_batch_size=5,
+                            rows_multiple=4)[0].tokens.shape == (8, 10)
+    with pytest.raises(ValueError, match="needs 3 micro-batches but mini_batch_size=2"):
+        pack_minibatches(minibatches, packing, mini_batch_size=2)

@@ -150,3 +150,21 @@ def test_build_samples_modes_and_stats():
         build_samples(trajs, advs, sample_mode="turn")
     with pytest.raises(ValueError, match="merge_stepwise"):
         build_samples(trajs, advs, sample_mode="trajectory", merge_stepwise=True)
+
+
+def test_misaligned_advantages_raise_one_line_errors():
+    """A length-1 advantage array for a 3-turn episode is misaligned data, not a scalar:
+    it used to be broadcast over every turn (np.broadcast_to) or token (× mask)."""
+    traj = make_traj([([10, 11], True), ([12], True), ([14], True)], traj_id=5)
+    for bad in (np.array([0.5]), np.array([0.5, 1.0])):
+        with pytest.raises(ValueError, match=r"^trajectory 5: \(\d,\) advantages for 3 turns"):
+            trajectory_sample(traj, bad)
+        with pytest.raises(ValueError, match="advantages for 3 turns"):
+            step_samples(traj, bad)
+        with pytest.raises(ValueError, match="advantages for 3 turns"):
+            build_samples([traj], [bad], sample_mode="trajectory")
+    with pytest.raises(ValueError, match="per-token advantages for a sample of"):
+        trajectory_sample(traj, np.array([0.5]), token_level=True)
+    # A 0-d scalar is the documented "same value on every turn".
+    sample = trajectory_sample(traj, 0.5)
+    assert set(sample.advantages[sample.loss_mask > 0]) == {0.5}

@@ -14,7 +14,8 @@ from jaxrl_agentic.envs.python_env import (
     registered_python_envs,
     text_state_hash,
 )
-from jaxrl_agentic.rollout.loop import EpisodeSpec, feedback_message, first_message
+from jaxrl_agentic.rollout.groups import EpisodeSpec
+from jaxrl_agentic.rollout.loop import feedback_message, first_message
 
 
 def test_adapter_plays_the_jax_env_with_the_rollout_keys():

@@ -109,7 +109,7 @@ def test_validation_seeds_are_held_out():
     assert train and val and not train & val
     plan = plan_episodes(manager, split="train")
     assert [len(v) for v in plan.values()] == [6, 6]
-    with pytest.raises(ValueError, match="num_groups_partition sums"):
+    with pytest.raises(ValueError, match="num_groups_partition: needs one entry per tag summing"):
         EnvManagerConfig(num_env_groups=4, group_size=2, tags=("a", "b"),
                          num_groups_partition=(1, 2))
 

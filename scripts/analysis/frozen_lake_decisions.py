@@ -1,6 +1,6 @@
 """Where a FrozenLake policy goes wrong: its greedy moves on held-out maps, by situation.
 
-    python scripts/frozen_lake_decisions.py --checkpoint RUN/checkpoints/150 \
+    python scripts/analysis/frozen_lake_decisions.py --checkpoint RUN/checkpoints/150 \
         [--config configs/frozen_lake.py] [--config.<key>=<value> ...] [--maps 256]
 
 Runs the checkpoint's greedy eval (`val_env_manager`, with `--maps` groups) and reads each

@@ -18,10 +18,11 @@ model's own logprobs + N(0, 0.1) noise, so ratios sit around 1 and some tokens c
   init_kl_coef=0, entropy_loss_coef=0, ppo_epochs=1, mini_batch_size=--samples)`, packing
   as the trainer's defaults do (`fixed_rows`, `rows_bucket=4`) into rows of `--row-len`
   tokens (`micro_batch_max_tokens = sequence_length`). The first `Learner.step(samples,
-  [lr])` compiles, and the batch it hands to the jitted `train_step` is kept: the timed
-  call (`ours_*`) is that `train_step` on that batch, already on the device (device work
-  only). `ours_step_*` times the whole `Learner.step` instead: shuffling, packing and the
-  host→device copy included.
+  [lr])` compiles, and the batch it hands to the jitted `learner.engine.update_step` is
+  kept: the timed call (`ours_*`) is that `update_step` on that batch, already on the
+  device (device work only). `ours_step_*` times the whole `Learner.step` instead:
+  shuffling, packing, the host→device copy and the 8-sample logprob mismatch check
+  included.
 * **Torch** (`transformers`' `Qwen2ForCausalLM`, its default `sdpa` attention, float32,
   `use_cache=False`): `--torch-layout padded` (default) is what a PyTorch user does on CPU:
   samples sorted by length and cut into micro-batches of at most `--torch-micro-tokens`
@@ -37,7 +38,7 @@ model's own logprobs + N(0, 0.1) noise, so ratios sit around 1 and some tokens c
 Both sides count the same real tokens (Σ sample lengths). Each side runs one untimed
 warm-up update on identical weights and samples; its loss and gradient norm (before
 clipping) are `loss_*` / `grad_norm_*`, which must agree to ~1e-4 (the same computation).
-Then `--repeats` rounds of: the matmul below, our `train_step`, torch's update, our
+Then `--repeats` rounds of: the matmul below, our `update_step`, torch's update, our
 `Learner.step`, so all see the same background load; medians (`round_s` lists every
 round). Other jobs on the cores slow torch's OpenMP threads far more than XLA's:
 `loadavg_1m` is recorded for that reason.
@@ -73,10 +74,10 @@ model_flops / update time / `--peak-flops` (default 494e12: the H100 SXM datashe
 TF32 figure). Torch's `sdpa` picks its CUDA kernel itself (fp32: memory-efficient or math).
 `device` / `torch_device` name the device each side ran on (both keys on cpu too).
 
-    python scripts/bench_learner.py                               # tiny and 25m, ~5 min idle
-    python scripts/bench_learner.py --sizes tiny --repeats 3      # ~1 min
-    python scripts/bench_learner.py --sizes 25m --torch-layout packed
-    python scripts/bench_learner.py --device gpu --samples 256    # one NVIDIA GPU
+    python scripts/bench/bench_learner.py                               # tiny and 25m, ~5 min idle
+    python scripts/bench/bench_learner.py --sizes tiny --repeats 3      # ~1 min
+    python scripts/bench/bench_learner.py --sizes 25m --torch-layout packed
+    python scripts/bench/bench_learner.py --device gpu --samples 256    # one NVIDIA GPU
 """
 
 from __future__ import annotations
@@ -90,19 +91,18 @@ import sys
 import tempfile
 import time
 
-import _device
-import _reference
+import common
 
-DEVICE = _device.configure(mem_fraction="0.5")  # torch shares the GPU; before jax is imported
+DEVICE = common.configure(mem_fraction="0.5")  # torch shares the GPU; before jax is imported
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, common.ROOT)
 
-from jaxrl_agentic.data import Sample  # noqa: E402
+from jaxrl_agentic.data import PackingConfig, Sample  # noqa: E402
 from jaxrl_agentic.learner import Learner, LearnerConfig  # noqa: E402
 from jaxrl_agentic.models import load_pretrained  # noqa: E402
 
@@ -128,9 +128,9 @@ def _parse_args():
     parser.add_argument("--row-len", type=int, default=1024,
                         help="our packed row length: micro_batch_max_tokens = sequence_length")
     parser.add_argument("--rows-bucket", type=int, default=4,
-                        help="LearnerConfig.rows_bucket (the trainer's default: 4)")
+                        help="PackingConfig.rows_bucket (the trainer's default: 4)")
     parser.add_argument("--no-fixed-rows", action="store_true",
-                        help="LearnerConfig.fixed_rows=False (the trainer's default is True)")
+                        help="PackingConfig.fixed_rows=False (the trainer's default is True)")
     parser.add_argument("--torch-layout", choices=("padded", "packed"), default="padded")
     parser.add_argument("--torch-micro-tokens", type=int, default=1024,
                         help="torch micro-batch: at most this many (padded) token slots")
@@ -147,7 +147,7 @@ def _parse_args():
                         help="gpu only: the peak for mfu_vs_peak, in FLOP/s (default 494e12: "
                              "the NVIDIA H100 SXM datasheet dense TF32 figure, no sparsity)")
     args = parser.parse_args()
-    _device.check_flag(parser, args.device, DEVICE)
+    common.check_flag(parser, args.device, DEVICE)
     if args.max_len > args.row_len:
         parser.error("--max-len must not exceed --row-len (samples would be truncated)")
     if args.matmul_n is None:
@@ -195,7 +195,7 @@ def _with_old_logprobs(samples, path, seed):
     import torch
     import transformers
 
-    device = _device.torch_device(DEVICE)
+    device = common.torch_device(DEVICE)
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     model = model.to(device).eval()
     rng = np.random.default_rng(seed + 1)
@@ -219,34 +219,37 @@ def _learner_config(args) -> LearnerConfig:
         learning_rate=args.lr, weight_decay=WEIGHT_DECAY, max_grad_norm=MAX_GRAD_NORM,
         mini_batch_size=args.samples, ppo_epochs=1, loss_reduction="token_mean",
         pg_clip=CLIP, init_kl_coef=0.0, entropy_loss_coef=0.0,
-        micro_batch_max_tokens=args.row_len, sequence_length=args.row_len,
-        rows_bucket=args.rows_bucket, fixed_rows=not args.no_fixed_rows, seed=args.seed)
+        packing=PackingConfig(micro_batch_max_tokens=args.row_len, sequence_length=args.row_len,
+                              rows_bucket=args.rows_bucket, fixed_rows=not args.no_fixed_rows),
+        seed=args.seed)
 
 
 def _prepare_ours(path, samples, args):
-    """Runs the first `Learner.step` (compiles) and keeps the batch it gave `train_step`.
+    """Runs the first `Learner.step` (compiles) and keeps the batch it gave the engine's
+    jitted `update_step`.
 
     Returns (device-step closure, Learner.step closure, learner, packed numpy arrays,
     first-step metrics, first-step seconds)."""
     model, _ = load_pretrained(path)
     graphdef, params = nnx.split(model)
     learner = Learner(graphdef, params, _learner_config(args))
-    train_step, captured = learner.train_step, []
+    engine = learner.engine
+    update_step, captured = engine.update_step, []
 
     def recording_step(state, batch, lr):
         captured.append(batch)
-        return train_step(state, batch, lr)
+        return update_step(state, batch, lr)
 
-    learner.train_step = recording_step
+    engine.update_step = recording_step  # this instance only, for the first step
     start = time.perf_counter()
     first = learner.step(samples, [args.lr])
     first_s = time.perf_counter() - start
-    learner.train_step = train_step
+    engine.update_step = update_step
     (batch,) = captured
     lr = np.float32(args.lr)
 
     def device_step():
-        learner.state, metrics = learner.train_step(learner.state, batch, lr)
+        learner.state, metrics = update_step(learner.state, batch, lr)
         if DEVICE == "gpu":
             jax.block_until_ready(learner.state)  # every output of the step, not just metrics
         if int(metrics["nonfinite"]):  # waits for the update
@@ -271,7 +274,7 @@ def _torch_micro_batches(samples, packed, args):
     old_logprobs) and the model's keyword arguments."""
     import torch
 
-    device = _device.torch_device(DEVICE)
+    device = common.torch_device(DEVICE)
 
     def micro_batch(loss_mask, advantages, old_logprobs, **model_kwargs):
         """Every tensor (the model's keyword arguments too) on torch's device."""
@@ -329,7 +332,7 @@ def _prepare_torch(path, samples, packed, args):
     import transformers
 
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    model = model.to(_device.torch_device(DEVICE))  # before the optimizer sees the parameters
+    model = model.to(common.torch_device(DEVICE))  # before the optimizer sees the parameters
     model.train()
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
@@ -361,7 +364,7 @@ def _prepare_torch(path, samples, packed, args):
         for loss in losses:
             total += float(loss)
         grad_norm = float(grad_norm)
-        _device.torch_sync(DEVICE)
+        common.torch_sync(DEVICE)
         return total, grad_norm
 
     return update, model, micro
@@ -392,13 +395,13 @@ def make_torch_matmul(n: int):
     import torch
 
     rng = np.random.default_rng(0)
-    device = _device.torch_device(DEVICE)
+    device = common.torch_device(DEVICE)
     a, b = (torch.from_numpy(rng.standard_normal((n, n), np.float32)).to(device)
             for _ in range(2))
 
     def matmul():
         out = torch.matmul(a, b)
-        _device.torch_sync(DEVICE)
+        common.torch_sync(DEVICE)
         return out
 
     matmul()
@@ -452,9 +455,9 @@ def bench_size(size, args, threads, matmul, device_keys):
     load_before = os.getloadavg()[0]
     torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory(prefix="bench_learner_") as path:
-        _reference.write_random_qwen2(path, args.seed, **SIZES[size],
-                                      max_position_embeddings=4096, tie_word_embeddings=True,
-                                      rms_norm_eps=1e-6)
+        common.write_random_qwen2(path, args.seed, **SIZES[size],
+                                  max_position_embeddings=4096, tie_word_embeddings=True,
+                                  rms_norm_eps=1e-6)
         samples = _with_old_logprobs(_make_samples(args, SIZES[size]["vocab_size"]), path,
                                      args.seed)
         # Warm-up update per side, on identical initial weights (ours compiles here).
@@ -530,11 +533,11 @@ def bench_size(size, args, threads, matmul, device_keys):
         "ours_s": r(median["ours"], 3),
         "torch_s": r(median["torch"], 3),
         "ours_step_s": r(median["step"], 3),
-        "loss_ours": first["loss/total"],
+        "loss_ours": first["actor/loss"],
         "loss_torch": loss_torch,
         "loss_rel_diff": None if loss_torch is None else float(
-            f"{abs(first['loss/total'] - loss_torch) / max(abs(loss_torch), 1e-12):.2e}"),
-        "grad_norm_ours": first["optim/grad_norm"],
+            f"{abs(first['actor/loss'] - loss_torch) / max(abs(loss_torch), 1e-12):.2e}"),
+        "grad_norm_ours": first["actor/grad_norm"],
         "grad_norm_torch": grad_norm_torch,
         "matmul_flops_per_s": round(peak),
         "torch_matmul_flops_per_s": round(median["torch_matmul"]),
@@ -567,7 +570,7 @@ def bench_size(size, args, threads, matmul, device_keys):
         "round_matmul_gflops": [round(f / 1e9, 1) for f in times["matmul"]],
         "ours_first_call_s": round(ours_first_s, 2),
         "torch_first_call_s": r(torch_first_s, 2),
-        "timing": f"median of {args.repeats} rounds (matmuls, ours train_step, torch update, "
+        "timing": f"median of {args.repeats} rounds (matmuls, ours update_step, torch update, "
                   "ours Learner.step) after 1 warm-up update per side; tokens_per_s = real "
                   "tokens / update time",
         "versions": {"jax": jax.__version__, "transformers": _version("transformers"),
@@ -583,7 +586,7 @@ def main():
     unknown = [s for s in sizes if s not in SIZES]
     if unknown:
         raise SystemExit(f"unknown --sizes {unknown}; choose from {sorted(SIZES)}")
-    device_keys = _device.setup(DEVICE)
+    device_keys = common.setup(DEVICE)
     threads = len(os.sched_getaffinity(0))  # XLA's CPU client: one intra-op thread per core
     matmul = make_matmul(args.matmul_n)
     for size in sizes:

@@ -6,7 +6,7 @@ EOS]; reward 1 iff the format tokens are right and y = X + 4, −1 for a broken 
 advantages (r − mean)/std over the batch of 64. First a format warm-up (supervised on random
 y, as `jaxrl_agentic.warmup` does), then PPO updates on replies sampled from the model.
 
-    python scripts/probe_reply_format.py --patterns y,oy,yc,ye,yce,oyce
+    python scripts/analysis/probe_reply_format.py --patterns y,oy,yc,ye,yce,oyce
 
 prints one JSON line: for each pattern, the fraction of right replies after each
 `--report-every` updates (chance is 0.25 once the format is learned).
@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxrl_agentic.data import Sample
+from jaxrl_agentic.data import PackingConfig, Sample
 from jaxrl_agentic.learner import Learner, LearnerConfig
 from jaxrl_agentic.models.config import ModelConfig
 from jaxrl_agentic.models.transformer import Transformer
@@ -38,8 +38,8 @@ def run_pattern(pattern: str, *, updates: int, warmup_steps: int, lr: float, see
                       head_dim=16)
     graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(seed)))
     mesh = make_mesh(devices=jax.local_devices())
-    common = dict(mini_batch_size=BATCH, micro_batch_max_tokens=2048, sequence_length=64,
-                  max_grad_norm=1.0, seed=seed)
+    common = dict(mini_batch_size=BATCH, max_grad_norm=1.0, seed=seed,
+                  packing=PackingConfig(micro_batch_max_tokens=2048, sequence_length=64))
     rng = np.random.default_rng(seed)
 
     @jax.jit

@@ -28,9 +28,9 @@ the learner share the same CPU cores, so their compute does not overlap for free
 
 Prints ONE JSON line (progress on stderr).
 
-    python scripts/bench_async.py                        # step delay 0.3 s, 6 steps, 2 rounds
-    python scripts/bench_async.py --step-delay 1.0 --ratio 2
-    python scripts/bench_async.py --step-delay 0 --steps 4   # no slow env: CPU-bound only
+    python scripts/bench/bench_async.py                        # step delay 0.3 s, 6 steps, 2 rounds
+    python scripts/bench/bench_async.py --step-delay 1.0 --ratio 2
+    python scripts/bench/bench_async.py --step-delay 0 --steps 4   # no slow env: CPU-bound only
 """
 
 from __future__ import annotations
@@ -46,11 +46,13 @@ import tempfile
 import time
 from importlib import metadata
 
+import common
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = common.ROOT
 sys.path.insert(0, ROOT)
 
 from jaxrl_agentic.config import validate  # noqa: E402
@@ -158,7 +160,7 @@ def main(argv=None) -> dict:
             "env_max_workers": spec.env_max_workers, "step_timeout_s": spec.step_timeout_s,
             "num_env_groups": c.train_env_manager.num_env_groups,
             "group_size": c.train_env_manager.group_size,
-            "episodes_per_step": pipes["sync"].trajectories_per_step,
+            "episodes_per_step": pipes["sync"].train_manager.num_episodes,
             "max_turns": spec.max_turns, "max_tokens_per_step": spec.max_tokens_per_step,
             "mini_batch_size": c.mini_batch_size, "ppo_epochs": c.ppo_epochs,
             "sample_mode": c.sample_mode, "adv_estimator": c.adv_estimator,

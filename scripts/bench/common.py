@@ -1,19 +1,27 @@
-"""`--device {cpu,gpu}` for the bench scripts (`bench_learner`, `bench_sampler`, `bench_pipeline`).
+"""What the bench scripts share: `--device {cpu,gpu}`, and the random-weight reference model.
 
-JAX picks its platform when it is imported, so `--device` is read from the command line
-before argparse runs and before jax is imported: a script imports this module, calls
-`configure()` (which sets `JAX_PLATFORMS`, and `XLA_PYTHON_CLIENT_MEM_FRACTION` when asked),
-then imports jax. `check_flag` makes the script's argparse agree with what was read;
+**Device.** JAX picks its platform when it is imported, so `--device` is read from the
+command line before argparse runs and before jax is imported: a script imports this module,
+calls `configure()` (which sets `JAX_PLATFORMS`, and `XLA_PYTHON_CLIENT_MEM_FRACTION` when
+asked), then imports jax. `check_flag` makes the script's argparse agree with what was read;
 `require_jax_gpu`, `setup`, `torch_device` and `torch_sync` are the GPU checks and torch
-helpers the scripts share. This module never imports jax or torch at import time (the
-functions that need them import them when called). Run the scripts as
-`python scripts/<name>.py`: `scripts/` is then `sys.path[0]` and `import _device` works.
+helpers `bench_learner`, `bench_sampler` and `bench_pipeline` share.
+
+**Reference model.** `write_random_qwen2` writes the random-weight Hugging Face Qwen2 that
+`bench_learner` and `bench_sampler` compare our code and torch on.
+
+This module never imports jax, torch or `jaxrl_agentic` at import time (the functions that
+need them import them when called). Run the scripts as `python scripts/bench/<name>.py`:
+`scripts/bench/` is then `sys.path[0]` and `import common` works.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+
+# The repository root: the scripts put it first on sys.path, so they run without an install.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def device_flag(argv: list[str]) -> str:
@@ -101,3 +109,23 @@ def torch_sync(device: str) -> None:
         import torch
 
         torch.cuda.synchronize()
+
+
+def write_random_qwen2(path: str, seed: int, **config) -> None:
+    """Random-weight Qwen2 (`transformers.Qwen2Config(**config)`; every tensor perturbed off
+    its init by 0.02·N(0, 1) after `torch.manual_seed(seed)`, so no weight is a trivial zero
+    or one) + a small BPE tokenizer, into `path`. The same seed and config give the same
+    weights."""
+    import torch
+    import transformers
+
+    from jaxrl_agentic.models.tiny import build_tokenizer
+
+    cfg = transformers.Qwen2Config(**config)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    model.save_pretrained(path)
+    build_tokenizer(["a b c d e f g"] * 4, vocab_size=300).save_pretrained(path)

@@ -27,10 +27,10 @@ generated tokens to the host). fp32 matmuls run as TF32 on both sides, as JAX do
 on GPU: torch's cuBLAS TF32 switch is turned on (`fp32_matmul_precision`: "tf32" on gpu,
 "fp32" on cpu). `device` / `torch_device` name the device each side ran on.
 
-    python scripts/bench_sampler.py                          # hidden 256, 4 layers, batch 32
-    python scripts/bench_sampler.py --batch 8 --repeats 3    # quicker
-    python scripts/bench_sampler.py --model ~/models/Qwen2.5-0.5B --batch 4
-    python scripts/bench_sampler.py --device gpu --batch 64  # one NVIDIA GPU
+    python scripts/bench/bench_sampler.py                          # hidden 256, 4 layers, batch 32
+    python scripts/bench/bench_sampler.py --batch 8 --repeats 3    # quicker
+    python scripts/bench/bench_sampler.py --model ~/models/Qwen2.5-0.5B --batch 4
+    python scripts/bench/bench_sampler.py --device gpu --batch 64  # one NVIDIA GPU
 """
 from __future__ import annotations
 
@@ -42,15 +42,14 @@ import sys
 import tempfile
 import time
 
-import _device
-import _reference
+import common
 
-DEVICE = _device.configure(mem_fraction="0.5")  # torch shares the GPU; before jax is imported
+DEVICE = common.configure(mem_fraction="0.5")  # torch shares the GPU; before jax is imported
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, common.ROOT)
 
 from jaxrl_agentic.models import load_pretrained  # noqa: E402
 from jaxrl_agentic.sampler import Sampler  # noqa: E402
@@ -90,13 +89,13 @@ def _parse_args():
                         help="cpu (default), or gpu: JAX on cuda, HF on cuda, TF32 matmuls on "
                              "both sides (read before jax is imported: spell it out)")
     args = parser.parse_args()
-    _device.check_flag(parser, args.device, DEVICE)
+    common.check_flag(parser, args.device, DEVICE)
     return args
 
 
 def _build_checkpoint(args, path: str) -> None:
-    """Random-weight Qwen2 of the `--hidden` … `--vocab` shape (see `_reference`)."""
-    _reference.write_random_qwen2(
+    """Random-weight Qwen2 of the `--hidden` … `--vocab` shape (see `common.write_random_qwen2`)."""
+    common.write_random_qwen2(
         path, args.seed,
         vocab_size=args.vocab,
         hidden_size=args.hidden,
@@ -131,7 +130,7 @@ def _prepare_hf(path, prompts, args, threads):
 
     torch.set_num_threads(threads)  # CPU ops only (harmless on gpu)
     torch.manual_seed(args.seed)  # seeds the CUDA generators too
-    device = _device.torch_device(DEVICE)
+    device = common.torch_device(DEVICE)
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     model = model.to(device).eval()
     input_ids = torch.tensor(prompts, dtype=torch.long, device=device)
@@ -145,7 +144,7 @@ def _prepare_hf(path, prompts, args, threads):
         with torch.no_grad():
             out = model.generate(input_ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                                  **kwargs)
-        _device.torch_sync(DEVICE)  # the timed call ends when the GPU is done
+        common.torch_sync(DEVICE)  # the timed call ends when the GPU is done
         assert out.shape == (args.batch, args.prompt_len + new_tokens)
 
     return run, model.config._attn_implementation
@@ -160,7 +159,7 @@ def _seconds(fn, *args) -> float:
 def main():
     args = _parse_args()
     # with --skip-hf, torch (if it writes the checkpoint) stays on the CPU
-    device_keys = _device.setup(DEVICE, torch_on_gpu=not args.skip_hf)
+    device_keys = common.setup(DEVICE, torch_on_gpu=not args.skip_hf)
     threads = len(os.sched_getaffinity(0))  # XLA's CPU client: one intra-op thread per core
     compile_s = [0.0]
 

@@ -10,10 +10,11 @@
    = the longest sample). Row counts are exact (``rows_bucket=1``) so the figures measure
    the layouts, not the row bucketing; ``*_pow2_buckets`` gives the efficiencies under
    the packers' default power-of-two buckets, ``packed_efficiency_learner_step`` the
-   figure of ``Learner.step`` (mini-batches of ``--mini-batch-size`` packed to one shared
-   power-of-two row count). ``*_efficiency`` cover the whole rollout.
+   ``tokens/efficiency`` of ``Learner.step`` (mini-batches of ``--mini-batch-size`` packed
+   to one shared row count with the run's ``PackingConfig`` defaults; row groups holding
+   only padding are not computed). ``*_efficiency`` cover the whole rollout.
 3. Times one optimizer update (forward + backward + AdamW over all micro-batch rows: the
-   learner's own jitted ``train_step``) on one random mini-batch of ``--mini-batch-size``
+   learner's own jitted ``engine.update_step``) on one random mini-batch of ``--mini-batch-size``
    samples in each layout (``timed_*``): one warm-up call per layout (compiles; reported as
    ``*_first_call_s``), then ``--repeats`` timed calls interleaved (packed, padded, packed,
    ...) so both see the same load on shared cores; the median.
@@ -25,8 +26,8 @@ The attention is dense with a segment mask, so a row costs ``row_len²`` query-k
 whatever it holds (``timed_*_attention_slots``): a long packed row buys fewer padding slots
 with more cross-segment pairs. Prints ONE JSON line.
 
-    python scripts/bench_packing.py                     # 8 groups × 4 episodes, 5 turns
-    python scripts/bench_packing.py --micro-batch-max-tokens 2048 --repeats 3
+    python scripts/bench/bench_packing.py                     # 8 groups × 4 episodes, 5 turns
+    python scripts/bench/bench_packing.py --micro-batch-max-tokens 2048 --repeats 3
 """
 
 from __future__ import annotations
@@ -38,36 +39,35 @@ import statistics
 import sys
 import time
 
+import common
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, common.ROOT)
 
 from jaxrl_agentic.data import (  # noqa: E402
+    PackingConfig,
     pack_minibatches,
     pack_samples,
-    pad_samples,
     split_minibatches,
     token_stats,
 )
+from jaxrl_agentic.data.baseline_packing import pad_samples  # noqa: E402
 from jaxrl_agentic.data.samples import step_samples  # noqa: E402
 from jaxrl_agentic.envs import make  # noqa: E402
-from jaxrl_agentic.learner import (  # noqa: E402
-    TRAIN_BATCH_KEYS,
-    LearnerConfig,
-    init_train_state,
-    make_train_step,
-)
+from jaxrl_agentic.learner import Learner, LearnerConfig  # noqa: E402
 from jaxrl_agentic.models import load_pretrained  # noqa: E402
 from jaxrl_agentic.models.tiny import default_tiny_model_dir  # noqa: E402
-from jaxrl_agentic.parallel import batch_sharding, make_mesh, train_state_shardings  # noqa: E402
+from jaxrl_agentic.parallel import make_mesh, num_batch_shards  # noqa: E402
 from jaxrl_agentic.rollout.conversation import ChatFormatter  # noqa: E402
 from jaxrl_agentic.rollout.groups import EnvManagerConfig, plan_episodes  # noqa: E402
 from jaxrl_agentic.rollout.loop import GenerationConfig, RolloutRunner  # noqa: E402
 from jaxrl_agentic.sampler import Sampler  # noqa: E402
+from jaxrl_agentic.update import computed_slots, pad_to_shards, put_batch  # noqa: E402
 
 ENV = "frozen_lake"
 
@@ -149,13 +149,15 @@ def _layouts(samples, micro_batch_max_tokens, sequence_length, *, pow2_buckets=F
     return packed, padded
 
 
-def _trainer_efficiency(samples, mini_batch_size, row_len, sequence_length, seed):
-    """Efficiency as ``Learner.step`` packs: shuffled mini-batches, each packed, all padded
-    to one power-of-two row count (``LearnerConfig.rows_bucket = 0``)."""
+def _trainer_efficiency(samples, mini_batch_size, packing, mesh, seed):
+    """``tokens/efficiency`` as ``Learner.step`` reports it: shuffled mini-batches packed to
+    one shared row count (``packing``: the run's defaults, ``fixed_rows`` on), real tokens
+    over the slots the update computes (row groups of padding only are skipped)."""
     minibatches = split_minibatches(samples, mini_batch_size, 1, np.random.default_rng(seed))
-    stats = [token_stats(b) for b in pack_minibatches(
-        minibatches, micro_batch_max_tokens=row_len, sequence_length=sequence_length)]
-    return sum(s["real_tokens"] for s in stats) / sum(s["computed_slots"] for s in stats)
+    packed = pack_minibatches(minibatches, packing, mini_batch_size=mini_batch_size,
+                              rows_multiple=num_batch_shards(mesh))
+    real = sum(token_stats(b)["real_tokens"] for b in packed)
+    return real / sum(computed_slots(b, mesh) for b in packed)
 
 
 def _attention_slots(batch):
@@ -182,7 +184,9 @@ def main():
                                          pow2_buckets=True))
 
     size = args.mini_batch_size or len(samples)
-    trainer_eff = _trainer_efficiency(samples, size, row_len, sequence_length, args.seed)
+    packing = PackingConfig(micro_batch_max_tokens=row_len, sequence_length=sequence_length)
+    mesh = make_mesh()
+    trainer_eff = _trainer_efficiency(samples, size, packing, mesh, args.seed)
 
     # One mini-batch (a random subset, as the trainer draws them): the timed update.
     order = np.random.default_rng(args.seed).permutation(len(samples))
@@ -191,20 +195,14 @@ def main():
     timed_stats = [token_stats(b) for b in timed]
 
     graphdef, params = nnx.split(model)
-    config = LearnerConfig(learning_rate=1e-6, micro_batch_max_tokens=row_len,
-                           sequence_length=sequence_length)
-    mesh = make_mesh()
-    state = init_train_state(params, config)
-    shardings = train_state_shardings(state, mesh)
-    state = jax.device_put(state, shardings)
-    step = make_train_step(graphdef, config, mesh, shardings)
-    batches = []
-    for layout in timed:
-        arrays = layout.token_arrays()
-        batches.append(jax.device_put({k: arrays[k] for k in TRAIN_BATCH_KEYS},
-                                      batch_sharding(mesh)))
+    config = LearnerConfig(learning_rate=1e-6, packing=packing)
+    learner = Learner(graphdef, params, config, mesh)
+    engine = learner.engine
+    batches = [put_batch(pad_to_shards(layout, mesh, packing.pad_token_id), engine.batch_keys,
+                         mesh) for layout in timed]
     lr = np.float32(config.learning_rate)
-    _, first_s, (packed_s, padded_s) = _time_interleaved(step, state, batches, lr, args.repeats)
+    _, first_s, (packed_s, padded_s) = _time_interleaved(engine.update_step, learner.state,
+                                                         batches, lr, args.repeats)
 
     real = timed_stats[0]["real_tokens"]
     print(json.dumps({
@@ -247,7 +245,7 @@ def main():
             "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
             "num_attention_heads", "num_key_value_heads", "head_dim")},
         "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
-        "timing": (f"one train_step (fwd+bwd over all rows + AdamW) on one mini-batch of "
+        "timing": (f"one update_step (fwd+bwd over all rows + AdamW) on one mini-batch of "
                    f"{len(minibatch)} samples already on device; median of {args.repeats} "
                    f"interleaved runs after 1 warm-up (compile) per layout"),
     }))

@@ -9,22 +9,22 @@ temp + argument + output − aliased bytes (what the program needs resident at o
 the minimum over interleaved runs (reference, fused, reference, ...), which is the figure
 least disturbed by other processes sharing the cores.
 
-    python scripts/bench_logprob.py                       # D=896, V=151936, N=4096, fp32
-    python scripts/bench_logprob.py --n 256 --v 8192 --repeats 1   # quick
+    python scripts/bench/bench_logprob.py                       # D=896, V=151936, N=4096, fp32
+    python scripts/bench/bench_logprob.py --n 256 --v 8192 --repeats 1   # quick
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
+import common
 import jax
 import jax.numpy as jnp
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, common.ROOT)
 
 from pallas_kernels import choose_blocks, resolve_impl, token_logprobs  # noqa: E402
 from pallas_kernels.token_logprobs import default_platform  # noqa: E402

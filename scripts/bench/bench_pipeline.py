@@ -15,40 +15,52 @@ any reply as a move (crc32 of the text mod 4, as in ``tests/test_recompilation.p
 random policy then walks, falls into holes or reaches the goal, and episode lengths vary
 from step to step the way a learning policy's do, which is what stresses the shape buckets.
 
-Nothing in the library is edited. Each bucket is measured by wrapping, from this script, the
-function that does that work (on the pipeline's own objects or in the module that calls it).
-Times are *exclusive*: a wrapped call nested in another one (packing inside the learner
-step) is charged to the inner bucket only, so the buckets add up to the step time.
-Every wrapped call that returns device arrays is followed by ``jax.block_until_ready`` on
-its outputs, so asynchronous dispatch does not push its time into a later bucket.
+Each bucket is a ``jaxrl_agentic.timing`` span: the library marks where each kind of work
+happens, and this script installs a recorder (``timing.recording(ExclusiveTimer())``); nothing
+is patched. Times are *exclusive*: a span nested in another one (prefill inside decode) is
+charged to the inner bucket only, so the buckets add up to the step time. While a span is
+recorded, ``timing.ready`` waits for the device arrays it is given (the prefill's logits),
+and every other bucket ends by fetching its results to the host, so asynchronous dispatch
+does not push device time into a later bucket. On one CPU device a session of many rows
+decodes its row blocks side by side on the sampler's threads: the time the rollout waits
+for them is split equally among the blocks' open spans (prefill or decode). Spans nested
+in ``eval`` are charged to ``eval``.
 
-    bucket              measured around
+    bucket              span(s) (``timing.span`` / ``timing.spanned``)
     rollout/prefill     ``sampler.Session._prefill`` (tail gathering, cache growth, jitted
-                        prefill; blocked on the logits)
+                        prefill; waits for the logits)
     rollout/decode      ``sampler.Session.generate`` minus its prefill: the jitted
                         ``while_loop`` decode, fetching its outputs, the host bookkeeping
-    rollout/env         the runner's jitted ``_reset`` / ``_step`` / ``_where`` (blocked),
-                        ``loop.first_message`` / ``loop.feedback_message`` (render_text),
-                        ``env.parse_action``, ``env.state_hash``, ``loop.episode_metrics``
+    rollout/env         ``rollout/loop.py``: the runner's jitted reset / step / row select
+                        and the copies of their outputs to the host, ``first_message`` /
+                        ``feedback_message`` (render_text), ``env.parse_action``,
+                        ``env.state_hash``, ``set_episode_metrics``; ``python_runner.py``:
+                        the thread-pool reset and step calls
     rollout/tokenize    ``ChatFormatter.first_prompt`` / ``next_prompt`` (chat template +
                         encode) and ``decode_reply``
     rollout/other       the rest of ``Pipeline.rollout``: episode planning and keys, the
-                        per-row loop bookkeeping, device-to-host copies of env outputs
+                        per-row loop bookkeeping, ``append_prompts``
     samples             ``Pipeline.make_samples`` (advantages, ``build_samples``, whitening,
                         clipping) and ``fold_kl_into_rewards`` (KL-in-reward runs only)
-    logprob_mismatch    ``Pipeline.logprob_mismatch`` less its packing: the learner's
-                        logprob recomputation of the first 8 samples
-    packing             ``split_minibatches``, ``pack_minibatches``, ``pack_samples`` and
-                        ``pad_to_shards`` as the learner module calls them
-    learner             ``Learner.step`` less its packing: host-to-device copies, the jitted
-                        ``train_step`` per mini-batch, the final device_get, token stats
-    critic              ``Critic.step`` (gae only)
+    logprob_mismatch    (no span yet: inside ``learner``) ``Learner.step``'s comparison of
+                        the sampler's logprobs with the learner's
+    packing             (no span yet: inside ``learner``) ``split_minibatches``,
+                        ``pack_minibatches`` and ``pad_to_shards`` in ``UpdateEngine.run``
+    learner             ``Learner.step`` as ``Pipeline.train_step`` calls it: logprob check,
+                        packing, host-to-device copies, the jitted ``update_step`` per
+                        mini-batch, the final device_get, token stats
+    critic              ``Critic.step`` as ``Pipeline.train_step`` calls it (gae only)
     pipeline_other      the rest of ``Pipeline.train_step`` (trajectory metrics, LR
-                        schedule, chunk estimate)
+                        plan, chunk estimate)
     logging             ``MetricsWriter.write`` / ``write_text`` / ``write_frames``,
-                        ``replay_frames`` and ``save_gif``, as ``train.run`` calls them
-    checkpoint          ``Checkpointer.save`` (synchronous; includes the finite check)
+                        ``replay_frames`` and ``save_gif``, as ``train.run`` calls them (the
+                        script opens this span around its copy of ``train.run``'s block)
+    checkpoint          ``Checkpointer.save`` (synchronous; includes the finite check; the
+                        script opens this span, as ``train.run`` does)
     eval                ``Pipeline.evaluate`` (only with ``--eval-steps``)
+
+A span name this table does not list is reported too; ``buckets_never_seen`` lists the
+buckets no step recorded (the library no longer marks them, or the recipe never runs them).
 
 ``step_s`` is the wall time of the whole step (train step + logging + checkpoint [+ eval]);
 ``other`` is what no bucket claimed (this script's own loop). Means are over the steps after
@@ -79,9 +91,9 @@ as before. Nothing else changes: the buckets already block on device outputs. ``
 and ``device`` (``jax.devices()[0].device_kind``) say where it ran; ``threads`` is only the
 host's core count on gpu.
 
-    python scripts/bench_pipeline.py                       # default recipe, 6 steps
-    python scripts/bench_pipeline.py --steps 4 --config.train_env_manager.num_env_groups=2
-    python scripts/bench_pipeline.py --device gpu          # one NVIDIA GPU
+    python scripts/bench/bench_pipeline.py                       # default recipe, 6 steps
+    python scripts/bench/bench_pipeline.py --steps 4 --config.train_env_manager.num_env_groups=2
+    python scripts/bench/bench_pipeline.py --device gpu          # one NVIDIA GPU
 """
 
 from __future__ import annotations
@@ -89,7 +101,6 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import functools
 import json
 import os
 import platform
@@ -99,19 +110,17 @@ import tempfile
 import time
 from importlib import metadata
 
-import _device
+import common
 
-DEVICE = _device.configure()  # sets JAX_PLATFORMS before jax is imported
+DEVICE = common.configure()  # sets JAX_PLATFORMS before jax is imported
 
 import jax  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = common.ROOT
 sys.path.insert(0, ROOT)
 
-from jaxrl_agentic import learner as learner_module  # noqa: E402
 from jaxrl_agentic import pipeline as pipeline_module  # noqa: E402
-from jaxrl_agentic import sampler as sampler_module  # noqa: E402
-from jaxrl_agentic import train  # noqa: E402
+from jaxrl_agentic import timing, train  # noqa: E402
 from jaxrl_agentic.compile_events import CompileEvents  # noqa: E402
 from jaxrl_agentic.rollout import loop as loop_module  # noqa: E402
 
@@ -120,84 +129,6 @@ BUCKETS = (
     "samples", "logprob_mismatch", "packing", "learner", "critic", "pipeline_other",
     "logging", "checkpoint", "eval",
 )
-
-
-class Buckets:
-    """Exclusive wall time per bucket: a nested timed call is subtracted from its parent."""
-
-    def __init__(self):
-        self.totals = collections.defaultdict(float)
-        self.stack: list[list] = []  # [name, time spent in nested buckets]
-
-    @property
-    def current(self) -> str:
-        return self.stack[-1][0] if self.stack else "outside"
-
-    @contextlib.contextmanager
-    def timed(self, name: str):
-        if any(entry[0] == "eval" for entry in self.stack):
-            name = "eval"  # evaluation's rollout is evaluation time, not training rollout
-        self.stack.append([name, 0.0])
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            elapsed = time.perf_counter() - start
-            _, nested = self.stack.pop()
-            self.totals[name] += elapsed - nested
-            if self.stack:
-                self.stack[-1][1] += elapsed
-
-    def wrap(self, name: str, fn, *, block: bool = False):
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            with self.timed(name):
-                out = fn(*args, **kwargs)
-                if block:
-                    jax.block_until_ready(out)
-                return out
-
-        return wrapper
-
-    def take(self) -> dict[str, float]:
-        out, self.totals = dict(self.totals), collections.defaultdict(float)
-        return out
-
-
-def instrument(pipeline, b: Buckets) -> list[str]:
-    """Wraps the pipeline's pieces (see the module docstring) in timing buckets; returns
-    the names it could not find."""
-    patch = []  # (owner, attribute, bucket, block)
-    patch += [(sampler_module.Session, "_prefill", "rollout/prefill", True),
-              (sampler_module.Session, "generate", "rollout/decode", False)]
-    for runner in pipeline.runners.values():
-        patch += [(runner, name, "rollout/env", True) for name in ("_reset", "_step", "_where")]
-        patch += [(runner.env, name, "rollout/env", False)
-                  for name in ("parse_action", "state_hash")]
-    patch += [(loop_module, name, "rollout/env", False)
-              for name in ("first_message", "feedback_message", "episode_metrics")]
-    patch += [(pipeline.formatter, name, "rollout/tokenize", False)
-              for name in ("first_prompt", "next_prompt", "decode_reply")]
-    patch += [(pipeline, "rollout", "rollout/other", False),
-              (pipeline, "make_samples", "samples", False),
-              (pipeline, "fold_kl_into_rewards", "samples", False),
-              (pipeline, "logprob_mismatch", "logprob_mismatch", False),
-              (pipeline, "train_step", "pipeline_other", False),
-              (pipeline, "evaluate", "eval", False),
-              (pipeline.learner, "step", "learner", True)]
-    patch += [(learner_module, name, "packing", False)
-              for name in ("split_minibatches", "pack_minibatches", "pack_samples",
-                           "pad_to_shards")]
-    if pipeline.critic is not None:
-        patch.append((pipeline.critic, "step", "critic", True))
-    missing = []
-    for owner, name, bucket, block in patch:
-        fn = getattr(owner, name, None)
-        if fn is None:  # the library moved on: say so rather than fail
-            missing.append(f"{getattr(owner, '__name__', type(owner).__name__)}.{name}")
-            continue
-        setattr(owner, name, b.wrap(bucket, fn, block=block))
-    return missing
 
 
 ANY_REPLY_ENV = "frozen_lake_any_reply"
@@ -254,10 +185,10 @@ def _parse_args(argv):
     bad = [a for a in overrides if not a.startswith("--config.")]
     if bad:
         parser.error(f"unrecognised arguments: {' '.join(bad)}")
-    _device.check_flag(parser, args.device, DEVICE,
+    common.check_flag(parser, args.device, DEVICE,
                        seen="on the command line before jax was imported")
     if args.device == "gpu":
-        _device.require_jax_gpu(parser.error)
+        common.require_jax_gpu(parser.error)
     if args.steps <= args.warmup_steps:
         parser.error("--steps must be larger than --warmup-steps")
     return args, overrides
@@ -284,45 +215,42 @@ def main(argv=None) -> dict:
     ])
     validate(c)
     if c.get("async_generation_ratio", 0):
-        raise SystemExit("bench_pipeline needs async_generation_ratio=0: its timing buckets "
-                         "assume one thread")
+        raise SystemExit("bench_pipeline needs async_generation_ratio=0: its timer charges "
+                         "the rollout thread's spans as work the training thread waits for")
     paths = output_paths(c)
-    b = Buckets()
-    with CompileEvents(label=lambda: b.current) as counter:
+    timer = timing.ExclusiveTimer(absorbing={"eval"})  # eval's rollout is evaluation time
+    with CompileEvents(label=lambda: timer.current) as counter, timing.recording(timer):
         t0 = time.perf_counter()
         pipeline = pipeline_module.Pipeline(c)
         build_s = time.perf_counter() - t0
-        missing = instrument(pipeline, b)
         writer = MetricsWriter(paths["output_dir"], paths["logging_dir"])
-        writer.write = b.wrap("logging", writer.write)
-        writer.write_text = b.wrap("logging", writer.write_text)
-        writer.write_frames = b.wrap("logging", writer.write_frames)
-        replay_frames = b.wrap("logging", loop_module.replay_frames)
-        save_gif_timed = b.wrap("logging", save_gif)
         checkpointer = Checkpointer(os.path.join(paths["output_dir"], "checkpoints"))
-        checkpointer.save = b.wrap("checkpoint", checkpointer.save)
-        per_step = []
+        per_step, seen = [], set()
         for _ in range(args.steps):
-            b.take()
+            timer.take()
             mark = counter.mark()
             start = time.perf_counter()
             metrics, trajs, _ = pipeline.train_step()
             step = pipeline.step
             if args.eval_steps and (step % args.eval_steps == 0 or step == c.max_steps):
                 metrics.update(pipeline.evaluate()[0])
-            if step % c.logging_steps == 0 or step == c.max_steps:
-                writer.write(step, metrics)
-                if trajs and trajs[0].turns:
-                    writer.write_text(step, "episodes/train", train.sample_episode_text(
-                        pipeline.formatter, trajs[0]))
-                    frames = replay_frames(pipeline.runners[trajs[0].tag], trajs[0])
-                    save_gif_timed(os.path.join(paths["render_save_dir"], f"step_{step}.gif"),
-                                   frames)
-                    writer.write_frames(step, "episodes/frames", frames)
+            if step % c.logging_steps == 0 or step == c.max_steps:  # as train.run does
+                with timing.span("logging"):
+                    writer.write(step, metrics)
+                    if trajs and trajs[0].turns:
+                        writer.write_text(step, "episodes/train", train.sample_episode_text(
+                            pipeline.formatter, trajs[0]))
+                        frames = loop_module.replay_frames(pipeline.runners[trajs[0].tag],
+                                                           trajs[0])
+                        save_gif(os.path.join(paths["render_save_dir"], f"step_{step}.gif"),
+                                 frames)
+                        writer.write_frames(step, "episodes/frames", frames)
             if step % c.save_steps == 0 or step == c.max_steps:
-                checkpointer.save(step, pipeline.train_states(), pipeline.host_state())
+                with timing.span("checkpoint"):
+                    checkpointer.save(step, pipeline.train_states(), pipeline.host_state())
             step_s = time.perf_counter() - start
-            times = b.take()
+            times = timer.take()
+            seen.update(times)
             record = {
                 "step": step, "step_s": step_s, "times": times,
                 "compiles": counter.since(mark, "compile"),
@@ -350,16 +278,17 @@ def main(argv=None) -> dict:
             pipeline.close()
     if not args.keep_output:
         shutil.rmtree(tmp, ignore_errors=True)
-    result = summarize(args, c, per_step, build_s, missing, load_before, pipeline)
+    result = summarize(args, c, per_step, build_s, seen, load_before, pipeline)
     print(json.dumps(result))
     return result
 
 
-def summarize(args, c, per_step, build_s, missing, load_before, pipeline) -> dict:
+def summarize(args, c, per_step, build_s, seen, load_before, pipeline) -> dict:
     after = per_step[args.warmup_steps:]
     n = len(after)
     step_s = sum(r["step_s"] for r in after) / n
-    means = {k: sum(r["times"].get(k, 0.0) for r in after) / n for k in BUCKETS}
+    names = list(BUCKETS) + sorted(seen - set(BUCKETS))  # a span this script does not know
+    means = {k: sum(r["times"].get(k, 0.0) for r in after) / n for k in names}
     means = {k: v for k, v in means.items() if v > 0 or not k.startswith(("critic", "eval"))}
     means["other"] = step_s - sum(means.values())
     rollout_s = sum(v for k, v in means.items() if k.startswith("rollout/"))
@@ -404,7 +333,7 @@ def summarize(args, c, per_step, build_s, missing, load_before, pipeline) -> dic
         "persistent_cache_hits_after_warmup": sum(len(r["cache_hits"]) for r in after),
         "compilations_after_warmup_by_bucket": dict(by_bucket),
         "programs_after_warmup": sorted({f"{name} @ {bucket}" for name, bucket in new_compiles}),
-        "unwrapped": missing,
+        "buckets_never_seen": [k for k in BUCKETS if k not in seen],
         "shape": {
             "episodes_per_step": pipeline.train_manager.num_episodes,
             "max_turns": {t: s.max_turns for t, s in c.custom_envs.items()},

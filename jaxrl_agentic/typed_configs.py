@@ -1,0 +1,102 @@
+"""The one place the run's flat ConfigDict becomes the typed configs of the parts.
+
+Each part validates its own rules in its typed config (``ValueError("<field>: <why>")``);
+:func:`check_typed_configs` builds them all from a run config so that ``config.validate``
+reports those rules as ``config.<field>: <why>`` without a second copy of any rule. The
+typed configs' defaults equal ``config.default_config()``'s (a test holds them to it).
+"""
+
+from __future__ import annotations
+
+from jaxrl_agentic.critic import CriticConfig
+from jaxrl_agentic.data import PackingConfig
+from jaxrl_agentic.learner import LearnerConfig
+from jaxrl_agentic.rollout.groups import EnvManagerConfig
+from jaxrl_agentic.rollout.loop import GenerationConfig
+
+
+def packing_config(c, pad_token_id: int = 0) -> PackingConfig:
+    return PackingConfig(
+        micro_batch_max_tokens=c.micro_batch_max_tokens,
+        sequence_length=c.sequence_length,
+        rows_bucket=c.rows_bucket,
+        fixed_rows=c.fixed_rows,
+        pad_token_id=pad_token_id,
+    )
+
+
+def _update_fields(c, pad_token_id: int) -> dict:
+    return dict(
+        max_grad_norm=c.max_grad_norm,
+        weight_decay=c.weight_decay,
+        mini_batch_size=c.mini_batch_size,
+        ppo_epochs=c.ppo_epochs,
+        seed=c.seed,
+        packing=packing_config(c, pad_token_id),
+    )
+
+
+def learner_config(c, pad_token_id: int = 0) -> LearnerConfig:
+    # 0 means "off" / "same as pg_clip" in the run config, None in the typed one.
+    return LearnerConfig(
+        learning_rate=c.learning_rate,
+        loss_reduction=c.loss_reduction,
+        pg_clip=c.pg_clip,
+        pg_clip_high=c.pg_clip_high or None,
+        dual_clip=c.dual_clip or None,
+        init_kl_coef=c.init_kl_coef,
+        target_kl=c.target_kl or None,
+        kl_horizon=c.kl_horizon,
+        kl_estimator=c.kl_estimator,
+        kl_in_reward=c.kl_in_reward,
+        entropy_loss_coef=c.entropy_loss_coef,
+        temperature=c.generation.temperature,
+        recompute_old_logprobs=c.recompute_old_logprobs,
+        tis_imp_ratio_cap=c.tis_imp_ratio_cap,
+        kernel_impl=c.kernel_impl,
+        **_update_fields(c, pad_token_id),
+    )
+
+
+def critic_config(c, pad_token_id: int = 0) -> CriticConfig:
+    return CriticConfig(
+        learning_rate=c.critic_learning_rate,
+        value_clip=c.value_clip or None,
+        **_update_fields(c, pad_token_id),
+    )
+
+
+def env_manager_config(m, num_return_sequences: int = 1) -> EnvManagerConfig:
+    """`num_return_sequences` samples per initial state = that many episodes per group
+    member: the multi-turn analogue of several completions per prompt."""
+    return EnvManagerConfig(
+        num_env_groups=m.num_env_groups,
+        group_size=m.group_size * num_return_sequences,
+        tags=tuple(m.tags),
+        num_groups_partition=tuple(m.num_groups_partition),
+    )
+
+
+def generation_config(c, spec) -> GenerationConfig:
+    """Sampling settings of one environment tag (`spec` = `custom_envs[tag]`)."""
+    g = c.generation
+    return GenerationConfig(max_tokens_per_step=spec.max_tokens_per_step,
+                            temperature=g.temperature, top_p=g.top_p, top_k=g.top_k,
+                            stop_token_ids=tuple(g.stop_token_ids))
+
+
+def check_typed_configs(c, fail) -> None:
+    """Builds every typed config of run config `c`; the first rule one breaks is reported as
+    `fail(run-config field, why)`."""
+    builders = [("", lambda: learner_config(c))]
+    if c.adv_estimator == "gae":
+        builders.append(("", lambda: critic_config(c)))
+    for name in ("train_env_manager", "val_env_manager"):
+        n = c.generation.num_return_sequences if name == "train_env_manager" else 1
+        builders.append((f"{name}.", lambda name=name, n=n: env_manager_config(c[name], n)))
+    for prefix, build in builders:
+        try:
+            build()
+        except ValueError as e:
+            field, _, why = str(e).partition(": ")
+            fail(prefix + field, why)

@@ -1,0 +1,466 @@
+"""One optimizer update over a packed mini-batch, and the host loop that feeds it.
+
+The policy learner (``learner.py``) and the GAE critic (``critic.py``) train the same way
+and differ only in their loss, their batch keys and their metrics (as Tunix's one trainer
+takes a loss function). This module is that shared way:
+
+    for each group of micro-batch rows (lax.scan):              # fp32 accumulators
+        objective_m, (sums_m, D_m) = micro_objective(θ, rows)   # weighted sums (Tunix)
+        G += ∇_θ objective_m;   O += objective_m;   S += sums_m;   D += D_m
+    g = G / max(D, 1);   loss = O / max(D, 1)                   # the one division
+    if loss and |g| are finite:  g = clip_by_global_norm(g);  θ ← AdamW(θ, g, lr)
+
+so the update equals the one computed on the whole mini-batch at once, however the packer
+split it into micro-batches (dividing per micro-batch is the bug peers shipped). A scan step
+takes ``data · fsdp`` rows at once (one per batch shard of the mesh). A group of rows that
+holds only padding is skipped (``lax.cond``): it would add exactly nothing.
+
+**Non-finite guard.** If the loss or the gradient norm is NaN/inf the update is skipped:
+parameters and optimizer state are returned unchanged and ``metrics["nonfinite"] = 1``.
+
+Host side, one pipeline step (:class:`UpdateEngine`): split the samples into mini-batches
+(reshuffled per epoch) → pack each to one common ``[n_micro, micro_batch_max_tokens]`` shape
+(``data/minibatch.pack_minibatches``) → put on the mesh → one jitted update per mini-batch
+with its learning rate → one host fetch of all metrics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax import lax
+
+from jaxrl_agentic.data import (
+    PackedBatch,
+    PackingConfig,
+    Sample,
+    bucket_rows,
+    pack_minibatches,
+    pad_rows,
+    round_up_to_bucket,
+    split_minibatches,
+    updates_per_step,
+)
+from jaxrl_agentic.parallel import (
+    batch_sharding,
+    constrain_like_params,
+    num_batch_shards,
+    place,
+    put_rows,
+    replicated,
+    to_host,
+)
+
+_F32 = jnp.float32
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateConfig:
+    """Settings every trained model shares: optimizer, mini-batching and packing.
+
+    ``learning_rate`` is the peak LR (the host passes each update's LR; see
+    ``algos/schedules.py``); ``max_grad_norm`` None = no clipping; AdamW's decoupled
+    ``weight_decay`` applies to matrices only. Each pipeline step makes
+    ``ppo_epochs · ceil(n / mini_batch_size)`` updates. ``seed`` seeds the mini-batch
+    shuffle. Defaults equal the run defaults (``config.default_config``).
+
+    A rule that fails raises ``ValueError("<field>: <why>")``; ``config.validate`` reports it
+    as ``config.<field>: <why>``.
+    """
+
+    learning_rate: float = 1e-5
+    max_grad_norm: float | None = 1.0
+    weight_decay: float = 0.0
+    adam_b1: float = 0.9
+    adam_b2: float = 0.999
+    adam_eps: float = 1e-8
+    mini_batch_size: int = 32
+    ppo_epochs: int = 1
+    seed: int = 0
+    packing: PackingConfig = PackingConfig()
+
+    def __post_init__(self):
+        checks = [
+            (self.learning_rate >= 0, "learning_rate", "must be >= 0"),
+            (self.max_grad_norm is None or self.max_grad_norm > 0, "max_grad_norm",
+             "must be > 0"),
+            (self.weight_decay >= 0, "weight_decay", "must be >= 0"),
+            (self.mini_batch_size >= 1, "mini_batch_size", "must be >= 1"),
+            (self.ppo_epochs >= 1, "ppo_epochs", "must be >= 1"),
+        ]
+        fail_first(checks, self)
+
+
+def fail_first(checks, config) -> None:
+    """Raises ``ValueError("<field>: <why> (got <value>)")`` for the first failed check
+    ``(ok, field, why)``: the one format typed configs use for ``config.validate``."""
+    for ok, field, why in checks:
+        if not ok:
+            raise ValueError(f"{field}: {why} (got {getattr(config, field)!r})")
+
+
+# ----------------------------------------------------------------------------- optimizer
+
+
+def _decay_mask(params):
+    # Decoupled weight decay on matrices only: decaying norm scales towards 0 and biases
+    # has no regularising meaning and hurts (as in GPT-2/Llama recipes).
+    return jax.tree.map(lambda p: jnp.ndim(p) >= 2, params)
+
+
+def make_optimizer(config: UpdateConfig) -> optax.GradientTransformation:
+    """``clip_by_global_norm(max_grad_norm) ∘ AdamW`` with an injectable learning rate.
+
+    ``inject_hyperparams`` keeps the LR in the optimizer state, so the host sets it per
+    update (:func:`set_learning_rate`) without recompiling.
+    """
+    clip = (
+        optax.identity()
+        if config.max_grad_norm is None
+        else optax.clip_by_global_norm(config.max_grad_norm)
+    )
+    adamw = optax.inject_hyperparams(optax.adamw, static_args=("mask",))(
+        learning_rate=config.learning_rate,
+        b1=config.adam_b1,
+        b2=config.adam_b2,
+        eps=config.adam_eps,
+        weight_decay=config.weight_decay,
+        mask=_decay_mask,
+    )
+    return optax.chain(clip, adamw)
+
+
+def set_learning_rate(opt_state, lr: jax.Array | float):
+    """The optimizer state of :func:`make_optimizer` with its LR replaced by ``lr``."""
+    clip_state, adamw_state = opt_state
+    hyperparams = dict(adamw_state.hyperparams)
+    hyperparams["learning_rate"] = jnp.asarray(lr, _F32)
+    return clip_state, adamw_state._replace(hyperparams=hyperparams)
+
+
+def init_optimizer_state(params: Any, config: UpdateConfig):
+    """The optimizer state for ``params``, its LR set to ``config.learning_rate``, all leaves
+    strongly typed: Python-number hyperparameters come out weakly typed and the step returns
+    strong ones, so the second call would otherwise miss the first call's compiled program."""
+    opt_state = set_learning_rate(make_optimizer(config).init(params), config.learning_rate)
+    return jax.tree.map(lambda x: jnp.asarray(x, jnp.result_type(x)), opt_state)
+
+
+# ----------------------------------------------------------------------------- the step
+
+
+def micro_groups(batch: dict[str, jax.Array], group_rows: int) -> dict[str, jax.Array]:
+    """``[n_micro, T]`` → ``[n_micro / group_rows, group_rows, T]``, group ``j`` holding rows
+    ``j, j + k, j + 2k, …`` (``k`` = groups): with rows sharded in contiguous blocks over the
+    batch axes, every group then has one row on each shard and the reshape moves no data."""
+    n_micro = batch["tokens"].shape[0]
+    if n_micro % group_rows:
+        raise ValueError(
+            f"the batch has {n_micro} micro-batch rows, not a multiple of the mesh's "
+            f"{group_rows} batch shards (data·fsdp); pad it with data.pad_rows"
+        )
+    groups = n_micro // group_rows
+
+    def regroup(x):
+        return jnp.swapaxes(x.reshape(group_rows, groups, *x.shape[1:]), 0, 1)
+
+    return {k: regroup(v) for k, v in batch.items()}
+
+
+def ungroup(out: jax.Array) -> jax.Array:
+    """Undoes :func:`micro_groups` on a scan's stacked output ``[groups, group_rows, T]``."""
+    return jnp.swapaxes(out, 0, 1).reshape(-1, out.shape[-1])
+
+
+def constrain_rows(micro, mesh):
+    """``micro`` constrained to the mesh's batch sharding (identity without a mesh)."""
+    if mesh is None:
+        return micro
+    return lax.with_sharding_constraint(micro, batch_sharding(mesh))
+
+
+def scan_row_groups(fn, batch: dict[str, jax.Array], mesh) -> jax.Array:
+    """``[n_micro, T]`` per-token outputs of ``fn(micro) -> [group_rows, T]`` over groups of
+    ``data · fsdp`` rows; groups of padding rows give zeros without running ``fn``."""
+
+    def body(_, micro):
+        micro = constrain_rows(micro, mesh)
+        return None, lax.cond(jnp.any(micro["segment_ids"] > 0), fn,
+                              lambda m: jnp.zeros(m["tokens"].shape, _F32), micro)
+
+    group_rows = 1 if mesh is None else num_batch_shards(mesh)
+    _, out = lax.scan(body, None, micro_groups(batch, group_rows))
+    return ungroup(out)
+
+
+def accumulate_gradients(micro_objective, params, batch, zero_sums, mesh=None):
+    """Gradient of ``Σ_micro objective / max(Σ_micro D, 1)`` over a mini-batch, in one scan.
+
+    ``micro_objective(params, micro) -> (objective_sum, (sums, denominator))`` is evaluated
+    on groups of ``data · fsdp`` rows; gradient sums, loss sums and denominators accumulate
+    in fp32 and the gradient is divided *once* by the global denominator.
+    Returns ``(grads, sums, denominator)``.
+    """
+    group_rows = 1 if mesh is None else num_batch_shards(mesh)
+    grad_fn = jax.grad(micro_objective, has_aux=True)
+
+    def zeros(_):
+        return (jax.tree.map(jnp.zeros_like, params),
+                (jax.tree.map(jnp.zeros_like, zero_sums), jnp.zeros((), _F32)))
+
+    def body(carry, micro):
+        grad_sum, sums_acc, denominator_acc = carry
+        micro = constrain_rows(micro, mesh)
+        # A group of padding rows adds exactly nothing: skip its forward and backward.
+        grads, (sums, denominator) = lax.cond(
+            jnp.any(micro["segment_ids"] > 0), lambda m: grad_fn(params, m), zeros, micro)
+        grad_sum = jax.tree.map(lambda a, g: a + g.astype(_F32), grad_sum, grads)
+        if mesh is not None:
+            grad_sum = constrain_like_params(grad_sum, mesh)
+        sums_acc = jax.tree.map(jnp.add, sums_acc, sums)
+        return (grad_sum, sums_acc, denominator_acc + denominator), None
+
+    init = (
+        jax.tree.map(lambda p: jnp.zeros(p.shape, _F32), params),
+        zero_sums,
+        jnp.zeros((), _F32),
+    )
+    (grad_sum, sums, denominator), _ = lax.scan(body, init, micro_groups(batch, group_rows))
+    scale = 1.0 / jnp.maximum(denominator, 1.0)
+    return jax.tree.map(lambda g: g * scale, grad_sum), sums, denominator
+
+
+def _where_tree(pred, on_true, on_false):
+    return jax.tree.map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
+
+
+def apply_if_finite(optimizer, params, opt_state, grads, loss, lr):
+    """One optax update with learning rate ``lr``, kept only if ``loss`` and the gradient
+    norm are finite. Returns ``(params, opt_state, finite, grad_norm)``."""
+    grad_norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    updates, new_opt_state = optimizer.update(grads, set_learning_rate(opt_state, lr), params)
+    new_params = optax.apply_updates(params, updates)
+    return (
+        _where_tree(finite, new_params, params),
+        _where_tree(finite, new_opt_state, opt_state),
+        finite,
+        grad_norm,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateLoss:
+    """What makes one trained model different from another (Tunix passes a loss function).
+
+    ``micro_sums(params, micro, state) -> (sums, denominator)``: weighted sums of one group
+    of rows (a NamedTuple of fp32 scalars) and its reduction denominator;
+    ``objective(sums)``: the sum that carries the gradient; ``zero_sums``: the sums'
+    zeros; ``metrics(state, sums, scale)``: the model's own step metrics (replicated
+    scalars; ``scale = 1 / max(D, 1)``); ``advance(state)``: fields of the new state besides
+    the update (e.g. a fresh rng), as a dict.
+    """
+
+    micro_sums: Callable
+    objective: Callable
+    zero_sums: Any
+    metrics: Callable
+    advance: Callable = lambda state: {}
+
+
+def make_update_step(loss: UpdateLoss, config: UpdateConfig, mesh, state_shardings):
+    """Jitted ``update_step(state, batch, lr) -> (state, metrics)``: one update (module doc).
+
+    ``state`` has ``step``, ``skipped``, ``params`` and ``opt_state`` (and whatever the loss
+    reads); it is donated. ``batch``: dict of ``[n_micro, row_len]`` arrays. Metrics:
+    ``loss`` (÷ D), ``grad_norm`` (before clipping), ``lr``, ``nonfinite``, ``denominator``
+    and the loss's own.
+    """
+    optimizer = make_optimizer(config)
+
+    def update_step(state, batch: dict[str, jax.Array], lr: jax.Array):
+        def micro_objective(params, micro):
+            sums, denominator = loss.micro_sums(params, micro, state)
+            return loss.objective(sums), (sums, denominator)
+
+        grads, sums, denominator = accumulate_gradients(
+            micro_objective, state.params, batch, loss.zero_sums, mesh)
+        scale = 1.0 / jnp.maximum(denominator, 1.0)
+        value = loss.objective(sums) * scale
+        params, opt_state, finite, grad_norm = apply_if_finite(
+            optimizer, state.params, state.opt_state, grads, value, lr)
+        new_state = state.replace(
+            step=state.step + 1,
+            skipped=state.skipped + (~finite).astype(jnp.int32),
+            params=params,
+            opt_state=opt_state,
+            **loss.advance(state),
+        )
+        metrics = {
+            "loss": value,
+            "grad_norm": grad_norm,
+            "lr": jnp.asarray(lr, _F32),
+            "nonfinite": (~finite).astype(jnp.int32),
+            "denominator": denominator,
+            **loss.metrics(state, sums, scale),
+        }
+        return new_state, metrics
+
+    repl = replicated(mesh)
+    return jax.jit(
+        update_step,
+        in_shardings=(state_shardings, batch_sharding(mesh), repl),
+        out_shardings=(state_shardings, repl),
+        donate_argnums=0,
+    )
+
+
+def make_per_token(fn, keys: Sequence[str], mesh, param_shardings):
+    """Jitted ``compute(params, batch) -> [n_micro, row_len]`` fp32 from ``fn(params, micro)
+    -> [group_rows, T]`` run on groups of rows (:func:`scan_row_groups`); reads ``keys``."""
+
+    def compute(params, batch):
+        return scan_row_groups(lambda micro: fn(params, micro), {k: batch[k] for k in keys},
+                               mesh)
+
+    return jax.jit(
+        compute,
+        in_shardings=(param_shardings, batch_sharding(mesh)),
+        out_shardings=batch_sharding(mesh),
+    )
+
+
+# ----------------------------------------------------------------------------- host side
+
+
+def pad_to_shards(batch: PackedBatch, mesh, pad_token_id: int) -> PackedBatch:
+    """``batch`` with empty rows appended so its row count divides the batch shards."""
+    rows = round_up_to_bucket(batch.num_micro_batches, num_batch_shards(mesh))
+    if rows == batch.num_micro_batches:
+        return batch
+    return pad_rows(batch, rows, pad_token_id=pad_token_id)
+
+
+def put_batch(batch: PackedBatch, keys: Sequence[str], mesh) -> dict[str, jax.Array]:
+    """The named token arrays of ``batch``, placed with the mesh's batch sharding."""
+    arrays = batch.token_arrays()
+    return put_rows({k: arrays[k] for k in keys}, mesh)
+
+
+def computed_slots(batch: PackedBatch, mesh) -> int:
+    """Token slots a step really computes: the scan skips groups of rows (one per batch
+    shard, rows ``j, j + groups, …``) that hold only padding."""
+    shards = num_batch_shards(mesh)
+    groups = batch.num_micro_batches // shards
+    busy = (batch.segment_ids > 0).any(axis=1).reshape(shards, groups).any(axis=0)
+    return int(busy.sum()) * shards * batch.row_len
+
+
+def per_sample_outputs(samples: Sequence[Sample], packing: PackingConfig, mesh, compute,
+                       params, keys: Sequence[str]) -> list[np.ndarray]:
+    """Per-sample ``[len(sample)]`` fp32 results of a jitted per-token ``compute(params,
+    batch) -> [n_micro, row_len]`` run on ``samples`` packed for ``mesh``; 0 beyond
+    ``sequence_length``."""
+    num_rows = None
+    if packing.fixed_rows:  # one sample per row at most: a shape that follows only n
+        num_rows = round_up_to_bucket(bucket_rows(len(samples), 0), num_batch_shards(mesh))
+    batch = pad_to_shards(packing.pack(samples, num_rows=num_rows), mesh, packing.pad_token_id)
+    per_token = to_host(compute(params, put_batch(batch, keys, mesh)))
+    out = [np.zeros(len(s), np.float32) for s in samples]
+    for row, column in zip(*np.nonzero(batch.sample_index >= 0), strict=True):
+        values = per_token[row][batch.segment_ids[row] == column + 1]
+        out[batch.sample_index[row, column]][: len(values)] = values
+    return out
+
+
+def check_learning_rates(learning_rates, num_samples: int, config: UpdateConfig,
+                         what: str) -> np.ndarray:
+    """One fp32 LR per update of a step of ``num_samples`` samples, or a one-line error."""
+    num_updates = updates_per_step(num_samples, config.mini_batch_size, config.ppo_epochs)
+    lrs = np.asarray(learning_rates, np.float32).reshape(-1)
+    if lrs.shape != (num_updates,):
+        raise ValueError(
+            f"{num_samples} samples make {num_updates} {what} updates "
+            f"(mini_batch_size={config.mini_batch_size}, ppo_epochs={config.ppo_epochs}) but "
+            f"{lrs.size} learning rates were given"
+        )
+    return lrs
+
+
+class UpdateEngine:
+    """The host loop of one pipeline step for one trained model (module doc).
+
+    Holds the train state (placed on ``mesh`` with ``state_shardings``), the jitted update
+    step and the mini-batch shuffle. ``run(samples, lrs)`` makes the step's updates and
+    returns the fetched per-update metrics and the packed batches they ran on.
+    """
+
+    def __init__(self, state, loss: UpdateLoss, config: UpdateConfig, mesh, state_shardings,
+                 batch_keys: Sequence[str]):
+        self.config = config
+        self.mesh = mesh
+        self.state_shardings = state_shardings
+        self.state = place(state, state_shardings)
+        self.batch_keys = tuple(batch_keys)
+        self.update_step = make_update_step(loss, config, mesh, state_shardings)
+        self.np_rng = np.random.default_rng(config.seed)
+
+    def run(self, samples: Sequence[Sample], learning_rates: np.ndarray
+            ) -> tuple[list[dict[str, np.ndarray]], list[PackedBatch]]:
+        cfg = self.config
+        minibatches = split_minibatches(list(samples), cfg.mini_batch_size, cfg.ppo_epochs,
+                                        self.np_rng)
+        packed = pack_minibatches(minibatches, cfg.packing, mini_batch_size=cfg.mini_batch_size,
+                                  rows_multiple=num_batch_shards(self.mesh))
+        per_update = []
+        for batch, lr in zip(packed, learning_rates, strict=True):
+            arrays = put_batch(batch, self.batch_keys, self.mesh)
+            self.state, metrics = self.update_step(self.state, arrays, lr)
+            per_update.append(metrics)
+        return jax.device_get(per_update), packed  # one host sync for the whole step
+
+
+class EngineDriver:
+    """Base of the host drivers that own an ``engine`` (:class:`UpdateEngine`): its train
+    state (read and replaced, e.g. on restore), shardings, shuffle rng and parameters."""
+
+    engine: UpdateEngine
+
+    @property
+    def state(self):
+        return self.engine.state
+
+    @state.setter
+    def state(self, state) -> None:
+        self.engine.state = state
+
+    @property
+    def state_shardings(self):
+        return self.engine.state_shardings
+
+    @property
+    def np_rng(self) -> np.random.Generator:
+        return self.engine.np_rng
+
+    @property
+    def params(self):
+        return self.state.params
+
+
+def applied(per_update: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+    """The updates the non-finite guard kept."""
+    return [m for m in per_update if int(m["nonfinite"]) == 0]
+
+
+def mean_over_applied(per_update, names: dict[str, str]) -> dict[str, float]:
+    """``{name: mean of metric key over applied updates}`` (NaN when none was applied: a
+    skipped update's loss is NaN/inf and must not be averaged in)."""
+    kept = applied(per_update)
+    return {name: float(np.mean([float(m[key]) for m in kept])) if kept else float("nan")
+            for key, name in names.items()}

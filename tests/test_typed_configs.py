@@ -1,0 +1,57 @@
+"""The run config → typed configs: one conversion, defaults that agree, rules stated once."""
+
+import dataclasses
+
+import pytest
+
+from jaxrl_agentic import typed_configs
+from jaxrl_agentic.config import ConfigError, default_config, validate
+from jaxrl_agentic.critic import CriticConfig
+from jaxrl_agentic.learner import LearnerConfig
+
+
+def test_typed_defaults_equal_the_run_defaults():
+    """A typed config built with no arguments is the one the run's defaults give: a default
+    changed on one side only (LearnerConfig once had lr 1e-6, fixed_rows False and
+    rows_bucket 0 against the run's 1e-5, True and 4) fails here."""
+    c = default_config()
+    assert typed_configs.learner_config(c) == LearnerConfig()
+    # The critic's learning rate is the run's critic_learning_rate, not learning_rate.
+    assert typed_configs.critic_config(c) == dataclasses.replace(
+        CriticConfig(), learning_rate=c.critic_learning_rate)
+    assert typed_configs.packing_config(c) == LearnerConfig().packing
+
+
+def test_run_config_fields_reach_the_typed_configs():
+    c = default_config()
+    c.kl_horizon = 123.0
+    c.micro_batch_max_tokens, c.sequence_length, c.rows_bucket = 640, 320, 2
+    c.generation.stop_token_ids = (7, 9)
+    learner = typed_configs.learner_config(c, pad_token_id=5)
+    assert learner.kl_horizon == 123.0
+    assert (learner.packing.micro_batch_max_tokens, learner.packing.sequence_length,
+            learner.packing.rows_bucket, learner.packing.pad_token_id) == (640, 320, 2, 5)
+    assert typed_configs.critic_config(c).packing == typed_configs.packing_config(c)
+    spec = c.custom_envs.frozen_lake
+    assert typed_configs.generation_config(c, spec).stop_token_ids == (7, 9)
+
+
+@pytest.mark.parametrize("field, value, fragment", [
+    ("kl_horizon", 0.0, "config.kl_horizon: must be > 0"),
+    ("kl_in_reward", True, "config.kl_in_reward: folds init_kl_coef"),
+    ("kernel_impl", "cuda", "config.kernel_impl: choose one of auto, reference"),
+    ("rows_bucket", -1, "config.rows_bucket"),
+])
+def test_typed_rules_surface_as_config_errors(field, value, fragment):
+    c = default_config()
+    c[field] = value
+    with pytest.raises(ConfigError, match="^" + fragment.replace("(", r"\(")):
+        validate(c)
+
+
+def test_env_manager_rules_name_the_manager():
+    c = default_config()
+    c.train_env_manager.num_groups_partition = (3,)
+    with pytest.raises(ConfigError, match="^config.train_env_manager.num_groups_partition: "
+                                          "needs one entry per tag summing to"):
+        validate(c)
