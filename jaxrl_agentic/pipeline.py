@@ -30,6 +30,7 @@ from jaxrl_agentic.data import updates_per_step
 from jaxrl_agentic.data.samples import build_samples, trajectory_sample
 from jaxrl_agentic.envs import make
 from jaxrl_agentic.envs.python_env import make_python_env
+from jaxrl_agentic.envs.tools import tool_metrics
 from jaxrl_agentic.learner import Learner
 from jaxrl_agentic.models import load_pretrained
 from jaxrl_agentic.parallel import (
@@ -53,7 +54,8 @@ def _mean(values) -> float:
 
 
 def trajectory_metrics(trajs, prefix: str) -> dict[str, float]:
-    """Means over episodes of the env-side metrics (and per tag when there are several)."""
+    """Means over episodes of the env-side metrics (and per tag when there are several);
+    tool envs add `tool/*` totals and rates (`envs.tools.tool_metrics`)."""
     out = {}
     tags = sorted({t.tag for t in trajs})
     for tag in [None] + (tags if len(tags) > 1 else []):
@@ -66,6 +68,8 @@ def trajectory_metrics(trajs, prefix: str) -> dict[str, float]:
         out[f"{p}action_is_effective"] = _mean(t.metrics["action_is_effective"] for t in group)
         # Python envs: an env call that missed its deadline ended the episode.
         out[f"{p}timeout"] = _mean(t.metrics.get("env_timeout", 0.0) for t in group)
+        # Tool envs: call totals, calls per episode, valid-call share ({} for other envs).
+        out.update(tool_metrics([t.metrics for t in group], p))
     out[f"{prefix}truncated_by_length"] = _mean(t.truncated_by_length for t in trajs)
     return out
 

@@ -17,6 +17,7 @@ person without `--config` plays the environment's defaults (full instructions).
 """
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Callable
@@ -54,7 +55,9 @@ def stdin_policy(stdin: TextIO, stdout: TextIO) -> Policy:
         if not stdin.isatty():
             stdout.write(line if line.endswith("\n") else line + "\n")  # piped input: echo it
         reply = line.strip()
-        return reply if "<answer>" in reply.lower() else f"<answer>{reply}</answer>"
+        if "<answer>" in reply.lower() or "<tool_call>" in reply:  # a tool call goes as typed
+            return reply
+        return f"<answer>{reply}</answer>"
 
     return policy
 
@@ -62,9 +65,12 @@ def stdin_policy(stdin: TextIO, stdout: TextIO) -> Policy:
 def model_policy(model_dir: str, stdout: TextIO, *, max_new_tokens: int = 64,
                  temperature: float = 1.0, greedy: bool = False, seed: int = 0,
                  max_total_len: int = 4096, reply_prefix: str = "",
-                 reply_suffix: str = "") -> Policy:
+                 reply_suffix: str = "", tools: list | None = None) -> Policy:
     """A policy where a model replies, over one token-level conversation (prefix reuse).
-    `reply_prefix`, `reply_suffix`: as in training (the config fields of those names)."""
+    `reply_prefix`, `reply_suffix`: as in training (the config fields of those names).
+    `tools` (a tool environment's schemas) are listed in the first prompt, and a prompt of
+    `<tool_response>` blocks is sent as `tool` messages, as in training."""
+    from jaxrl_agentic.envs.tools import tool_responses
     from jaxrl_agentic.models import load_pretrained
     from jaxrl_agentic.models.tiny import default_tiny_model_dir
     from jaxrl_agentic.rollout.conversation import ChatFormatter
@@ -77,7 +83,13 @@ def model_policy(model_dir: str, stdout: TextIO, *, max_new_tokens: int = 64,
     turn = [0]
 
     def policy(prompt: str) -> str:
-        ids = formatter.first_prompt(prompt) if turn[0] == 0 else formatter.next_prompt(prompt)
+        results = tool_responses(prompt) if tools else []
+        if turn[0] == 0:
+            ids = formatter.first_prompt(prompt, tools=tools)
+        elif results:
+            ids = formatter.tool_prompt(results)
+        else:
+            ids = formatter.next_prompt(prompt)
         session.extend([0], [ids])
         out = session.generate([0], max_new_tokens=max_new_tokens, temperature=temperature,
                                greedy=greedy, seed=seed + turn[0])
@@ -134,6 +146,43 @@ def play_episode(
     return metrics
 
 
+def play_python_episode(env, policy: Policy, seed: int, out: TextIO,
+                        max_turns: int | None = None) -> dict[str, float]:
+    """One episode of a Python (e.g. tool) environment, narrated to `out`; the results of
+    tool calls are shown, and passed to the policy, as `<tool_response>` blocks."""
+    from jaxrl_agentic.envs.tools import TOOL_METRICS, tool_episode_metrics, tool_response_text
+
+    prompt = env.reset(seed)
+    if env.tool_schemas:
+        print("tools:\n" + "\n".join(json.dumps(t) for t in env.tool_schemas), file=out)
+    steps, turn = [], 0
+    limit = env.max_steps_in_episode if max_turns is None else max_turns
+    while turn < limit:
+        turn += 1
+        print(f"--- turn {turn} ---\n{prompt}", file=out)
+        try:
+            reply = policy(prompt)
+        except EOFError:
+            print("\n(end of input)", file=out)
+            break
+        step = env.step(reply)
+        steps.append(step)
+        print(f"reward: {step.reward:g}  done: {step.terminated}", file=out)
+        if step.terminated:
+            break
+        prompt = (tool_response_text(step.tool_messages) if step.tool_messages
+                  else step.observation)
+    metrics = episode_metrics([s.reward for s in steps],
+                              [{"action_is_valid": s.action_is_valid,
+                                "action_is_effective": s.action_is_effective,
+                                "success": s.success} for s in steps])
+    if env.tool_schemas:
+        metrics.update({k: v for k, v in tool_episode_metrics(steps).items()
+                        if k in TOOL_METRICS})
+    print("metrics: " + " ".join(f"{k}={v:g}" for k, v in metrics.items()), file=out)
+    return metrics
+
+
 def recipe_env(path: str, tag: str | None):
     """(env spec, reply_prefix, reply_suffix) of env tag `tag` (default: the first) of the
     recipe at `path`; ValueError (one line) for a bad recipe or tag."""
@@ -180,6 +229,10 @@ def main(argv: list[str] | None = None, stdin: TextIO | None = None,
                         help="text appended to every reply for the parser (default: the "
                              "recipe's, or none)")
     args = parser.parse_args(argv)
+    from jaxrl_agentic.envs.python_env import make_python_env, registered_python_envs
+    from jaxrl_agentic.envs.registry import registered_envs
+    from jaxrl_agentic.rollout.groups import EpisodeSpec
+
     recipe = args.config
     if recipe is None and args.model and args.env in (None, "frozen_lake") \
             and os.path.exists(DEFAULT_RECIPE):
@@ -187,11 +240,22 @@ def main(argv: list[str] | None = None, stdin: TextIO | None = None,
     prefix, suffix, max_new = "", "", 64
     try:
         if recipe is None:
-            env, params = make(args.env or "frozen_lake")
+            name = args.env or "frozen_lake"
+            # Host-side (tool) environments; a JAX env name stays on the JAX path.
+            python_env = name in registered_python_envs() and name not in registered_envs()
+            if python_env:
+                env = make_python_env(name)(EpisodeSpec(args.seed, 0, 0), 0)
+            else:
+                env, params = make(name)
         else:
             spec, prefix, suffix = recipe_env(recipe, args.env)
-            env, params = make(spec.env_type, format_penalty=spec.format_penalty,
-                               **dict(spec.env_config))
+            python_env = spec.get("env_backend", "jax") == "python"
+            if python_env:  # as the pipeline builds it
+                env = make_python_env(spec.env_type, format_penalty=spec.format_penalty,
+                                      **dict(spec.env_config))(EpisodeSpec(args.seed, 0, 0), 0)
+            else:
+                env, params = make(spec.env_type, format_penalty=spec.format_penalty,
+                                   **dict(spec.env_config))
             max_new = spec.max_tokens_per_step
             print(f"env {spec.env_type} as in {recipe}", file=stdout)
     except ValueError as error:
@@ -205,13 +269,17 @@ def main(argv: list[str] | None = None, stdin: TextIO | None = None,
         try:
             policy = model_policy(args.model, stdout, max_new_tokens=max_new,
                                   temperature=args.temperature, greedy=args.greedy,
-                                  seed=args.seed, reply_prefix=prefix, reply_suffix=suffix)
+                                  seed=args.seed, reply_prefix=prefix, reply_suffix=suffix,
+                                  tools=env.tool_schemas if python_env else None)
         except CheckpointError as error:
             parser.error(str(error))
     else:
         policy = stdin_policy(stdin, stdout)
-    play_episode(env, params, policy, jax.random.key(args.seed), stdout,
-                 max_turns=args.max_turns)
+    if python_env:
+        play_python_episode(env, policy, args.seed, stdout, max_turns=args.max_turns)
+    else:
+        play_episode(env, params, policy, jax.random.key(args.seed), stdout,
+                     max_turns=args.max_turns)
     return 0
 
 

@@ -31,7 +31,10 @@ from jaxrl_agentic.sampler import GenerationResult
 
 
 class ScriptedSampler:
-    """Stands in for `Sampler` in the rollout loop: replies come from `reply_ids(row)`."""
+    """Stands in for `Sampler` in the rollout loop: replies come from
+    `reply_ids(row, new_ids)`, where `new_ids` are the ids appended to that row since its
+    last reply (the new messages: a policy that must read them, such as a tool result it
+    copies, decodes them)."""
 
     def __init__(self, reply_ids, max_total_len: int):
         self.reply_ids = reply_ids
@@ -44,15 +47,17 @@ class ScriptedSampler:
 class _ScriptedSession:
     def __init__(self, sampler: ScriptedSampler):
         self.sampler = sampler
+        self.new_ids: dict[int, list[int]] = {}
 
     def extend(self, rows, new_ids) -> None:
-        del rows, new_ids  # the scripted policy does not read its context
+        for row, ids in zip(rows, new_ids, strict=True):
+            self.new_ids.setdefault(row, []).extend(ids)
 
     def generate(self, rows, *, max_new_tokens: int, **kwargs) -> GenerationResult:
         del kwargs
         # Cut to the generation limit as the sampler would: the rollout then closes the
         # reply with an EOS of its own (loss mask 0), exactly as in RL.
-        full = [self.sampler.reply_ids(row) for row in rows]
+        full = [self.sampler.reply_ids(row, self.new_ids.pop(row, [])) for row in rows]
         tokens = [ids[:max_new_tokens] for ids in full]
         return GenerationResult(
             tokens=tokens,
@@ -63,10 +68,31 @@ class _ScriptedSession:
 
 
 def random_action_replies(formatter, action_names, seed: int):
-    """reply_ids(row) → ids of `<answer>NAME</answer>` + EOS for a random action."""
+    """reply_ids(row, new_ids) → ids of `<answer>NAME</answer>` + EOS for a random action."""
     rng = random.Random(seed)
     encoded = [formatter.reply_ids(f"<answer>{name}</answer>") for name in action_names]
-    return lambda row: list(rng.choice(encoded))
+    return lambda row, new_ids=(): list(rng.choice(encoded))
+
+
+# Python (tool) environments: a format-only text policy per env type, `make(rng)` →
+# `reply(new_text) -> reply_text` (random well-formed tool calls, then an answer).
+def _text_policies():
+    from jaxrl_agentic.envs.calculator import random_calculator_policy
+
+    return {"calculator": random_calculator_policy}
+
+
+def text_policy_replies(formatter, make_policy, seed: int):
+    """reply_ids(row, new_ids) for a text policy that reads the new messages of its row."""
+    rng = random.Random(seed)
+    policies: dict[int, object] = {}
+
+    def reply_ids(row, new_ids):
+        policy = policies.setdefault(row, make_policy(rng))
+        text = formatter.tokenizer.decode(list(new_ids), skip_special_tokens=False)
+        return formatter.reply_ids(policy(text))
+
+    return reply_ids
 
 
 def warmup_cache_key(base_model_dir: str, c) -> str:
@@ -120,6 +146,9 @@ def format_warmup(base_model_dir: str, c, out_dir: str, *, log=print) -> dict[st
     ), make_mesh(devices=jax.local_devices()))  # per process: others wait on the cache lock
     runners = []
     for i, (tag, spec) in enumerate(c.custom_envs.items()):
+        if spec.get("env_backend", "jax") == "python":
+            runners.append(_python_warmup_runner(c, i, tag, spec, formatter))
+            continue
         env, env_params = make(spec.env_type, format_penalty=spec.format_penalty,
                                **dict(spec.env_config))
         scripted = ScriptedSampler(random_action_replies(formatter, env.action_names,
@@ -151,6 +180,31 @@ def format_warmup(base_model_dir: str, c, out_dir: str, *, log=print) -> dict[st
             log(f"format warm-up {step + 1}/{w.steps}: nll={metrics['warmup/nll']:.4f}")
     save_pretrained(nnx.merge(graphdef, learner.params), tokenizer, out_dir)
     return metrics
+
+
+def _python_warmup_runner(c, i: int, tag: str, spec, formatter):
+    """The warm-up runner of a Python environment: its format-only text policy, played
+    through the real `PythonRolloutRunner` (same token streams as in RL)."""
+    from jaxrl_agentic.config import ConfigError
+    from jaxrl_agentic.envs.python_env import make_python_env
+    from jaxrl_agentic.rollout.loop import GenerationConfig
+    from jaxrl_agentic.rollout.python_runner import PythonRolloutRunner
+
+    policies = _text_policies()
+    if spec.env_type not in policies:
+        raise ConfigError(f"config.format_warmup.steps: no format warm-up policy for the python "
+                          f"environment {spec.env_type!r} (have: {', '.join(policies)}); "
+                          "set format_warmup.steps=0")
+    factory = make_python_env(spec.env_type, format_penalty=spec.format_penalty,
+                              **dict(spec.env_config))
+    scripted = ScriptedSampler(
+        text_policy_replies(formatter, policies[spec.env_type], c.seed + 7919 * i),
+        max_total_len=c.max_input_length + spec.max_tokens_per_step + 1)
+    return PythonRolloutRunner(factory, scripted, formatter, tag=tag,
+                               max_turns=min(spec.max_turns, c.format_warmup.max_turns),
+                               max_input_length=c.max_input_length,
+                               generation=GenerationConfig(spec.max_tokens_per_step),
+                               run_seed=c.seed + 1, step_timeout_s=spec.step_timeout_s)
 
 
 def warmed_model_dir(base_model_dir: str, c, *, log=None) -> str:

@@ -27,6 +27,21 @@ def tiny_model_dir():
     return default_tiny_model_dir()
 
 
+@pytest.fixture(scope="session")
+def qwen_fixture_dir():
+    """The real Qwen2.5 tokenizer with a narrow random-weight Qwen2.5-shaped model (2 layers,
+    hidden 56, the real 151,936-row vocabulary), built once into the user cache."""
+    from jaxrl_agentic.models.qwen_fixture import build_qwen_fixture
+    from jaxrl_agentic.models.tiny import _file_lock, cache_dir
+
+    out = os.path.join(cache_dir(), "models", "qwen2.5-fixture-v1-L2-H56-seed0")
+    if not os.path.exists(os.path.join(out, "model.safetensors")):
+        with _file_lock(out + ".lock"):
+            if not os.path.exists(os.path.join(out, "model.safetensors")):
+                build_qwen_fixture(out, layers=2, hidden=56, seed=0)
+    return out
+
+
 # A small Qwen2-architecture policy for learner/critic tests that need real parameters but
 # not the tiny default model's tokenizer (one layer, GQA 2:1, vocabulary 64).
 SMALL_MODEL_FIELDS = dict(vocab_size=64, hidden_size=32, intermediate_size=64,

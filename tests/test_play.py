@@ -105,6 +105,25 @@ def test_play_with_a_missing_model_is_one_line_error(capsys):
     assert "model directory not found: /nonexistent/dir" in capsys.readouterr().err
 
 
+def test_a_person_can_play_the_calculator_with_typed_tool_calls():
+    import io
+
+    from jaxrl_agentic.envs.calculator import CalculatorOracle
+    from jaxrl_agentic.envs.python_env import make_python_env
+    from jaxrl_agentic.play import main
+    from jaxrl_agentic.rollout.groups import EpisodeSpec
+
+    env = make_python_env("calculator")(EpisodeSpec(4, 0, 0), 0)
+    first = env.reset(4)
+    call = CalculatorOracle().reply(first)  # what a person would type
+    stdin = io.StringIO(call + "\n" + str(env.answer) + "\n")  # a bare line is an answer
+    out = io.StringIO()
+    assert main(["--env", "calculator", "--seed", "4"], stdin=stdin, stdout=out) == 0
+    text = out.getvalue()
+    assert '"name": "calculate"' in text and f"<tool_response>\n{env.answer}\n" in text
+    assert "success=1" in text and "tool/calls=1" in text and "tool/errors=0" in text
+
+
 def recipe_first_prompt(recipe: str, seed: int) -> str:
     """What the recipe's training rollout would show on the first turn of episode `seed`."""
     import os

@@ -15,7 +15,10 @@ An environment that calls a tool, a sandbox or a web service cannot be vmapped a
   it itself. `PyStep.action` is the parsed action id the turn records (`Turn.action`), or
   `INVALID_ACTION` (-1) when there is none or the environment has no action ids.
 - `PyStep.observation` is the next user message (feedback on the reply + the new state); the
-  runner sends it only if the episode goes on. `terminated` ends the episode; so does
+  runner sends it only if the episode goes on. A tool environment (`envs/tools.py`) sets
+  `PyStep.tool_messages` instead: the results of the reply's tool calls, sent as `tool`
+  messages; its class attribute-or-property `tool_schemas` (JSON schemas) is listed in the
+  system prompt of the first message (None: no tools). `terminated` ends the episode; so does
   `max_steps_in_episode` steps (an attribute), counted like the JAX rollout does.
 - `state_hash()` returns bytes equal exactly when two states are the same situation: it
   anchors GiGPO step groups across the episodes of a group, so it must be stable across
@@ -72,12 +75,19 @@ class PyStep:
     action_is_effective: bool  # the action changed the state
     success: bool  # the episode was solved by this step
     action: int = INVALID_ACTION  # parsed action id recorded in the Turn, -1 if none/unknown
+    # Tool environments (`envs/tools.py`): when non-empty, the next messages are these tool
+    # results (the chat's `tool` role, one per call) instead of `observation`.
+    tool_messages: tuple[str, ...] = ()
+    tool_calls: int = 0  # tool calls in the reply, garbled ones included
+    tool_errors: int = 0  # garbled calls (bad JSON, unknown tool, bad arguments, timeout, ...)
+    tool_timeouts: int = 0  # calls that missed their timeout (also counted in tool_errors)
 
 
 class PythonTextEnv:
     """Base class of a stateful host-side text environment; see the module docstring."""
 
     max_steps_in_episode: int = 100
+    tool_schemas: list | None = None  # tools the chat template lists (envs/tools.py)
 
     def reset(self, seed: int) -> str:
         """Starts the episode of map `seed`; returns the first user message."""
@@ -215,13 +225,21 @@ def register_python_env(name: str, factory_builder: FactoryBuilder) -> None:
     _REGISTRY[name] = factory_builder
 
 
+def _register_builtin_tool_envs() -> None:
+    """The tool environments register themselves on import; they build on this module, so
+    they are imported on first use of the registry rather than at its import (a cycle)."""
+    from jaxrl_agentic.envs import calculator, lookup  # noqa: F401
+
+
 def registered_python_envs() -> list[str]:
     """Registered names, sorted (any JAX environment name works too, through the adapter)."""
+    _register_builtin_tool_envs()
     return sorted(_REGISTRY)
 
 
 def make_python_env(name: str, **config: Any) -> PythonEnvFactory:
     """The episode factory `(spec, run_seed) -> PythonTextEnv` for `name` with `config`."""
+    _register_builtin_tool_envs()
     if name in _REGISTRY:
         return _REGISTRY[name](**config)
     if name.startswith(GYMNAX_PREFIX) or name in registered_envs():
@@ -235,3 +253,4 @@ def make_python_env(name: str, **config: Any) -> PythonEnvFactory:
 
 for _name in registered_envs():
     register_python_env(_name, functools.partial(jax_env_factory, _name))
+

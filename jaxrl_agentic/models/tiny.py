@@ -23,16 +23,44 @@ import tempfile
 from jaxrl_agentic.models.config import ModelConfig
 
 # v2: the corpus also has spaced grids (`cell_separator=" "`) and FrozenLake `hints`.
-TINY_VERSION = "v2"
+# v3: tool tags as added tokens (ids 516-519) and a chat template with tools and the `tool`
+# role; the corpus, the BPE merges, the weights and every chat without tools are those of v2
+# (tests/models/test_tiny.py). A new cache directory because the tokenizer files changed.
+TINY_VERSION = "v3"
+# Without tools and tool messages this renders exactly as v2's template did:
+#     <|im_start|>{role}\n{content}<|im_end|>\n ... [<|im_start|>assistant\n]
+# With `tools`, a system turn (the caller's system message first, if any) lists their JSON
+# schemas in <tools></tools> and shows the call format; `tool` messages are rendered as
+# Qwen2.5's template does: consecutive ones share one user turn, each in <tool_response>.
 CHAT_TEMPLATE = (
+    "{% if tools %}"
+    "{{ '<|im_start|>system\\n' }}"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\\n\\n' }}{% endif %}"
+    "{{ '# Tools\\n\\nYou may call functions. Their signatures are in <tools></tools>:\\n"
+    "<tools>' }}"
+    "{% for tool in tools %}{{ '\\n' + (tool | tojson) }}{% endfor %}"
+    "{{ '\\n</tools>\\n\\nCall one with <tool_call>{\"name\": <function-name>, "
+    "\"arguments\": <args-json-object>}</tool_call>.<|im_end|>\\n' }}"
+    "{% endif %}"
     "{% for message in messages %}"
+    "{% if message['role'] == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}"
+    "{{ '<|im_start|>user' }}{% endif %}"
+    "{{ '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' }}"
+    "{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}"
+    "{{ '<|im_end|>\\n' }}{% endif %}"
+    "{% elif not (tools and loop.first and message['role'] == 'system') %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 # Reply-format tags get a token each (not "special": decoding must keep them).
 FORMAT_TOKENS = ("<think>", "</think>", "<answer>", "</answer>")
+# Tool tags (v3), added after the format tokens so that every earlier id stays the same;
+# the model's 576-row embedding table had room for them (ids 516-519).
+TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 
 
 def tiny_model_config(vocab_size: int, **overrides) -> ModelConfig:
@@ -104,6 +132,7 @@ def build_tokenizer(texts: list[str], vocab_size: int = 512):
     )
     tok.train_from_iterator(texts, trainer=trainer)
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in FORMAT_TOKENS])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",

@@ -24,6 +24,16 @@ puts after the assistant turn's EOS in T([u, a, user], gen=True), provided every
 before that assistant turn renders as before. A template that re-renders anything else
 fails when the formatter is built, with one line.
 
+Tools (`envs/tools.py`): `first_prompt(text, tools=schemas)` renders the template with its
+`tools` argument (a Qwen-style template lists them in the system prompt), and
+`tool_prompt(results)` is the piece for `tool` messages, found the same way:
+
+    delta(tools) = tail_after_eos(T([u, a]))
+                   + T([u, a, tool_1, …, tool_k], gen=True)[len(T([u, a])):]
+
+so consecutive tool messages are rendered together, as the template groups them (Qwen2.5
+wraps them in one user turn of `<tool_response>` blocks).
+
 `reply_prefix` (e.g. "<answer>") is appended to every generation prompt, so the model's
 reply starts after it, and is put back in front of the reply text before parsing. The
 prefix tokens are context (loss mask 0), not generated tokens: the "assistant prefill" of
@@ -75,23 +85,29 @@ class ChatFormatter:
     def _system(self) -> list[dict]:
         return [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
 
-    def _render(self, messages, generation_prompt: bool) -> str:
+    def _render(self, messages, generation_prompt: bool, tools=None) -> str:
+        kwargs = {"tools": tools} if tools else {}  # templates without tool support still work
         return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=generation_prompt
+            messages, tokenize=False, add_generation_prompt=generation_prompt, **kwargs
         )
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def first_prompt(self, user_content: str) -> list[int]:
-        """Ids of [system] + first user message + the assistant generation prompt."""
+    def first_prompt(self, user_content: str, tools: list[dict] | None = None) -> list[int]:
+        """Ids of [system] + first user message + the assistant generation prompt; `tools`
+        (JSON schemas) go to the template, which lists them in the system prompt."""
         messages = self._system() + [{"role": "user", "content": user_content}]
-        return self.encode(self._render(messages, generation_prompt=True)) + self._prefix_ids
+        return (self.encode(self._render(messages, generation_prompt=True, tools=tools))
+                + self._prefix_ids)
 
     def _next_prompt_text(self, user_content: str) -> str:
-        full = self._render(
-            self._skeleton + [{"role": "user", "content": user_content}], generation_prompt=True
-        )
+        return self._appended_text([{"role": "user", "content": user_content}])
+
+    def _appended_text(self, messages: list[dict]) -> str:
+        """Text to append after an assistant turn that ended with EOS for `messages` (user or
+        tool) + the generation prompt; see the module docstring."""
+        full = self._render(self._skeleton + messages, generation_prompt=True)
         if full.startswith(self._base):
             return self._assistant_tail + full[len(self._base) :]
         # The template re-rendered the past assistant turn (Qwen3): append what follows its
@@ -115,6 +131,14 @@ class ChatFormatter:
         """Ids to append after an assistant turn that ended with EOS: template tail + user
         message + generation prompt (+ reply prefix)."""
         return self.encode(self._next_prompt_text(user_content)) + self._prefix_ids
+
+    def tool_prompt(self, results: list[str] | tuple[str, ...]) -> list[int]:
+        """Ids to append after an assistant turn that ended with EOS and called tools: the
+        results as `tool` messages (one per call, in order) + generation prompt (+ prefix)."""
+        if not results:
+            raise ValueError("tool_prompt needs at least one tool result")
+        messages = [{"role": "tool", "content": r} for r in results]
+        return self.encode(self._appended_text(messages)) + self._prefix_ids
 
     def decode_reply(self, ids) -> str:
         """The reply text as the environment parses it: prefix + generated text + suffix."""

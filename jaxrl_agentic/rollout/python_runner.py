@@ -19,6 +19,11 @@ instead of hanging the run:
 - either way `truncated` is True, `metrics["env_timeout"]` is 1.0 (0.0 for every other
   episode), and `stats["timeouts"]` counts it.
 
+Tool environments (`envs/tools.py`): the first prompt lists the env's `tool_schemas` through
+the chat template, a step with `tool_messages` is answered with those `tool` messages (not
+a user message), and each episode's metrics get `tool/calls`, `tool/errors` and
+`tool/timeouts` (sums over its steps; `envs.tools.tool_metrics` aggregates a batch).
+
 A hung call's thread cannot be killed: it runs on a daemon thread of a pool made for this
 `run()` alone, which is abandoned, never joined, so neither later runs nor interpreter exit
 wait for it. Note that the first call of a JAX-backed env compiles inside its deadline.
@@ -39,6 +44,7 @@ from jaxrl_agentic import timing
 from jaxrl_agentic.data.trajectory import Trajectory
 from jaxrl_agentic.envs import INVALID_ACTION
 from jaxrl_agentic.envs.python_env import PyStep, PythonEnvFactory, PythonTextEnv
+from jaxrl_agentic.envs.tools import tool_episode_metrics
 from jaxrl_agentic.rollout.conversation import ChatFormatter
 from jaxrl_agentic.rollout.groups import EpisodeSpec
 from jaxrl_agentic.rollout.loop import (
@@ -117,6 +123,7 @@ class PythonRolloutRunner:
         envs: dict[int, PythonTextEnv] = {}
         hashes: dict[int, bytes] = {}  # hash of the state the next reply answers
         pending: dict[int, list[int]] = {}
+        steps: dict[int, list[PyStep]] = {i: [] for i in range(n)}
         pool = _DaemonThreadPool(self.max_workers or max(n, 1))
         try:
             # 0. build and reset every environment at once
@@ -132,7 +139,7 @@ class PythonRolloutRunner:
                     continue
                 envs[i], text, hashes[i] = result
                 with timing.span("rollout/tokenize"):
-                    pending[i] = self.formatter.first_prompt(text)
+                    pending[i] = self.formatter.first_prompt(text, tools=envs[i].tool_schemas)
                 active[i] = True
             session = self.sampler.new_session(n)
             for turn_index in range(self.max_turns):
@@ -156,6 +163,7 @@ class PythonRolloutRunner:
                     else:
                         step, next_hash = result
                     done = step.terminated
+                    steps[row].append(step)
                     trajs[row].turns.append(replies[row].turn(
                         reward=float(step.reward),
                         action=int(step.action),
@@ -176,6 +184,9 @@ class PythonRolloutRunner:
                           or turn_index == self.max_turns - 1):
                         trajs[row].truncated = True
                         active[row] = False
+                    elif step.tool_messages:
+                        with timing.span("rollout/tokenize"):
+                            pending[row] = self.formatter.tool_prompt(step.tool_messages)
                     else:
                         with timing.span("rollout/tokenize"):
                             pending[row] = self.formatter.next_prompt(step.observation)
@@ -183,8 +194,10 @@ class PythonRolloutRunner:
             pool.shutdown()
         self.stats["timeouts"] += int(timed_out.sum())
         set_episode_metrics(trajs)
-        for t, late in zip(trajs, timed_out, strict=True):
+        for i, (t, late) in enumerate(zip(trajs, timed_out, strict=True)):
             t.metrics["env_timeout"] = float(late)
+            if envs.get(i) is not None and envs[i].tool_schemas:
+                t.metrics.update(tool_episode_metrics(steps[i]))
         return trajs
 
     def replay_frames(self, traj: Trajectory) -> list[np.ndarray]:
