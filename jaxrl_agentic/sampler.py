@@ -32,7 +32,10 @@ the distribution the learner recomputes. Top-k / top-p only restrict *which* tok
 drawn (the sampling distribution is the temperature distribution renormalised over the kept
 set); the logprob reported is still that of the untruncated temperature distribution, so the
 importance ratio against the learner is exact. Greedy decoding takes the argmax and reports
-its logprob the same way.
+its logprob the same way. `Sampler(..., logprob_under_filter=True)` reports instead the
+logprob under the distribution actually sampled from (renormalised over the kept set), for a
+learner that computes its logprobs under the same restriction
+(`logprob_under_sampling_filter`): then the ratio is that of the behaviour distribution.
 """
 
 from __future__ import annotations
@@ -132,21 +135,29 @@ def _categorical(z: jax.Array, u: jax.Array) -> jax.Array:
     return jnp.minimum(i * block + j, vocab - 1)
 
 
-def _sample(logits, u, temperature, top_k, top_p, greedy):
-    """(token [B], logprob [B]) with logprob under the untruncated temperature distribution.
+def _sample(logits, u, temperature, top_k, top_p, greedy, logprob_under_filter=False):
+    """(token [B], logprob [B]); ``u`` [B, 2] are the row's uniforms for this step (`_decode`).
 
-    ``u`` [B, 2] are the row's uniforms for this step (see `_decode`).
+    The logprob is under the untruncated temperature distribution, ``log p(y)``, or with
+    ``logprob_under_filter`` under the distribution actually sampled from, renormalised over
+    the top-k / top-p kept set K: ``log q(y) = z_y − logsumexp_{v ∈ K} z_v`` (what the
+    learner computes with ``logprob_under_sampling_filter``, so their ratio is 1 on-policy).
     """
     z = logits.astype(jnp.float32) / temperature
-    logp = jax.nn.log_softmax(z, axis=-1)
 
-    def draw():
+    def filtered():
         needs_filter = (top_k > 0) | (top_p < 1.0)
-        filtered = jax.lax.cond(needs_filter, lambda: _filter_logits(z, top_k, top_p),
-                                lambda: z)
-        return _categorical(filtered, u)
+        return jax.lax.cond(needs_filter, lambda: _filter_logits(z, top_k, top_p), lambda: z)
 
-    token = jax.lax.cond(greedy, lambda: _argmax_last(z), draw).astype(jnp.int32)
+    if logprob_under_filter:  # the filter runs for the logprob anyway: draw from it too
+        kept = filtered()
+        token = jax.lax.cond(greedy, lambda: _argmax_last(z), lambda: _categorical(kept, u))
+        logp = jax.nn.log_softmax(kept, axis=-1)
+    else:  # the sort of the vocabulary runs only when drawing with a filter
+        token = jax.lax.cond(greedy, lambda: _argmax_last(z),
+                             lambda: _categorical(filtered(), u))
+        logp = jax.nn.log_softmax(z, axis=-1)
+    token = token.astype(jnp.int32)
     return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
 
 
@@ -166,6 +177,7 @@ class Sampler:
         mesh=None,
         decode_threads: int | None = None,
         min_rows_per_thread: int = 8,
+        logprob_under_filter: bool = False,
     ):
         self.graphdef, self.params = nnx.split(model)
         # With a mesh, session caches and inputs are placed on it: streams split over the
@@ -200,7 +212,8 @@ class Sampler:
         self._prefill = jax.jit(functools.partial(_prefill, self.graphdef), donate_argnums=(1,),
                                 static_argnames=("key_len",))
         self._decode = jax.jit(
-            functools.partial(_decode, self.graphdef, self.eos_token_id),
+            functools.partial(_decode, self.graphdef, self.eos_token_id,
+                              logprob_under_filter=logprob_under_filter),
             static_argnames=("max_new_bucket",),
             donate_argnums=(1,),
         )
@@ -535,6 +548,7 @@ def _decode(
     stop_ids,
     *,
     max_new_bucket,
+    logprob_under_filter=False,
 ):
     """Samples until every row hit EOS / a stop id / its budget; one forward per step.
 
@@ -561,7 +575,8 @@ def _decode(
 
     def draw(step, logits, state):
         done, n_gen, reason, toks, lps = state
-        token, logprob = _sample(logits, uniforms[:, step], temperature, top_k, top_p, greedy)
+        token, logprob = _sample(logits, uniforms[:, step], temperature, top_k, top_p, greedy,
+                                logprob_under_filter)
         live = ~done
         toks = toks.at[:, step].set(jnp.where(live, token, 0))
         lps = lps.at[:, step].set(jnp.where(live, logprob, 0.0))

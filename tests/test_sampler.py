@@ -324,3 +324,41 @@ def test_default_threads_follow_the_cpu_and_the_mesh(model):
         == cores
     with pytest.raises(ValueError, match="decode_threads"):
         Sampler(model, decode_threads=0)
+
+
+@pytest.mark.parametrize("top_k,top_p", [(5, 1.0), (0, 0.6), (8, 0.7)])
+def test_logprobs_under_the_filter_are_those_of_the_kept_set_and_the_learners(
+        peaked_model, top_k, top_p):
+    """With ``logprob_under_filter`` the sampler reports log q(y) = log p(y) − log Σ_K p
+    (a hand numpy reference over the kept set K), and the learner's restricted logprobs
+    agree, so the on-policy ratio is 1. Without it the ratio of the learner's restricted
+    logprob to the sampler's is off by exactly the log of the kept mass: the bias removed."""
+    from pallas_kernels import restricted_token_logprobs
+
+    model, prompt, temperature = peaked_model, [7, 8, 9], 1.3
+    kwargs = dict(num_return_sequences=64, max_new_tokens=1, temperature=temperature,
+                  top_k=top_k, top_p=top_p, seed=3)
+    filtered = Sampler(model, max_total_len=16, eos_token_id=-1,
+                       logprob_under_filter=True).generate([prompt], **kwargs)
+    plain = Sampler(model, max_total_len=16, eos_token_id=-1).generate([prompt], **kwargs)
+    assert [t[0] for t in filtered.tokens] == [t[0] for t in plain.tokens]  # same draws
+    toks = np.array([t[0] for t in filtered.tokens])
+    p = _next_token_distribution(model, prompt, temperature)
+    order = np.argsort(-p)
+    keep = np.zeros(p.size, bool)
+    keep[order[:top_k or p.size]] = True
+    kept_p = np.where(keep, p, 0.0)
+    before = np.cumsum(kept_p[order]) / kept_p.sum() - kept_p[order] / kept_p.sum()
+    keep[order[before >= top_p]] = False
+    log_mass = np.log(p[keep].sum())
+    assert log_mass < -0.05  # the restriction drops visible mass
+    np.testing.assert_allclose([lp[0] for lp in filtered.logprobs],
+                               np.log(p[toks]) - log_mass, atol=1e-5)
+    np.testing.assert_allclose([lp[0] for lp in plain.logprobs], np.log(p[toks]), atol=1e-5)
+    hidden = model.hidden_states(jnp.asarray(prompt)[None], jnp.arange(3)[None])[0, -1:]
+    learner = np.asarray(restricted_token_logprobs(
+        jnp.repeat(hidden, toks.size, axis=0), model.lm_head_weight(), jnp.asarray(toks),
+        temperature, top_k=top_k, top_p=top_p))
+    np.testing.assert_allclose(learner, [lp[0] for lp in filtered.logprobs], atol=1e-5)
+    np.testing.assert_allclose(learner - [lp[0] for lp in plain.logprobs], -log_mass,
+                               atol=1e-5)
