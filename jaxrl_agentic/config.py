@@ -101,12 +101,27 @@ def default_config() -> ml_collections.ConfigDict:
     c.kl_in_reward = False
     c.entropy_loss_coef = 0.0
     c.loss_reduction = "token_mean"
+    c.policy_loss = "ppo"  # ppo | gspo | cispo (algos/losses.py)
+    # seq_mean_token_sum_norm's constant divisor (Dr. GRPO); 0 = the generation budget
+    c.loss_norm_length = 0
     c.recompute_old_logprobs = False
     # off-policy: rollouts may come from a policy up to this many versions old (0 = sync)
     c.async_generation_ratio = 0
     # truncated importance weight min(π_old/π_behaviour, cap) on the policy loss (0 = off);
     # needs recompute_old_logprobs (else π_old is the behaviour policy and the weight is 1)
     c.tis_imp_ratio_cap = 0.0
+    c.tis_level = "token"  # token | sequence | geometric (algos/importance.py)
+    c.tis_mode = "truncate"  # truncate: min(w, cap); mask: drop what exceeds the cap
+    # the learner's logprobs under the sampler's top-k / top-p restriction (and the sampler's
+    # reported logprobs too), so the ratio is that of the distribution sampled from
+    c.logprob_under_sampling_filter = False
+    # DAPO: drop groups without reward variance, play more until num_env_groups remain
+    c.dynamic_sampling = False
+    c.dynamic_sampling_max_rounds = 3  # rounds of num_env_groups groups per step, at most
+    c.overlong_filter = False  # DAPO: no loss on samples whose last reply was cut
+    # DAPO's soft overlong punishment over the last L_cache tokens of the budget (0 = off)
+    c.overlong_penalty_length = 0
+    c.overlong_penalty = 1.0
     c.critic_learning_rate = 1e-5  # gae only: the critic's AdamW learning rate
     c.value_clip = 0.2  # gae only: ε_v of the clipped value loss (0 = unclipped)
     c.kernel_impl = "auto"
@@ -296,6 +311,7 @@ def validate(c) -> None:
     if not isinstance(c.async_generation_ratio, int):
         _fail("async_generation_ratio", f"must be an integer, got {c.async_generation_ratio!r}")
     _positive(c, "tis_imp_ratio_cap", allow_zero=True)
+    validate_filters(c)
     if c.pretrain != "tiny":
         path = os.path.expanduser(c.pretrain)
         if not os.path.isdir(path):
@@ -306,6 +322,42 @@ def validate(c) -> None:
         _fail("mesh", "axis sizes must be >= 1, or -1 to fill the remaining devices")
     _positive(c, "mesh.sampler_devices", allow_zero=True)
     validate_distributed(c)
+
+
+def validate_filters(c) -> None:
+    """DAPO's dynamic sampling and overlong handling against the rest of the config."""
+    for field in ("dynamic_sampling", "overlong_filter", "logprob_under_sampling_filter"):
+        if not isinstance(c[field], bool):
+            _fail(field, f"must be True or False, got {c[field]!r}")
+    if not isinstance(c.dynamic_sampling_max_rounds, int) or c.dynamic_sampling_max_rounds < 1:
+        _fail("dynamic_sampling_max_rounds", f"must be an integer >= 1, got "
+              f"{c.dynamic_sampling_max_rounds!r}")
+    if c.dynamic_sampling:
+        if c.train_env_manager.group_size * c.generation.num_return_sequences < 2:
+            _fail("dynamic_sampling", "a group of one has no reward variance; needs "
+                  "train_env_manager.group_size >= 2")
+        if c.async_generation_ratio:
+            _fail("dynamic_sampling", "extra rounds are played with the current params and "
+                  "take the seeds the rollout thread plays ahead; use async_generation_ratio=0")
+    _positive(c, "overlong_penalty", allow_zero=True)
+    _positive(c, "overlong_penalty_length", allow_zero=True)
+    if not isinstance(c.overlong_penalty_length, int):
+        _fail("overlong_penalty_length", f"must be an integer, got {c.overlong_penalty_length!r}")
+    budget = min(spec.max_tokens_per_step for spec in c.custom_envs.values())
+    if c.overlong_penalty_length > budget:
+        _fail("overlong_penalty_length", f"{c.overlong_penalty_length} > the smallest "
+              f"max_tokens_per_step of custom_envs ({budget}): the window lies in the budget")
+    if not isinstance(c.loss_norm_length, int) or c.loss_norm_length < 0:
+        _fail("loss_norm_length", f"must be an integer >= 0 (0 = the generation budget), got "
+              f"{c.loss_norm_length!r}")
+
+
+def generation_budget(c) -> int:
+    """Most tokens a sample can generate: the largest ``max_tokens_per_step`` over the
+    envs, times their ``max_turns`` when a sample is the whole trajectory."""
+    per_sample = [spec.max_tokens_per_step * (spec.max_turns if c.sample_mode == "trajectory"
+                                              else 1) for spec in c.custom_envs.values()]
+    return max(per_sample)
 
 
 def validate_distributed(c) -> None:

@@ -22,6 +22,7 @@ from jax.sharding import NamedSharding
 
 from jaxrl_agentic import timing, typed_configs
 from jaxrl_agentic.algos import advantages as adv
+from jaxrl_agentic.algos import diagnostics, filters
 from jaxrl_agentic.algos.kl import kl_estimate
 from jaxrl_agentic.algos.schedules import ChunkEstimator, LearningRatePlan
 from jaxrl_agentic.config import TOKEN_ESTIMATORS, ConfigError, resolve_model_path
@@ -157,7 +158,8 @@ class Pipeline:
         max_new = max(spec.max_tokens_per_step for spec in c.custom_envs.values())
         total = c.max_input_length + max_new + 1
         self.sampler = Sampler(model, tokenizer, max_total_len=-(-total // 64) * 64,
-                               mesh=mesh if self.placement.colocated else self.placement.mesh)
+                               mesh=mesh if self.placement.colocated else self.placement.mesh,
+                               logprob_under_filter=c.logprob_under_sampling_filter)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.learner_cfg = typed_configs.learner_config(c, pad_id)
         self.critic = None
@@ -214,18 +216,20 @@ class Pipeline:
 
     @timing.spanned("rollout/other")
     def rollout(self, split: str, *, greedy: bool = False, step: int | None = None,
-                cursor: int | None = None, params=None):
+                cursor: int | None = None, params=None, round_index: int = 0):
         """Plays the episodes of pipeline step `step` (default: the current one) with
         `params` (default: the current policy). With several processes each plays a
         contiguous share of every tag's episodes and all processes then hold all
         trajectories (in episode order), so everything after the rollout is computed
-        identically everywhere."""
+        identically everywhere. `round_index` r > 0 (dynamic sampling's extra rounds of a
+        step): trajectory and group ids continue after rounds 0..r−1's, so they stay unique
+        within the step and the sampling noise (keyed by episode id) is new."""
         step = self.step if step is None else step
         cursor = self.cursor if cursor is None else cursor
         m = self.train_manager if split == "train" else self.val_manager
         plan = plan_episodes(m, split=split, cursor=cursor)
         params = self.sampler_params() if params is None else params
-        trajs, next_id = [], 0
+        trajs, next_id = [], round_index * m.num_episodes
         for tag, episodes in plan.items():
             # Sampling noise is a function of (run seed, step, split, episode id): resumable
             # exactly, and the same whichever process plays the episode.
@@ -237,7 +241,10 @@ class Pipeline:
                     params=params, greedy=greedy))
             next_id += len(episodes)
         shares = allgather_objects(trajs)
-        return sorted((t for share in shares for t in share), key=lambda t: t.traj_id)
+        trajs = sorted((t for share in shares for t in share), key=lambda t: t.traj_id)
+        for t in trajs:
+            t.group_id += round_index * m.num_env_groups
+        return trajs
 
     # ---- advantages and samples ---------------------------------------------------------------
     @timing.spanned("samples")
@@ -273,12 +280,26 @@ class Pipeline:
     # ---- one pipeline step ----------------------------------------------------------------------
     @timing.spanned("pipeline_other")
     def train_step(self) -> tuple[dict[str, float], list, list]:
-        """One pipeline step → (metrics, trajectories, samples)."""
+        """One pipeline step → (metrics, trajectories played, samples trained on).
+
+        The samples come from all trajectories played, less, with ``dynamic_sampling``, the
+        groups without reward variance (and any beyond ``num_env_groups`` informative ones).
+        """
         c = self.c
         t0 = time.perf_counter()
         trajs, t_rollout, off_policy = self.train_rollout()
-        metrics = {"step": float(self.step + 1), **trajectory_metrics(trajs, "env/"),
-                   **off_policy}
+        shaping = self.shape_rewards(trajs)
+        played, rounds = trajs, 1
+        if c.dynamic_sampling:
+            start = time.perf_counter()
+            trajs, played, rounds = self.fill_informative_groups(trajs)
+            t_rollout += time.perf_counter() - start
+        metrics = {"step": float(self.step + 1), **trajectory_metrics(played, "env/"),
+                   **off_policy, **shaping, **self.collapse_metrics(played)}
+        if c.dynamic_sampling:
+            metrics["batch/dynamic_sampling_rounds"] = float(rounds)
+            metrics["batch/groups_played"] = float(len({t.group_id for t in played}))
+            metrics["batch/groups_kept"] = float(len({t.group_id for t in trajs}))
         # Non-finite sampler logprobs mean non-finite parameters: nothing can be learned
         # from this batch. Skip the update and count it (train.py stops after 3 in a row).
         bad_turns = sum(not np.isfinite(u.logprobs).all() for t in trajs for u in t.turns)
@@ -289,6 +310,9 @@ class Pipeline:
             if c.kl_in_reward:
                 metrics.update(self.fold_kl_into_rewards(trajs))
             samples, sample_stats = self.make_samples(trajs)
+            if c.overlong_filter:
+                samples, metrics["batch/overlong_filtered"] = self.filter_overlong(trajs,
+                                                                                   samples)
         metrics.update(sample_stats)
         t1 = time.perf_counter()
         if samples:
@@ -306,14 +330,14 @@ class Pipeline:
             updates = 0
             metrics["optim/nonfinite_updates"] = float(bad_turns > 0)
         # A skipped batch says nothing about samples per trajectory.
-        played = len(trajs) if not bad_turns and trajs else 0
-        self.lr_plan.record(updates, sample_stats["batch/sequences_after_merge"], played)
+        trained = len(trajs) if not bad_turns and trajs else 0
+        self.lr_plan.record(updates, sample_stats["batch/sequences_after_merge"], trained)
         metrics["optim/estimated_chunks_per_traj"] = self.lr_plan.chunks.chunks_per_traj
         metrics["optim/planned_updates"] = float(
             self.lr_plan.projected_total_updates(steps_done=self.step + 1))
         t_train = time.perf_counter() - t1
         self.step += 1
-        self.cursor += self.train_manager.num_env_groups
+        self.cursor += self.train_manager.num_env_groups * rounds
         if self.producer is not None:
             self.producer.publish(self.step, self.published_params())
         metrics["time/rollout"] = t_rollout
@@ -321,7 +345,102 @@ class Pipeline:
         metrics["time/step"] = time.perf_counter() - t0
         metrics["perf/tokens_per_s"] = metrics.get("tokens/real", 0.0) / max(
             metrics["time/step"], 1e-9)
-        return metrics, trajs, samples
+        return metrics, played, samples
+
+    # ---- DAPO's filters and the collapse diagnostics ---------------------------------------
+    def shape_rewards(self, trajs) -> dict[str, float]:
+        """DAPO's soft overlong punishment (``algos/filters.overlong_penalty``) added to each
+        turn's reward, with L_max the tag's ``max_tokens_per_step`` (0 length = off). The
+        env metrics (success, return) keep the true rewards; advantages see these."""
+        c = self.c
+        if not c.overlong_penalty_length:
+            return {}
+        total, replies = 0.0, 0
+        for t in trajs:
+            budget = c.custom_envs[t.tag].max_tokens_per_step
+            penalty = filters.overlong_penalty(
+                [len(u.generated) for u in t.turns], budget,
+                overlong_penalty_length=c.overlong_penalty_length,
+                overlong_penalty=c.overlong_penalty)
+            for turn, p in zip(t.turns, penalty, strict=True):
+                turn.reward += float(p)
+            total += float(penalty.sum())
+            replies += len(t.turns)
+        return {"batch/overlong_penalty_mean": total / max(replies, 1)}
+
+    def fill_informative_groups(self, trajs) -> tuple[list, list, int]:
+        """DAPO's dynamic sampling → (kept trajectories, all played, rounds played).
+
+        A group whose episode scores are all equal (``filters.zero_variance_groups``) has
+        only zero advantages. While fewer than ``num_env_groups`` groups carry signal and
+        fewer than ``dynamic_sampling_max_rounds`` rounds were played, one more round of
+        ``num_env_groups`` new groups (the next seeds) is played with the same params;
+        then the first ``num_env_groups`` informative groups are kept. If the rounds run
+        out, the step trains on the informative groups it has (none: no update).
+        """
+        c = self.c
+        needed = self.train_manager.num_env_groups
+
+        def informative(batch):
+            if not batch:
+                return []
+            keep = filters.dynamic_sampling_keep([t.score for t in batch],
+                                                 [t.group_id for t in batch])
+            return [t for t, k in zip(batch, keep, strict=True) if k]
+
+        played, kept, rounds = list(trajs), informative(trajs), 1
+        while len({t.group_id for t in kept}) < needed and \
+                rounds < c.dynamic_sampling_max_rounds:
+            more = self.rollout("train", cursor=self.cursor + rounds * needed,
+                                round_index=rounds)
+            self.shape_rewards(more)
+            played += more
+            kept += informative(more)
+            rounds += 1
+        first = set(sorted({t.group_id for t in kept})[:needed])
+        return [t for t in kept if t.group_id in first], played, rounds
+
+    def filter_overlong(self, trajs, samples) -> tuple[list, float]:
+        """DAPO's overlong filter → (samples with loss, number filtered).
+
+        A sample is truncated when the reply that ends it was cut: that turn stopped at the
+        generation budget without EOS or a stop string, or the episode then ended because
+        the next prompt would exceed ``max_input_length``, or the sample is longer than
+        ``sequence_length`` (the learner would cut it). Its loss mask becomes 0
+        (``filters.mask_truncated``), and a sample without loss tokens is left out of the
+        batch, where it would only cost compute.
+        """
+        by_id = {t.traj_id: t for t in trajs}
+        reasons, prompt_cut = [], []
+        for s in samples:
+            traj = by_id[s.traj_id]
+            last = max(k for k, u in enumerate(traj.turns) if u.context_len < len(s.tokens))
+            reasons.append(traj.turns[last].stop_reason)
+            prompt_cut.append(traj.truncated_by_length and last == len(traj.turns) - 1)
+        if not samples:
+            return samples, 0.0
+        cut = filters.truncated_samples(reasons, total_lengths=[len(s.tokens) for s in samples],
+                                        sequence_length=self.c.sequence_length)
+        cut |= np.asarray(prompt_cut, bool)
+        masks = filters.mask_truncated([s.loss_mask for s in samples], cut)
+        kept = [dataclasses.replace(s, loss_mask=m) for s, m in zip(samples, masks, strict=True)
+                if m.sum() > 0]
+        return kept, float(cut.sum())
+
+    def collapse_metrics(self, trajs) -> dict[str, float]:
+        """``batch/group_reward_std``, ``batch/zero_variance_groups`` (of the episode
+        scores the advantages see) and ``batch/distinct_replies_per_group`` (an episode's
+        replies as one token tuple) over the episodes played (``algos/diagnostics.py``)."""
+        played = [t for t in trajs if t.turns]
+        groups = [t.group_id for t in played]
+        replies = [tuple(tok for u in t.turns for tok in (*u.generated, -1)) for t in played]
+        return {**diagnostics.group_reward_metrics([t.score for t in played], groups),
+                **diagnostics.distinct_replies_per_group(replies, groups)}
+
+    def common_replies_text(self, trajs, top_n: int = 5) -> str:
+        """The most frequent single replies of `trajs`, decoded (TensorBoard text)."""
+        replies = [u.generated for t in trajs for u in t.turns]
+        return diagnostics.most_common_replies_text(replies, top_n, self.tokenizer.decode)
 
     # ---- asynchronous rollouts ------------------------------------------------------------------
     def published_params(self):

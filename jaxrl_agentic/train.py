@@ -186,6 +186,9 @@ def run(c, *, log=print) -> dict[str, float]:
                             render_skipped += 1
                     if unrendered:
                         metrics["render/skipped"] = float(render_skipped)
+                    # What the policy keeps saying: a collapse shows here before the reward.
+                    writer.write_text(step, "batch/common_replies",
+                                      pipeline.common_replies_text(trajs))
                     writer.write(step, metrics)
                     log(console_line(step, metrics))
             if step % c.save_steps == 0 or step == c.max_steps:

@@ -8,6 +8,7 @@ typed configs' defaults equal ``config.default_config()``'s (a test holds them t
 
 from __future__ import annotations
 
+from jaxrl_agentic.config import generation_budget
 from jaxrl_agentic.critic import CriticConfig
 from jaxrl_agentic.data import PackingConfig
 from jaxrl_agentic.learner import LearnerConfig
@@ -53,6 +54,14 @@ def learner_config(c, pad_token_id: int = 0) -> LearnerConfig:
         temperature=c.generation.temperature,
         recompute_old_logprobs=c.recompute_old_logprobs,
         tis_imp_ratio_cap=c.tis_imp_ratio_cap,
+        tis_level=c.tis_level,
+        tis_mode=c.tis_mode,
+        policy_loss=c.policy_loss,
+        loss_norm_length=(c.loss_norm_length or generation_budget(c)
+                          if c.loss_reduction == "seq_mean_token_sum_norm" else None),
+        top_k=c.generation.top_k,
+        top_p=c.generation.top_p,
+        logprob_under_sampling_filter=c.logprob_under_sampling_filter,
         kernel_impl=c.kernel_impl,
         **_update_fields(c, pad_token_id),
     )

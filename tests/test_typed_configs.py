@@ -55,3 +55,48 @@ def test_env_manager_rules_name_the_manager():
     with pytest.raises(ConfigError, match="^config.train_env_manager.num_groups_partition: "
                                           "needs one entry per tag summing to"):
         validate(c)
+
+
+@pytest.mark.parametrize("fields, fragment", [
+    ({"policy_loss": "grpo"}, "config.policy_loss: choose one of"),
+    ({"policy_loss": "gspo", "dual_clip": 3.0}, "config.dual_clip: bounds PPO's token loss"),
+    ({"tis_level": "segment"}, "config.tis_level: choose one of"),
+    ({"tis_mode": "clip"}, "config.tis_mode: choose one of"),
+    ({"tis_imp_ratio_cap": 2.0}, "config.tis_imp_ratio_cap: needs recompute_old_logprobs"),
+    ({"logprob_under_sampling_filter": True},
+     "config.logprob_under_sampling_filter: needs generation top_k > 0 or top_p < 1"),
+    ({"dynamic_sampling": True, "async_generation_ratio": 1},
+     "config.dynamic_sampling: extra rounds are played with the current params"),
+    ({"dynamic_sampling_max_rounds": 0}, "config.dynamic_sampling_max_rounds: must be"),
+    ({"overlong_penalty_length": 1000}, "config.overlong_penalty_length: 1000 > the smallest"),
+    ({"loss_norm_length": -1}, "config.loss_norm_length: must be an integer >= 0"),
+])
+def test_incompatible_algorithm_settings_are_one_line_errors(fields, fragment):
+    c = default_config()
+    c.update(fields)
+    with pytest.raises(ConfigError, match="^" + fragment.replace("(", r"\(")) as e:
+        validate(c)
+    assert "\n" not in str(e.value)
+
+
+def test_dynamic_sampling_needs_groups_of_two():
+    c = default_config()
+    c.dynamic_sampling = True
+    c.adv_estimator = "reinforce"
+    c.train_env_manager.group_size = 1
+    with pytest.raises(ConfigError, match="^config.dynamic_sampling: a group of one"):
+        validate(c)
+
+
+@pytest.mark.parametrize("sample_mode, expected", [("trajectory", 5 * 16), ("step", 16)])
+def test_dr_grpo_normaliser_defaults_to_the_generation_budget(sample_mode, expected):
+    c = default_config()
+    c.loss_reduction = "seq_mean_token_sum_norm"
+    c.sample_mode = sample_mode
+    c.custom_envs.frozen_lake.max_turns = 5
+    c.custom_envs.frozen_lake.max_tokens_per_step = 16
+    assert typed_configs.learner_config(c).loss_norm_length == expected
+    c.loss_norm_length = 7
+    assert typed_configs.learner_config(c).loss_norm_length == 7
+    c.loss_reduction = "token_mean"
+    assert typed_configs.learner_config(c).loss_norm_length is None
