@@ -288,14 +288,15 @@ class Pipeline:
         c = self.c
         t0 = time.perf_counter()
         trajs, t_rollout, off_policy = self.train_rollout()
-        shaping = self.shape_rewards(trajs)
+        self.shape_rewards(trajs)
         played, rounds = trajs, 1
         if c.dynamic_sampling:
             start = time.perf_counter()
             trajs, played, rounds = self.fill_informative_groups(trajs)
             t_rollout += time.perf_counter() - start
         metrics = {"step": float(self.step + 1), **trajectory_metrics(played, "env/"),
-                   **off_policy, **shaping, **self.collapse_metrics(played)}
+                   **off_policy, **self.overlong_penalty_metrics(played),
+                   **self.collapse_metrics(played)}
         if c.dynamic_sampling:
             metrics["batch/dynamic_sampling_rounds"] = float(rounds)
             metrics["batch/groups_played"] = float(len({t.group_id for t in played}))
@@ -348,25 +349,31 @@ class Pipeline:
         return metrics, played, samples
 
     # ---- DAPO's filters and the collapse diagnostics ---------------------------------------
-    def shape_rewards(self, trajs) -> dict[str, float]:
-        """DAPO's soft overlong punishment (``algos/filters.overlong_penalty``) added to each
-        turn's reward, with L_max the tag's ``max_tokens_per_step`` (0 length = off). The
-        env metrics (success, return) keep the true rewards; advantages see these."""
+    def overlong_penalties(self, traj) -> np.ndarray:
+        """DAPO's soft overlong punishment of each turn of ``traj``
+        (``algos/filters.overlong_penalty``), L_max = the tag's ``max_tokens_per_step``."""
         c = self.c
-        if not c.overlong_penalty_length:
+        return filters.overlong_penalty(
+            [len(u.generated) for u in traj.turns], c.custom_envs[traj.tag].max_tokens_per_step,
+            overlong_penalty_length=c.overlong_penalty_length,
+            overlong_penalty=c.overlong_penalty)
+
+    def shape_rewards(self, trajs) -> None:
+        """Adds :meth:`overlong_penalties` to each turn's reward (``overlong_penalty_length``
+        0 = off). The env metrics (success, return) keep the true rewards; advantages see
+        these."""
+        if self.c.overlong_penalty_length:
+            for t in trajs:
+                for turn, p in zip(t.turns, self.overlong_penalties(t), strict=True):
+                    turn.reward += float(p)
+
+    def overlong_penalty_metrics(self, trajs) -> dict[str, float]:
+        """``batch/overlong_penalty_mean``: the mean penalty per reply over all episodes
+        played (every dynamic-sampling round)."""
+        if not self.c.overlong_penalty_length:
             return {}
-        total, replies = 0.0, 0
-        for t in trajs:
-            budget = c.custom_envs[t.tag].max_tokens_per_step
-            penalty = filters.overlong_penalty(
-                [len(u.generated) for u in t.turns], budget,
-                overlong_penalty_length=c.overlong_penalty_length,
-                overlong_penalty=c.overlong_penalty)
-            for turn, p in zip(t.turns, penalty, strict=True):
-                turn.reward += float(p)
-            total += float(penalty.sum())
-            replies += len(t.turns)
-        return {"batch/overlong_penalty_mean": total / max(replies, 1)}
+        penalties = [p for t in trajs for p in self.overlong_penalties(t)]
+        return {"batch/overlong_penalty_mean": float(np.mean(penalties)) if penalties else 0.0}
 
     def fill_informative_groups(self, trajs) -> tuple[list, list, int]:
         """DAPO's dynamic sampling → (kept trajectories, all played, rounds played).

@@ -64,8 +64,10 @@ def test_overlong_penalty_is_added_to_the_reward_of_long_replies():
     me = stand_in(overlong_penalty_length=4, overlong_penalty=0.5)
     trajs = [episode(0, 0, [1.0], gen=4), episode(1, 0, [1.0], gen=6),
              episode(2, 0, [1.0], gen=8)]
-    metrics = Pipeline.shape_rewards(me, trajs)
+    me.overlong_penalties = lambda t: Pipeline.overlong_penalties(me, t)
+    Pipeline.shape_rewards(me, trajs)
     assert [t.turns[0].reward for t in trajs] == [1.0, 0.75, 0.5]
+    metrics = Pipeline.overlong_penalty_metrics(me, trajs)
     assert np.isclose(metrics["batch/overlong_penalty_mean"], -0.25)
 
 
