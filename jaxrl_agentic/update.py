@@ -349,7 +349,7 @@ def pad_to_shards(batch: PackedBatch, mesh, pad_token_id: int) -> PackedBatch:
 
 def put_batch(batch: PackedBatch, keys: Sequence[str], mesh) -> dict[str, jax.Array]:
     """The named token arrays of ``batch``, placed with the mesh's batch sharding."""
-    arrays = batch.token_arrays()
+    arrays = batch.device_arrays()
     return put_rows({k: arrays[k] for k in keys}, mesh)
 
 
