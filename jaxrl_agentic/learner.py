@@ -278,7 +278,10 @@ def _hidden_and_head(graphdef, params, micro, remat: str = "none"):
     model = nnx.merge(graphdef, params)
     hidden = model.hidden_states(micro["tokens"], micro["positions"], micro["segment_ids"],
                                  remat=remat)
-    return hidden, model.lm_head_weight()
+    # The head in the compute dtype, as the sampler (and `Transformer.logits`) use it: with
+    # bf16 compute and fp32 params, an fp32 head here made the learner's logprobs differ from
+    # the sampler's by the head's bf16 rounding (5e-3 mean at the Qwen2.5-0.5B shape).
+    return hidden, model.lm_head_weight().astype(hidden.dtype)
 
 
 def gather_loss_positions(micro: dict[str, jax.Array]):
