@@ -7,11 +7,13 @@
     gradients       P · 4 / (fsdp · tensor)               (accumulated in fp32)
     optimizer       2 · P · b_param / (fsdp · tensor)     (AdamW's first and second moments)
     activations     one group of rows of the train step's scan, one row per device:
-                      kept for the backward  L · a_layer(T)   (remat "none")
-                                             2L · T · D · b + a_layer(T)  (remat "layer")
-                                             L · T · (2D + 2K·h + 3F) · b + a_layer(T) ("dots")
+                      remat "none"   L · a_layer(T)
+                      remat "layer"  2L · T · D · b + a_layer(T) + 2 · P_L · b_param
+                      remat "dots"   L · T · (2D + 2K·h + 3F) · b + a_layer(T) + 2 · P_L · b_param
                       a_layer(T) = T·(15D + 7F)·b + H·s(T)·(9 + b)
                       s(T) = T² (dense, T ≤ 256) or T·(T + 128)/2 (block-causal)
+                    (with remat the blocks run as a scan over their stacked weights: a copy
+                    of the P_L block parameters and of their gradient)
     lm head         S · min(V, 8192) · 4 · 3 (fp32 logits of a vocabulary chunk at the S loss
                     slots, their softmax and gradient; the full vocabulary with
                     ``kernel_impl="reference"``)
@@ -83,6 +85,12 @@ def activation_bytes(cfg: ModelConfig, row_len: int, remat: str) -> float:
     return layers * t * (2 * cfg.hidden_size + 2 * kv + 3 * cfg.intermediate_size) * b + one
 
 
+def layer_params(cfg: ModelConfig) -> int:
+    """Parameters of the decoder blocks (all but embeddings, head and final norm)."""
+    head = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size
+    return cfg.num_params() - cfg.vocab_size * cfg.hidden_size - head - cfg.hidden_size
+
+
 def device_budget() -> float:
     """Bytes one device may use: the accelerator's limit, or the host's RAM on CPU."""
     import jax
@@ -114,7 +122,8 @@ def memory_plan(cfg: ModelConfig, *, row_len: int, loss_slots: int, remat: str,
         ("reference", per * pb if reference else 0.0),
         ("gradients", per * 4),
         ("optimizer", 2 * per * pb),
-        ("activations", activation_bytes(cfg, row_len, remat)),
+        ("activations", activation_bytes(cfg, row_len, remat)
+         + (0.0 if remat == "none" else 2 * layer_params(cfg) * pb / shards)),
         ("lm head", loss_slots * vocab * 4 * 3),
         ("kv cache", cache / max(host_devices, 1)),
         ("sampler logits", sampler_rows * cfg.vocab_size * 4 / max(host_devices, 1)),

@@ -97,6 +97,10 @@ class PackingConfig:
             return self.micro_batch_max_tokens
         loads = [int(np.count_nonzero(s.loss_mask[:n])) for s, n in zip(samples, lengths,
                                                                          strict=True)]
+        if self.loss_slots and max(loads) > self.loss_slots:
+            raise ValueError(f"a sample has {max(loads)} loss tokens > "
+                             f"micro_batch_max_loss_tokens={self.loss_slots} (the most a row "
+                             f"may hold); raise it (0 = automatic)")
         costs = {}  # row length → slots computed (busy rows × row length)
         for row in self.row_lengths():
             if row < max(lengths):

@@ -300,14 +300,21 @@ class Transformer(nnx.Module):
         if remat not in REMAT_POLICIES:
             raise ValueError(f"remat must be one of {', '.join(REMAT_POLICIES)}, got {remat!r}")
 
-        @functools.partial(nnx.remat, policy=REMAT_POLICIES[remat])
-        def block(layer, x, cos, sin, mask):
-            return layer(x, cos, sin, mask)[0]
-
-        x = self.embed(tokens)
+        # A scan over the layers' stacked weights, each step a checkpointed block: the
+        # backward is then a reverse loop that recomputes one block at a time. Unrolled
+        # checkpointed blocks were recomputed all at once by XLA:CPU's scheduler (the same
+        # peak memory as no remat: 11.8 GB at 24 layers × 2,048 tokens); the loop bounds it.
+        # The stacked copy of the layer weights (and of their gradient) is the price.
+        layer_def, first = nnx.split(self.layers[0])
+        stacked = jax.tree.map(lambda *ws: jnp.stack(ws),
+                               first, *(nnx.split(layer)[1] for layer in self.layers[1:]))
         cos, sin = rope_cos_sin(positions, self._inv_freq, self._rope_scale)
-        for layer in self.layers:
-            x = block(layer, x, cos, sin, mask)
+
+        @functools.partial(jax.checkpoint, policy=REMAT_POLICIES[remat])
+        def block(x, weights):
+            return nnx.merge(layer_def, weights)(x, cos, sin, mask)[0], None
+
+        x, _ = jax.lax.scan(block, self.embed(tokens), stacked)
         return self.final_norm(x)
 
     def __call__(self, tokens, positions, segment_ids=None) -> jax.Array:
