@@ -234,16 +234,28 @@ class TrainState:
 
 
 def init_train_state(
-    params: Any, config: LearnerConfig, *, ref_params: Any = None
+    params: Any, config: LearnerConfig, *, ref_params: Any = None, ref_dtype=None
 ) -> TrainState:
     """Fresh state for ``params`` (an ``nnx.State``). Arrays are copied: the train step
     donates the state, and must not invalidate the caller's arrays.
 
-    ``ref_params`` defaults to a copy of ``params`` when ``config.uses_reference``.
+    ``ref_params`` defaults to a copy of ``params`` when ``config.uses_reference``. With
+    ``ref_dtype`` (the model's compute dtype, when lower than the params'), the reference's
+    matrices are stored in it: the reference only runs forwards, whose matmuls cast every
+    weight matrix to the compute dtype anyway, so its logprobs are unchanged and it takes
+    half the memory (1 GB less at Qwen2.5-0.5B in fp32). Vectors (norm scales, biases)
+    keep their dtype: the norms compute in fp32.
     """
     params = jax.tree.map(jnp.copy, params)
     if config.uses_reference:
-        ref_params = jax.tree.map(jnp.copy, params if ref_params is None else ref_params)
+        source = params if ref_params is None else ref_params
+
+        def stored(x):
+            if ref_dtype is not None and x.ndim >= 2 and jnp.issubdtype(x.dtype, jnp.floating):
+                return x.astype(ref_dtype)
+            return jnp.copy(x)
+
+        ref_params = jax.tree.map(stored, source)
     else:
         ref_params = None
     return TrainState(
@@ -483,7 +495,10 @@ class Learner(EngineDriver):
         self.config = config
         self.graphdef = graphdef
         self.mesh = make_mesh() if mesh is None else mesh
-        state = init_train_state(params, config, ref_params=ref_params)
+        compute = jnp.dtype(nnx.merge(graphdef, params).cfg.dtype)
+        lower = jax.tree.leaves(params)[0].dtype.itemsize > compute.itemsize
+        state = init_train_state(params, config, ref_params=ref_params,
+                                 ref_dtype=compute if lower else None)
         shardings = train_state_shardings(state, self.mesh)
         batch_keys = TRAIN_BATCH_KEYS + (("ref_logprobs",) if config.uses_reference else ())
         self.engine = UpdateEngine(state, policy_update_loss(graphdef, config), config,

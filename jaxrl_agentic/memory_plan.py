@@ -3,7 +3,8 @@
 :func:`memory_plan` estimates, from the model's config and the run's settings alone:
 
     parameters      P · b_param / (fsdp · tensor)         (P parameters, b = bytes per value)
-    reference       the same again when a KL reference is kept (init_kl_coef or target_kl)
+    reference       P · min(b_param, b_compute) / (fsdp · tensor) when a KL reference is kept
+                    (init_kl_coef or target_kl; its matrices are stored in the compute dtype)
     gradients       P · 4 / (fsdp · tensor)               (accumulated in fp32)
     optimizer       2 · P · b_param / (fsdp · tensor)     (AdamW's first and second moments)
     activations     one group of rows of the train step's scan, one row per device:
@@ -95,7 +96,7 @@ def device_budget() -> float:
     """Bytes one device may use: the accelerator's limit, or the host's RAM on CPU."""
     import jax
 
-    device = jax.devices()[0]
+    device = jax.local_devices()[0]  # another process's device cannot be asked
     stats = device.memory_stats() if hasattr(device, "memory_stats") else None
     if stats and stats.get("bytes_limit"):
         return float(stats["bytes_limit"])
@@ -119,7 +120,7 @@ def memory_plan(cfg: ModelConfig, *, row_len: int, loss_slots: int, remat: str,
              * sampler_len * _BYTES[cfg.dtype])
     items = (
         ("parameters", per * pb),
-        ("reference", per * pb if reference else 0.0),
+        ("reference", per * min(pb, _BYTES[cfg.dtype]) if reference else 0.0),
         ("gradients", per * 4),
         ("optimizer", 2 * per * pb),
         ("activations", activation_bytes(cfg, row_len, remat)

@@ -600,3 +600,21 @@ def test_bf16_learner_logprobs_agree_with_the_sampler():
     gap = np.concatenate([np.abs(s.old_logprobs - r)[s.loss_mask > 0]
                           for s, r in zip(samples, recomputed, strict=True)])
     assert gap.mean() <= 1e-5, gap.mean()
+
+
+def test_bf16_reference_is_stored_in_the_compute_dtype_with_the_same_logprobs():
+    """fp32 params, bf16 compute, a KL reference: the reference's matrices are kept in bf16
+    (half the memory) and its logprobs equal the current policy's before any update (the
+    forward casts every matrix to bf16 anyway); vectors (norm scales, biases) stay fp32."""
+    cfg = dataclasses.replace(MODEL_CFG, dtype="bfloat16", param_dtype="float32",
+                              attention_bias=True)
+    graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(1)))
+    learner = Learner(graphdef, params, dataclasses.replace(BASE, packing=SHORT_ROWS))
+    ref = jax.tree.leaves(learner.state.ref_params)
+    assert {x.dtype for x in ref if x.ndim >= 2} == {jnp.dtype("bfloat16")}
+    assert {x.dtype for x in ref if x.ndim < 2} == {jnp.dtype("float32")}
+    samples = [dataclasses.replace(s, ref_logprobs=None) for s in make_samples(2)]
+    now = learner.sample_logprobs(samples)
+    reference = learner.sample_logprobs(samples, reference=True)
+    for a, b in zip(now, reference, strict=True):
+        np.testing.assert_array_equal(a, b)
