@@ -9,12 +9,12 @@
     optimizer       2 · P · b_param / (fsdp · tensor)     (AdamW's first and second moments)
     activations     one group of rows of the train step's scan, one row per device:
                       remat "none"   L · a_layer(T)
-                      remat "layer"  2L · T · D · b + a_layer(T) + 2 · P_L · b_param
-                      remat "dots"   L · T · (2D + 2K·h + 3F) · b + a_layer(T) + 2 · P_L · b_param
+                      remat "layer"  2L · T · D · b + a_layer(T) + 2 · P_L · b
+                      remat "dots"   L · T · (2D + 2K·h + 3F) · b + a_layer(T) + 2 · P_L · b
                       a_layer(T) = T·(15D + 7F)·b + H·s(T)·(9 + b)
                       s(T) = T² (dense, T ≤ 256) or T·(T + 128)/2 (block-causal)
-                    (with remat the blocks run as a scan over their stacked weights: a copy
-                    of the P_L block parameters and of their gradient)
+                    (with remat the blocks run as a scan over their weights stacked in the
+                    compute dtype: a copy of the P_L block parameters and of their gradient)
     lm head         S · min(V, 8192) · 4 · 3 (fp32 logits of a vocabulary chunk at the S loss
                     slots, their softmax and gradient; the full vocabulary with
                     ``kernel_impl="reference"``)
@@ -124,7 +124,8 @@ def memory_plan(cfg: ModelConfig, *, row_len: int, loss_slots: int, remat: str,
         ("gradients", per * 4),
         ("optimizer", 2 * per * pb),
         ("activations", activation_bytes(cfg, row_len, remat)
-         + (0.0 if remat == "none" else 2 * layer_params(cfg) * pb / shards)),
+         + (0.0 if remat == "none"
+            else 2 * layer_params(cfg) * min(pb, _BYTES[cfg.dtype]) / shards)),
         ("lm head", loss_slots * vocab * 4 * 3),
         ("kv cache", cache / max(host_devices, 1)),
         ("sampler logits", sampler_rows * cfg.vocab_size * 4 / max(host_devices, 1)),
