@@ -20,6 +20,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 
+from jaxrl_agentic import memory_plan as plans
 from jaxrl_agentic import timing, typed_configs
 from jaxrl_agentic.algos import advantages as adv
 from jaxrl_agentic.algos import diagnostics, filters
@@ -33,7 +34,6 @@ from jaxrl_agentic.envs import make
 from jaxrl_agentic.envs.python_env import make_python_env
 from jaxrl_agentic.envs.tools import tool_metrics
 from jaxrl_agentic.learner import Learner
-from jaxrl_agentic.memory_plan import check_memory_plan, device_budget, memory_plan
 from jaxrl_agentic.models import load_pretrained
 from jaxrl_agentic.models.hf_io import read_model_config
 from jaxrl_agentic.parallel import (
@@ -143,7 +143,7 @@ class Pipeline:
         self.memory_plan = self._memory_plan(model_dir or resolve_model_path(c), max_total_len)
         log(self.memory_plan.table())
         try:  # before any weight is read or warmed up: a state that cannot fit fails now
-            check_memory_plan(self.memory_plan, warn=log)
+            plans.check_memory_plan(self.memory_plan, warn=log)
         except ValueError as e:
             raise ConfigError(f"config: {e}") from None
         if model_dir is None:
@@ -219,11 +219,11 @@ class Pipeline:
         cpu = jax.default_backend() == "cpu"
         episodes = c.train_env_manager.num_env_groups * c.train_env_manager.group_size \
             * c.generation.num_return_sequences
-        return memory_plan(
+        return plans.memory_plan(
             cfg, row_len=c.micro_batch_max_tokens, loss_slots=learner.packing.loss_slots_per_row,
             remat=c.remat, kernel_impl=c.kernel_impl, reference=learner.uses_reference,
             shards=self.mesh.shape["fsdp"] * self.mesh.shape["tensor"],
-            sampler_rows=episodes, sampler_len=max_total_len, budget=device_budget(),
+            sampler_rows=episodes, sampler_len=max_total_len, budget=plans.device_budget(),
             host_devices=jax.local_device_count() if cpu else 1)
 
     # ---- rollouts ---------------------------------------------------------------------------

@@ -91,6 +91,5 @@ def test_a_run_whose_state_cannot_fit_fails_before_loading_weights(monkeypatch, 
     from jaxrl_agentic import train
 
     monkeypatch.setattr(plan_module, "device_budget", lambda: 1024.0)
-    monkeypatch.setattr("jaxrl_agentic.pipeline.device_budget", lambda: 1024.0)
     assert train.main(["train", f"--config.output_dir={tmp_path}", "--config.max_steps=1"]) == 2
     assert jax.device_count() >= 1
