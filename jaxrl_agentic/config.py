@@ -125,6 +125,8 @@ def default_config() -> ml_collections.ConfigDict:
     c.critic_learning_rate = 1e-5  # gae only: the critic's AdamW learning rate
     c.value_clip = 0.2  # gae only: ε_v of the clipped value loss (0 = unclipped)
     c.kernel_impl = "auto"
+    # the training forward's rematerialisation: none | layer | dots (models/transformer.py)
+    c.remat = "none"
     # optimizer and schedule
     c.learning_rate = 1e-5
     c.lr_scheduler_type = "constant"
@@ -138,6 +140,12 @@ def default_config() -> ml_collections.ConfigDict:
     c.max_input_length = 1024  # prompt tokens per turn
     c.sequence_length = 2048  # a sample's total tokens (truncation)
     c.micro_batch_max_tokens = 4096  # tokens per packed micro-batch row
+    # loss tokens per row, the positions the LM head runs at (0 = automatic: a quarter of
+    # the row, at least a sample's generation budget; see loss_slots in typed_configs)
+    c.micro_batch_max_loss_tokens = 0
+    # row lengths a mini-batch may be packed at: micro_batch_max_tokens / 2^i, i < this
+    # (the one computing the fewest slots; each a compiled shape); 1 = always the full row
+    c.row_len_buckets = 1
     # Micro-batch counts are rounded up to a multiple of this (0 = next power of two): a
     # handful of compiled shapes, without doubling the rows as powers of two can.
     c.rows_bucket = 4
@@ -247,6 +255,8 @@ def validate(c) -> None:
                   "sequence_length", "micro_batch_max_tokens", "learning_rate",
                   "generation.temperature", "save_steps", "logging_steps", "eval_steps"):
         _positive(c, field)
+    _positive(c, "micro_batch_max_loss_tokens", allow_zero=True)
+    _positive(c, "row_len_buckets")
     for field in ("pg_clip", "init_kl_coef", "target_kl", "entropy_loss_coef", "advantage_clip",
                   "warmup_steps", "weight_decay", "estimated_chunks_per_traj",
                   "gamma", "lambd", "step_reward_gamma", "generation.top_k", "pg_clip_high",

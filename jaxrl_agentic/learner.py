@@ -16,6 +16,14 @@ same segment. That masks the last token of every segment (its "next token" belon
 next packed sample or is padding) and, equivalently, the first token of every segment
 (nothing precedes it, so it can never be trained on).
 
+**Only where the loss is.** The LM head (``[D, V]``, 136 M multiply-adds per position at
+Qwen2.5-0.5B's 152 k vocabulary) runs only at the prediction indices that carry loss: the
+batch's ``loss_index`` (``PackedBatch.loss_index``, ``[B, loss_slots]``, −1 = empty slot)
+gathers those hidden states, targets and per-token inputs, and the fused logprob / loss
+kernels see ``B · loss_slots`` positions instead of ``B · T``. Every other position has
+loss weight 0, so the sums are unchanged; logprobs are returned scattered back to ``[B, T]``
+(0 off the loss positions).
+
 **Reference policy.** ``TrainState.ref_params`` is a frozen copy of the initial parameters,
 kept only when the KL coefficient can be non-zero; it feeds :func:`make_compute_logprobs`.
 """
@@ -39,9 +47,16 @@ from jaxrl_agentic.algos.kl import (
     init_kl_controller,
     update_kl_controller,
 )
-from jaxrl_agentic.algos.losses import KERNEL_IMPLS, POLICY_LOSSES, PolicyLossSums, policy_loss
+from jaxrl_agentic.algos.losses import (
+    KERNEL_IMPLS,
+    POLICY_LOSSES,
+    PolicyLossSums,
+    flat_segment_ids,
+    policy_loss,
+)
 from jaxrl_agentic.algos.reductions import REDUCTIONS, loss_denominator, loss_weights
 from jaxrl_agentic.data import Sample, token_stats, updates_per_step
+from jaxrl_agentic.models.transformer import REMAT_POLICIES
 from jaxrl_agentic.parallel import make_mesh, place, train_state_shardings
 from jaxrl_agentic.update import (
     EngineDriver,
@@ -70,8 +85,9 @@ TRAIN_BATCH_KEYS = (
     "loss_mask",
     "advantages",
     "old_logprobs",
+    "loss_index",
 )
-LOGPROB_BATCH_KEYS = ("tokens", "positions", "segment_ids")
+LOGPROB_BATCH_KEYS = ("tokens", "positions", "segment_ids", "loss_index")
 # The train step's metric → the name the run logs (the mean over applied updates).
 ACTOR_METRICS = {
     "loss": "actor/loss",
@@ -111,8 +127,10 @@ class LearnerConfig(UpdateConfig):
     sampler's support restriction; with ``logprob_under_sampling_filter`` every logprob the
     learner computes is that of the renormalised distribution the sampler drew from
     (``pallas_kernels/restricted_logprobs.py``), so the ratio is that of the distribution
-    actually sampled. ``kernel_impl``: ``token_logprobs`` implementation. Defaults equal the
-    run defaults (``config.default_config``).
+    actually sampled. ``kernel_impl``: ``token_logprobs`` implementation. ``remat``: the
+    training forward's rematerialisation, one of ``REMAT_POLICIES``
+    (``models/transformer.py``; "layer" keeps only the blocks' inputs for the backward).
+    Defaults equal the run defaults (``config.default_config``).
     """
 
     policy_loss: str = "ppo"
@@ -136,12 +154,14 @@ class LearnerConfig(UpdateConfig):
     top_p: float = 1.0
     logprob_under_sampling_filter: bool = False
     kernel_impl: str = "auto"
+    remat: str = "none"
 
     def __post_init__(self):
         super().__post_init__()
         fail_first([
             (self.policy_loss in POLICY_LOSSES, "policy_loss",
              f"choose one of {', '.join(POLICY_LOSSES)}"),
+            (self.remat in REMAT_POLICIES, "remat", f"choose one of {', '.join(REMAT_POLICIES)}"),
             (self.loss_reduction in REDUCTIONS, "loss_reduction",
              f"choose one of {', '.join(REDUCTIONS)}"),
             (self.loss_reduction != "seq_mean_token_sum_norm"
@@ -214,16 +234,28 @@ class TrainState:
 
 
 def init_train_state(
-    params: Any, config: LearnerConfig, *, ref_params: Any = None
+    params: Any, config: LearnerConfig, *, ref_params: Any = None, ref_dtype=None
 ) -> TrainState:
     """Fresh state for ``params`` (an ``nnx.State``). Arrays are copied: the train step
     donates the state, and must not invalidate the caller's arrays.
 
-    ``ref_params`` defaults to a copy of ``params`` when ``config.uses_reference``.
+    ``ref_params`` defaults to a copy of ``params`` when ``config.uses_reference``. With
+    ``ref_dtype`` (the model's compute dtype, when lower than the params'), the reference's
+    matrices are stored in it: the reference only runs forwards, whose matmuls cast every
+    weight matrix to the compute dtype anyway, so its logprobs are unchanged and it takes
+    half the memory (1 GB less at Qwen2.5-0.5B in fp32). Vectors (norm scales, biases)
+    keep their dtype: the norms compute in fp32.
     """
     params = jax.tree.map(jnp.copy, params)
     if config.uses_reference:
-        ref_params = jax.tree.map(jnp.copy, params if ref_params is None else ref_params)
+        source = params if ref_params is None else ref_params
+
+        def stored(x):
+            if ref_dtype is not None and x.ndim >= 2 and jnp.issubdtype(x.dtype, jnp.floating):
+                return x.astype(ref_dtype)
+            return jnp.copy(x)
+
+        ref_params = jax.tree.map(stored, source)
     else:
         ref_params = None
     return TrainState(
@@ -254,18 +286,36 @@ def next_token_valid(segment_ids: jax.Array) -> jax.Array:
     return (segment_ids > 0) & (segment_ids == _shift_left(segment_ids))
 
 
-def _hidden_and_head(graphdef, params, micro):
+def _hidden_and_head(graphdef, params, micro, remat: str = "none"):
     model = nnx.merge(graphdef, params)
-    hidden = model.hidden_states(micro["tokens"], micro["positions"], micro["segment_ids"])
-    return hidden, model.lm_head_weight()
+    hidden = model.hidden_states(micro["tokens"], micro["positions"], micro["segment_ids"],
+                                 remat=remat)
+    # The head in the compute dtype, as the sampler (and `Transformer.logits`) use it: with
+    # bf16 compute and fp32 params, an fp32 head here made the learner's logprobs differ from
+    # the sampler's by the head's bf16 rounding (5e-3 mean at the Qwen2.5-0.5B shape).
+    return hidden, model.lm_head_weight().astype(hidden.dtype)
+
+
+def gather_loss_positions(micro: dict[str, jax.Array]):
+    """``(take, valid)`` for a group of rows: ``take(x)`` gathers ``x [B, T, ...]`` at the
+    rows' ``loss_index`` slots into ``[B·S, ...]`` (S = loss slots); ``valid [B·S]`` is False
+    on empty slots (their gathered values are position 0's: mask them)."""
+    index = micro["loss_index"]
+    valid = index >= 0
+    safe = jnp.where(valid, index, 0)
+
+    def take(x):
+        picked = jnp.take_along_axis(x, safe.reshape(safe.shape + (1,) * (x.ndim - 2)), axis=1)
+        return picked.reshape((-1,) + x.shape[2:])
+
+    return take, valid.reshape(-1)
 
 
 def micro_batch_sums(
     graphdef, config: LearnerConfig, params, micro: dict[str, jax.Array], kl_coef
 ) -> tuple[PolicyLossSums, jax.Array]:
     """``(policy-loss sums, denominator)`` of one group of rows ``[B, T]`` (module doc)."""
-    hidden, head = _hidden_and_head(graphdef, params, micro)
-    b, t, d = hidden.shape
+    hidden, head = _hidden_and_head(graphdef, params, micro, config.remat)
     segment_ids = micro["segment_ids"]
     mask = _shift_left(micro["loss_mask"]) * next_token_valid(segment_ids)
     # Prediction i sits in token i's segment (= token i+1's wherever mask > 0).
@@ -273,16 +323,17 @@ def micro_batch_sums(
                            loss_norm_length=config.loss_norm_length)
     denominator = loss_denominator(mask, segment_ids, config.loss_reduction)
     ref = micro.get("ref_logprobs")
-    flat = lambda x: _shift_left(x).reshape(b * t)  # noqa: E731
+    take, valid = gather_loss_positions(micro)
+    at_loss = lambda x: take(_shift_left(x))  # noqa: E731
     top_k, top_p = config.logprob_filter
     sums = policy_loss(
-        hidden.reshape(b * t, d),
+        take(hidden),
         head,
-        flat(micro["tokens"]),
-        flat(micro["old_logprobs"]),
-        flat(micro["advantages"]),
-        weights.reshape(b * t),
-        None if ref is None else flat(ref),
+        at_loss(micro["tokens"]),
+        at_loss(micro["old_logprobs"]),
+        at_loss(micro["advantages"]),
+        jnp.where(valid, take(weights), 0.0),
+        None if ref is None else at_loss(ref),
         temperature=config.temperature,
         clip_low=config.pg_clip,
         clip_high=config.pg_clip_high,
@@ -292,7 +343,9 @@ def micro_batch_sums(
         entropy_coef=config.entropy_loss_coef,
         impl=config.kernel_impl,
         policy_loss=config.policy_loss,
-        segment_ids=segment_ids,
+        # Gathered slots keep each sample contiguous (increasing index); empty slots are 0.
+        segment_ids=jnp.where(valid, take(flat_segment_ids(segment_ids).reshape(
+            segment_ids.shape)), 0),
         top_k=top_k,
         top_p=top_p,
     )
@@ -363,25 +416,29 @@ def make_train_step(graphdef, config: LearnerConfig, mesh, state_shardings):
 def make_compute_logprobs(graphdef, config: LearnerConfig, mesh, param_shardings):
     """Jitted ``compute_logprobs(params, batch) -> [n_micro, row_len]`` fp32 token logprobs.
 
-    Entry ``t`` is ``log π(token_t | tokens < t of its segment)`` at ``config.temperature``;
-    0 on padding and on each segment's first token (nothing to condition on). Used for the
-    reference logprobs (with ``ref_params``) and for recomputed old logprobs. ``batch`` needs
-    ``LOGPROB_BATCH_KEYS``; rows are scanned in groups of ``data · fsdp`` like the train step.
+    Entry ``t`` is ``log π(token_t | tokens < t of its segment)`` at ``config.temperature``
+    on the loss tokens (computed only there, module doc); 0 everywhere else. Used for the
+    reference logprobs (with ``ref_params``) and for recomputed old logprobs, which are
+    only read on loss tokens. ``batch`` needs ``LOGPROB_BATCH_KEYS``; rows are scanned in
+    groups of ``data · fsdp`` like the train step.
     """
 
     def rows_logprobs(params, micro):
         hidden, head = _hidden_and_head(graphdef, params, micro)
-        b, t, d = hidden.shape
-        args = (hidden.reshape(b * t, d), head, _shift_left(micro["tokens"]).reshape(b * t),
-                config.temperature)
+        b, t, _ = hidden.shape
+        take, valid = gather_loss_positions(micro)
+        args = (take(hidden), head, take(_shift_left(micro["tokens"])), config.temperature)
         top_k, top_p = config.logprob_filter
         if top_k > 0 or top_p < 1.0:
             logprobs = restricted_token_logprobs(*args, top_k=top_k, top_p=top_p)
         else:
             logprobs = token_logprobs(*args, impl=config.kernel_impl)
-        logprobs = logprobs.reshape(b, t)
-        valid = next_token_valid(micro["segment_ids"])
-        return _shift_right(jnp.where(valid, logprobs, 0.0))
+        # Scatter back; empty slots write out of bounds and are dropped.
+        index = jnp.where(valid, micro["loss_index"].reshape(-1), t).reshape(b, -1)
+        rows = jnp.broadcast_to(jnp.arange(b)[:, None], index.shape)
+        out = jnp.zeros((b, t), _F32).at[rows, index].set(
+            logprobs.reshape(b, -1).astype(_F32), mode="drop")
+        return _shift_right(out)
 
     return make_per_token(rows_logprobs, LOGPROB_BATCH_KEYS, mesh, param_shardings)
 
@@ -438,7 +495,10 @@ class Learner(EngineDriver):
         self.config = config
         self.graphdef = graphdef
         self.mesh = make_mesh() if mesh is None else mesh
-        state = init_train_state(params, config, ref_params=ref_params)
+        compute = jnp.dtype(nnx.merge(graphdef, params).cfg.dtype)
+        lower = jax.tree.leaves(params)[0].dtype.itemsize > compute.itemsize
+        state = init_train_state(params, config, ref_params=ref_params,
+                                 ref_dtype=compute if lower else None)
         shardings = train_state_shardings(state, self.mesh)
         batch_keys = TRAIN_BATCH_KEYS + (("ref_logprobs",) if config.uses_reference else ())
         self.engine = UpdateEngine(state, policy_update_loss(graphdef, config), config,

@@ -20,6 +20,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 
+from jaxrl_agentic import memory_plan as plans
 from jaxrl_agentic import timing, typed_configs
 from jaxrl_agentic.algos import advantages as adv
 from jaxrl_agentic.algos import diagnostics, filters
@@ -34,6 +35,7 @@ from jaxrl_agentic.envs.python_env import make_python_env
 from jaxrl_agentic.envs.tools import tool_metrics
 from jaxrl_agentic.learner import Learner
 from jaxrl_agentic.models import load_pretrained
+from jaxrl_agentic.models.hf_io import read_model_config
 from jaxrl_agentic.parallel import (
     SamplerPlacement,
     allgather_objects,
@@ -127,7 +129,7 @@ class Pipeline:
     """``devices``: the learner's devices (default: all, less any reserved for the sampler
     by ``mesh.sampler_devices``); tests pass a subset to compare meshes in one process."""
 
-    def __init__(self, c, *, model_dir: str | None = None, devices=None):
+    def __init__(self, c, *, model_dir: str | None = None, devices=None, log=print):
         self.c = c
         try:  # the device count is only known now: a mismatch is still a config error
             self.placement = SamplerPlacement(c.mesh.sampler_devices, learner_devices=devices)
@@ -136,6 +138,14 @@ class Pipeline:
                                          devices=self.placement.learner_devices)
         except ValueError as e:
             raise ConfigError(f"config.mesh: {e}") from None
+        max_new = max(spec.max_tokens_per_step for spec in c.custom_envs.values())
+        max_total_len = -(-(c.max_input_length + max_new + 1) // 64) * 64
+        self.memory_plan = self._memory_plan(model_dir or resolve_model_path(c), max_total_len)
+        log(self.memory_plan.table())
+        try:  # before any weight is read or warmed up: a state that cannot fit fails now
+            plans.check_memory_plan(self.memory_plan, warn=log)
+        except ValueError as e:
+            raise ConfigError(f"config: {e}") from None
         if model_dir is None:
             model_dir = resolve_model_path(c)
             if c.format_warmup.steps > 0:
@@ -155,9 +165,7 @@ class Pipeline:
         self.formatter = ChatFormatter(tokenizer, system_prompt=c.system_prompt or None,
                                        reply_prefix=c.reply_prefix,
                                        reply_suffix=c.reply_suffix)
-        max_new = max(spec.max_tokens_per_step for spec in c.custom_envs.values())
-        total = c.max_input_length + max_new + 1
-        self.sampler = Sampler(model, tokenizer, max_total_len=-(-total // 64) * 64,
+        self.sampler = Sampler(model, tokenizer, max_total_len=max_total_len,
                                mesh=mesh if self.placement.colocated else self.placement.mesh,
                                logprob_under_filter=c.logprob_under_sampling_filter)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -202,6 +210,21 @@ class Pipeline:
             # Two threads issuing collectives in a different order on each host deadlock.
             raise ConfigError("config.async_generation_ratio: not supported with several "
                               "processes (distributed.enabled); use 0")
+
+    def _memory_plan(self, model_dir: str, max_total_len: int):
+        """The run's ``memory_plan`` per device, from the model's config.json alone."""
+        c = self.c
+        cfg = read_model_config(model_dir, c.dtype, c.param_dtype)
+        learner = typed_configs.learner_config(c)
+        cpu = jax.default_backend() == "cpu"
+        episodes = c.train_env_manager.num_env_groups * c.train_env_manager.group_size \
+            * c.generation.num_return_sequences
+        return plans.memory_plan(
+            cfg, row_len=c.micro_batch_max_tokens, loss_slots=learner.packing.loss_slots_per_row,
+            remat=c.remat, kernel_impl=c.kernel_impl, reference=learner.uses_reference,
+            shards=self.mesh.shape["fsdp"] * self.mesh.shape["tensor"],
+            sampler_rows=episodes, sampler_len=max_total_len, budget=plans.device_budget(),
+            host_devices=jax.local_device_count() if cpu else 1)
 
     # ---- rollouts ---------------------------------------------------------------------------
     def sampler_params(self):

@@ -103,6 +103,16 @@ def model_policy(model_dir: str, stdout: TextIO, *, max_new_tokens: int = 64,
     return policy
 
 
+def _ask(policy: Policy, prompt: str, turn: int, out: TextIO) -> str | None:
+    """Shows turn `turn`'s prompt and returns the policy's reply (None at end of input)."""
+    print(f"--- turn {turn} ---\n{prompt}", file=out)
+    try:
+        return policy(prompt)
+    except EOFError:
+        print("\n(end of input)", file=out)
+        return None
+
+
 def play_episode(
     env: TextEnvironment,
     params: TextEnvParams,
@@ -120,11 +130,8 @@ def play_episode(
     turn = 0
     while max_turns is None or turn < max_turns:
         turn += 1
-        print(f"--- turn {turn} ---\n{prompt}", file=out)
-        try:
-            reply = policy(prompt)
-        except EOFError:
-            print("\n(end of input)", file=out)
+        reply = _ask(policy, prompt, turn, out)
+        if reply is None:
             break
         action = env.parse_action(reply)
         key, step_key = jax.random.split(key)
@@ -159,11 +166,8 @@ def play_python_episode(env, policy: Policy, seed: int, out: TextIO,
     limit = env.max_steps_in_episode if max_turns is None else max_turns
     while turn < limit:
         turn += 1
-        print(f"--- turn {turn} ---\n{prompt}", file=out)
-        try:
-            reply = policy(prompt)
-        except EOFError:
-            print("\n(end of input)", file=out)
+        reply = _ask(policy, prompt, turn, out)
+        if reply is None:
             break
         step = env.step(reply)
         steps.append(step)

@@ -134,7 +134,7 @@ def run(c, *, log=print) -> dict[str, float]:
     checkpointer = Checkpointer(os.path.join(paths["output_dir"], "checkpoints"))
     if c.resume_from_checkpoint:  # a bad path fails before any model is built
         directory, step = resolve_checkpoint(c.resume_from_checkpoint, paths["output_dir"])
-    pipeline = Pipeline(c)
+    pipeline = Pipeline(c, log=log)
     if c.resume_from_checkpoint:
         source = checkpointer if directory == checkpointer.directory else Checkpointer(directory)
         states, host = source.restore(step, pipeline.train_states())

@@ -16,6 +16,19 @@ from jaxrl_agentic.rollout.groups import EnvManagerConfig
 from jaxrl_agentic.rollout.loop import GenerationConfig
 
 
+def loss_slots(c) -> int:
+    """Loss tokens a packed row may hold: ``micro_batch_max_loss_tokens``, or automatically
+    a quarter of the row (replies are a small part of a multi-turn sample: the chat
+    template, observations and the growing context are not), at least the most tokens one
+    sample generates (``max_turns · max_tokens_per_step``, so every sample fits a row),
+    rounded up to a multiple of 64 and at most the row."""
+    row = c.micro_batch_max_tokens
+    if c.micro_batch_max_loss_tokens:
+        return min(c.micro_batch_max_loss_tokens, row)
+    budget = max(spec.max_tokens_per_step * spec.max_turns for spec in c.custom_envs.values())
+    return min(row, -(-max(row // 4, budget) // 64) * 64)
+
+
 def packing_config(c, pad_token_id: int = 0) -> PackingConfig:
     return PackingConfig(
         micro_batch_max_tokens=c.micro_batch_max_tokens,
@@ -23,6 +36,8 @@ def packing_config(c, pad_token_id: int = 0) -> PackingConfig:
         rows_bucket=c.rows_bucket,
         fixed_rows=c.fixed_rows,
         pad_token_id=pad_token_id,
+        loss_slots=loss_slots(c),
+        row_len_buckets=c.row_len_buckets,
     )
 
 
@@ -63,6 +78,7 @@ def learner_config(c, pad_token_id: int = 0) -> LearnerConfig:
         top_p=c.generation.top_p,
         logprob_under_sampling_filter=c.logprob_under_sampling_filter,
         kernel_impl=c.kernel_impl,
+        remat=c.remat,
         **_update_fields(c, pad_token_id),
     )
 

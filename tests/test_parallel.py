@@ -126,7 +126,7 @@ _SCRIPT = textwrap.dedent(
                                   advantages=mask * rng.normal(), prompt_len=p,
                                   ref_logprobs=mask * rng.uniform(-4.5, -3.9, n)))
         packed = pack_samples(samples, micro_batch_max_tokens=32, sequence_length=32, num_rows=8)
-        return packed.token_arrays()
+        return packed.device_arrays()
 
     batches = [batch() for _ in range(3)]
     lrs = [np.float32(x) for x in (1e-3, 5e-4, 2e-4)]
@@ -170,6 +170,7 @@ _SCRIPT = textwrap.dedent(
     lp_single = np.asarray(fn_single(single.params, batches[0]))
     out["logprob_max_abs_diff"] = float(np.abs(lp_sharded - lp_single).max())
     out["logprob_nonzero"] = int((lp_single != 0).sum())
+    out["loss_tokens"] = int((np.asarray(batches[0]["loss_mask"]) > 0).sum())
     # The host loop on a (2, 4, 1) mesh: 5 short samples need 2 rows, padded to 8 shards.
     from jaxrl_agentic.learner import Learner
     import dataclasses
@@ -209,7 +210,8 @@ def test_sharded_train_steps_match_single_device(sharded_report):
         assert report["max_abs_diff"] <= 1e-5, shape
         np.testing.assert_allclose(report["losses"], single, rtol=1e-5, atol=1e-7, err_msg=shape)
     assert sharded_report["logprob_max_abs_diff"] <= 1e-5
-    assert sharded_report["logprob_nonzero"] > 100
+    # Computed at every loss token (and only there: the LM head runs at the loss slots).
+    assert sharded_report["logprob_nonzero"] == sharded_report["loss_tokens"] > 50
     learner = sharded_report["learner"]
     assert learner["batch/num_micro_batches"] == 8  # 2 rows needed, padded to the 8 shards
     assert learner["tokens/loss"] == 5 * 6 and learner["tokens/real"] == 50

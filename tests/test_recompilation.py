@@ -256,3 +256,34 @@ def test_episode_replays_compile_nothing_after_the_first(warm_pipeline):
             frames = replay_frames(runner, traj)
             assert len(frames) == len(traj.turns) + 1
     assert counter.programs == [], counter.programs
+
+
+def test_row_length_buckets_compile_at_most_one_program_each(small_policy):
+    """`row_len_buckets=3`: rows of 64, 32 or 16 tokens, whichever computes the fewest slots
+    for the mini-batch. Short and growing episodes visit several row lengths; each is
+    compiled once, and no more programs than buckets are ever made."""
+    from jaxrl_agentic.data import PackingConfig
+    from jaxrl_agentic.learner import Learner, LearnerConfig
+    from jaxrl_agentic.update import computed_slots
+
+    packing = PackingConfig(micro_batch_max_tokens=64, sequence_length=64, rows_bucket=4,
+                            fixed_rows=True, row_len_buckets=3)
+    learner = Learner(*small_policy, LearnerConfig(mini_batch_size=8, learning_rate=1e-3,
+                                                   packing=packing))
+    rng = np.random.default_rng(0)
+    row_lens, slots, fixed_slots = [], 0, 0
+    with CompileEvents() as counter:
+        for max_len in (12, 12, 16, 30, 40, 50, 60, 64, 14):
+            samples = [dataclasses.replace(s, returns=None, values=None)
+                       for s in growing_episodes(rng, 8, max_len)]
+            learner.sample_logprobs(samples)
+            metrics = learner.step(samples, np.full(1, 1e-3))
+            batch = packing.pack(samples, num_rows=8)
+            row_lens.append(batch.row_len)
+            slots += metrics["tokens/computed"]
+            fixed_slots += computed_slots(dataclasses.replace(packing, row_len_buckets=1).pack(
+                samples, num_rows=8), learner.mesh)
+    assert {32, 64} <= set(row_lens) <= {16, 32, 64}, row_lens
+    assert counter.programs.count("jit(update_step)") == len(set(row_lens)), counter.programs
+    assert counter.programs.count("jit(compute)") <= 3, counter.programs
+    assert slots < fixed_slots, (slots, fixed_slots)  # never more: the full row is a candidate

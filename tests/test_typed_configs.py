@@ -15,11 +15,16 @@ def test_typed_defaults_equal_the_run_defaults():
     changed on one side only (LearnerConfig once had lr 1e-6, fixed_rows False and
     rows_bucket 0 against the run's 1e-5, True and 4) fails here."""
     c = default_config()
-    assert typed_configs.learner_config(c) == LearnerConfig()
+    # Except the loss slots per row: the run's 0 = automatic is resolved from the envs'
+    # generation budgets, which a PackingConfig does not know (its 0 = the whole row).
+    packing = dataclasses.replace(LearnerConfig().packing, loss_slots=typed_configs.loss_slots(c))
+    assert 0 < packing.loss_slots < packing.micro_batch_max_tokens
+    assert typed_configs.learner_config(c) == dataclasses.replace(LearnerConfig(),
+                                                                  packing=packing)
     # The critic's learning rate is the run's critic_learning_rate, not learning_rate.
     assert typed_configs.critic_config(c) == dataclasses.replace(
-        CriticConfig(), learning_rate=c.critic_learning_rate)
-    assert typed_configs.packing_config(c) == LearnerConfig().packing
+        CriticConfig(), learning_rate=c.critic_learning_rate, packing=packing)
+    assert typed_configs.packing_config(c) == packing
 
 
 def test_run_config_fields_reach_the_typed_configs():

@@ -18,7 +18,6 @@ from jaxrl_agentic.data.packing import (
     PackedBatch,
     PackingConfig,
     bucket_rows,
-    pack_samples,
     pad_rows,
     round_up_to_bucket,
 )
@@ -69,16 +68,9 @@ def pack_minibatches(
     segment-metadata width is the largest one. Padding micro-batches have segment ids 0
     everywhere, so they add nothing to any loss sum or denominator.
     """
-    packed = [
-        pack_samples(
-            mb,
-            micro_batch_max_tokens=packing.micro_batch_max_tokens,
-            sequence_length=packing.sequence_length,
-            rows_bucket=1,  # exact row count here; the common bucket is applied below
-            pad_token_id=packing.pad_token_id,
-        )
-        for mb in minibatches
-    ]
+    # Exact row counts here; the common bucket is applied below. Each mini-batch gets its
+    # own row length (``PackingConfig.row_len_buckets``); an update step is one call.
+    packed = [packing.pack(mb, rows_bucket=1) for mb in minibatches]
     needed = max((b.num_micro_batches for b in packed), default=0)
     if packing.fixed_rows:
         if needed > mini_batch_size:

@@ -41,7 +41,15 @@ class PackingConfig:
     counts are rounded up to a multiple of it (0 = the next power of two); ``fixed_rows``:
     every mini-batch is packed to the most rows it can need (one per sample), so the train
     step's shape never follows episode lengths and the padding rows are skipped in the scan;
-    ``pad_token_id``: the token id of padding slots.
+    ``pad_token_id``: the token id of padding slots; ``loss_slots``: the most loss tokens a
+    row may hold (0 = ``micro_batch_max_tokens``, no limit). The learner runs its LM head,
+    logprobs and loss only at a row's loss positions, gathered into ``loss_slots`` slots
+    (:meth:`PackedBatch.loss_index`), so a row of 8,192 tokens of which 400 carry loss costs
+    400-odd LM-head rows, not 8,192; the packer fills rows under both capacities.
+    ``row_len_buckets`` k: a batch's row length is chosen among ``micro_batch_max_tokens /
+    2^i`` (i < k, each at least its longest sample) as the one that computes the fewest
+    slots (busy rows × row length), so 8 short samples do not fill one 8,192-token row's
+    worth of work; at most k shapes per row count, each compiled once (1 = fixed).
 
     A rule that fails raises ``ValueError("<field>: <why>")``; ``config.validate`` reports it
     as ``config.<field>: <why>``.
@@ -52,6 +60,8 @@ class PackingConfig:
     rows_bucket: int = 4
     fixed_rows: bool = True
     pad_token_id: int = 0
+    loss_slots: int = 0
+    row_len_buckets: int = 1
 
     def __post_init__(self):
         if self.sequence_length < 1:
@@ -63,17 +73,72 @@ class PackingConfig:
             )
         if self.rows_bucket < 0:
             raise ValueError(f"rows_bucket: must be >= 0, got {self.rows_bucket}")
+        if self.row_len_buckets < 1:
+            raise ValueError(f"row_len_buckets: must be >= 1, got {self.row_len_buckets}")
+        if not 0 <= self.loss_slots <= self.micro_batch_max_tokens:
+            raise ValueError(f"loss_slots: must lie in [0, micro_batch_max_tokens="
+                             f"{self.micro_batch_max_tokens}] (0 = no limit), got "
+                             f"{self.loss_slots}")
 
-    def pack(self, samples: Sequence[Sample], *, num_rows: int | None = None) -> PackedBatch:
-        """:func:`pack_samples` with these settings."""
+    @property
+    def loss_slots_per_row(self) -> int:
+        return self.loss_slots or self.micro_batch_max_tokens
+
+    def row_lengths(self) -> list[int]:
+        """The row lengths a batch may get, longest first."""
+        return sorted({max(self.micro_batch_max_tokens >> i, 1)
+                       for i in range(self.row_len_buckets)}, reverse=True)
+
+    def row_len_for(self, samples: Sequence[Sample]) -> int:
+        """The row length of :meth:`row_lengths` that computes the fewest slots for
+        ``samples`` (the longest on ties: fewer rows)."""
+        lengths = [min(len(s), self.sequence_length) for s in samples]
+        if self.row_len_buckets == 1 or not lengths:
+            return self.micro_batch_max_tokens
+        loads = [int(np.count_nonzero(s.loss_mask[:n])) for s, n in zip(samples, lengths,
+                                                                         strict=True)]
+        if self.loss_slots and max(loads) > self.loss_slots:
+            raise ValueError(f"a sample has {max(loads)} loss tokens > "
+                             f"micro_batch_max_loss_tokens={self.loss_slots} (the most a row "
+                             f"may hold); raise it (0 = automatic)")
+        costs = {}  # row length → slots computed (busy rows × row length)
+        for row in self.row_lengths():
+            if row < max(lengths):
+                break
+            rows = first_fit_decreasing(lengths, row, loads=loads,
+                                        load_capacity=self.loss_slots_for(row))
+            costs[row] = len(rows) * row
+        return min(costs, key=lambda row: (costs[row], -row))
+
+    def loss_slots_for(self, row_len: int) -> int:
+        """Loss slots of a row of ``row_len`` tokens (never more than its tokens)."""
+        return min(self.loss_slots or row_len, row_len)
+
+    def pack(self, samples: Sequence[Sample], *, num_rows: int | None = None,
+             rows_bucket: int | None = None) -> PackedBatch:
+        """:func:`pack_samples` with these settings, at :meth:`row_len_for` ``samples``."""
+        row = self.row_len_for(samples)
         return pack_samples(
             samples,
-            micro_batch_max_tokens=self.micro_batch_max_tokens,
-            sequence_length=self.sequence_length,
-            rows_bucket=self.rows_bucket,
+            micro_batch_max_tokens=row,
+            # A row shorter than sequence_length is only chosen when every sample fits it:
+            # cutting at the row then cuts nothing more.
+            sequence_length=min(self.sequence_length, row),
+            rows_bucket=self.rows_bucket if rows_bucket is None else rows_bucket,
             num_rows=num_rows,
             pad_token_id=self.pad_token_id,
+            loss_slots=self.loss_slots_for(row) if self.loss_slots else 0,
         )
+
+
+def loss_positions(loss_mask: np.ndarray, segment_ids: np.ndarray) -> np.ndarray:
+    """``[n, T]`` bool, prediction index: hidden state ``i`` predicts token ``i + 1``, which
+    carries loss, in the same (non-padding) segment. The learner's mask is the same
+    (``learner.next_token_valid`` times the shifted loss mask)."""
+    pred = np.zeros(loss_mask.shape, bool)
+    pred[:, :-1] = ((loss_mask[:, 1:] > 0) & (segment_ids[:, :-1] > 0)
+                    & (segment_ids[:, :-1] == segment_ids[:, 1:]))
+    return pred
 
 
 @dataclasses.dataclass
@@ -90,7 +155,8 @@ class PackedBatch:
     unused): ``seg_traj_id``, ``seg_turn``, ``seg_prompt_len``, ``seg_response_len`` (after
     truncation) and ``sample_index`` (position of the sample in the input list).
 
-    ``num_truncated``: how many input samples were cut to ``sequence_length``.
+    ``num_truncated``: how many input samples were cut to ``sequence_length``;
+    ``loss_slots``: the width of :meth:`loss_index` (0 = ``row_len``).
     """
 
     tokens: np.ndarray
@@ -108,6 +174,7 @@ class PackedBatch:
     seg_response_len: np.ndarray
     sample_index: np.ndarray
     num_truncated: int = 0
+    loss_slots: int = 0
 
     @property
     def num_micro_batches(self) -> int:
@@ -122,6 +189,24 @@ class PackedBatch:
         names = ("tokens", "positions", "segment_ids", *_REQUIRED_TOKEN_FIELDS)
         names += tuple(n for n in _OPTIONAL_TOKEN_FIELDS if getattr(self, n) is not None)
         return {name: getattr(self, name) for name in names}
+
+    def device_arrays(self) -> dict[str, np.ndarray]:
+        """:meth:`token_arrays` and ``loss_index`` ``[n_micro, loss_slots]``: all a step reads."""
+        return {**self.token_arrays(), "loss_index": self.loss_index()}
+
+    def loss_index(self) -> np.ndarray:
+        """``[n_micro, loss_slots]`` int32: per row, the prediction indices of
+        :func:`loss_positions` in increasing order, then −1. A row with more loss positions
+        than slots is a ``ValueError`` (the packer never makes one)."""
+        pred = loss_positions(self.loss_mask, self.segment_ids)
+        slots = self.loss_slots or self.row_len
+        counts = pred.sum(axis=1)
+        if counts.size and counts.max() > slots:
+            raise ValueError(f"a row has {counts.max()} loss positions > loss_slots={slots}")
+        index = np.full((self.num_micro_batches, slots), -1, np.int32)
+        rows, cols = np.nonzero(pred)
+        index[rows, np.arange(rows.size) - np.repeat(np.cumsum(counts) - counts, counts)] = cols
+        return index
 
 
 def round_up_to_bucket(n: int, bucket: int = 0) -> int:
@@ -174,6 +259,7 @@ def _assemble(
     num_truncated: int,
     pad_token_id: int,
     optional_fields: tuple[str, ...],
+    loss_slots: int = 0,
 ) -> PackedBatch:
     """Writes ``samples`` into a batch; ``rows[r]`` lists the sample indices of row ``r``."""
     shape, seg_shape = (num_rows, row_len), (num_rows, max_segments)
@@ -213,6 +299,7 @@ def _assemble(
         **seg,
         sample_index=sample_index,
         num_truncated=num_truncated,
+        loss_slots=loss_slots,
     )
 
 
@@ -225,29 +312,40 @@ def _resolve_num_rows(needed: int, num_rows: int | None, rows_bucket: int, what:
 
 
 def first_fit_decreasing(
-    lengths: Sequence[int], capacity: int, max_items_per_bin: int | None = None
+    lengths: Sequence[int], capacity: int, max_items_per_bin: int | None = None, *,
+    loads: Sequence[int] | None = None, load_capacity: int | None = None,
 ) -> list[list[int]]:
     """Bins of item indices: items by decreasing length, each into the first bin with room.
 
     FFD uses at most ``11/9·OPT + 6/9`` bins. Ties keep input order, so the result is
-    deterministic. Each bin's indices are returned in increasing order.
+    deterministic. Each bin's indices are returned in increasing order. With ``loads`` (one
+    per item, e.g. its loss tokens) a bin must also keep ``Σ loads ≤ load_capacity``.
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     if np.any(lengths > capacity):
         raise ValueError(f"an item of length {lengths.max()} exceeds bin capacity {capacity}")
     n = len(lengths)
+    loads = np.zeros(n, np.int64) if loads is None else np.asarray(loads, np.int64)
+    load_capacity = int(loads.max(initial=0)) if load_capacity is None else load_capacity
+    if np.any(loads > load_capacity):
+        raise ValueError(f"an item of load {loads.max()} exceeds the load capacity "
+                         f"{load_capacity}")
     room = np.zeros(n, np.int64)  # at most one bin per item
+    load_room = np.zeros(n, np.int64)
     count = np.zeros(n, np.int64)
     cap_items = n if max_items_per_bin is None else max_items_per_bin
     bins: list[list[int]] = []
     for i in np.argsort(-lengths, kind="stable"):
-        fits = (room[: len(bins)] >= lengths[i]) & (count[: len(bins)] < cap_items)
-        b = int(np.argmax(fits)) if fits.any() else len(bins)
-        if b == len(bins):
+        open_ = len(bins)
+        fits = ((room[:open_] >= lengths[i]) & (load_room[:open_] >= loads[i])
+                & (count[:open_] < cap_items))
+        b = int(np.argmax(fits)) if fits.any() else open_
+        if b == open_:
             bins.append([])
-            room[b] = capacity
+            room[b], load_room[b] = capacity, load_capacity
         bins[b].append(int(i))
         room[b] -= lengths[i]
+        load_room[b] -= loads[i]
         count[b] += 1
     return [sorted(members) for members in bins]
 
@@ -261,6 +359,7 @@ def pack_samples(
     num_rows: int | None = None,
     max_segments: int | None = None,
     pad_token_id: int = 0,
+    loss_slots: int = 0,
 ) -> PackedBatch:
     """Packs samples padding-free into ``[n_micro, micro_batch_max_tokens]`` rows.
 
@@ -272,6 +371,8 @@ def pack_samples(
     Args:
       max_segments: cap on samples per row; also the width of the segment arrays. Default:
         the most used by any row, rounded up to a power of two.
+      loss_slots: cap on loss tokens per row (0 = none; ``PackingConfig.loss_slots``). A
+        sample with more loss tokens than that is a ``ValueError`` naming the setting.
     """
     if micro_batch_max_tokens < sequence_length:
         raise ValueError(
@@ -284,7 +385,12 @@ def pack_samples(
         raise ValueError(f"max_segments={max_segments} must be >= 1")
     cut, num_truncated = _truncate_all(samples, sequence_length)
     optional = _check_optional_fields(cut)
-    rows = first_fit_decreasing([len(s) for s in cut], micro_batch_max_tokens, max_segments)
+    loads = [int(np.count_nonzero(s.loss_mask)) for s in cut]
+    if loss_slots and max(loads, default=0) > loss_slots:
+        raise ValueError(f"a sample has {max(loads)} loss tokens > micro_batch_max_loss_tokens="
+                         f"{loss_slots} (the most a row may hold); raise it (0 = automatic)")
+    rows = first_fit_decreasing([len(s) for s in cut], micro_batch_max_tokens, max_segments,
+                                loads=loads, load_capacity=loss_slots or micro_batch_max_tokens)
     width = max_segments or round_up_to_bucket(max((len(r) for r in rows), default=1))
     return _assemble(
         cut,
@@ -295,6 +401,7 @@ def pack_samples(
         num_truncated=num_truncated,
         pad_token_id=pad_token_id,
         optional_fields=optional,
+        loss_slots=loss_slots,
     )
 
 

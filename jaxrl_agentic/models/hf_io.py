@@ -112,6 +112,12 @@ def _read_config(path: str, dtype: str, param_dtype: str | None) -> ModelConfig:
         raise CheckpointError(f"{config_file}: {e}") from None
 
 
+def read_model_config(path: str, dtype: str = "float32", param_dtype: str | None = None
+                      ) -> ModelConfig:
+    """The ModelConfig of an HF directory (its config.json), without reading any weight."""
+    return _read_config(path, dtype, param_dtype)
+
+
 def load_tokenizer(path: str):
     import transformers
 

@@ -112,6 +112,12 @@ SIZES = {
                  num_key_value_heads=2, intermediate_size=384, vocab_size=576),
     "25m": dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8,
                 num_key_value_heads=2, intermediate_size=1408, vocab_size=8192),
+    # Qwen2.5-0.5B's width and vocabulary (hidden 896, 14/2 heads, 4864, 151,936) at 4 of
+    # its 24 layers (both sides' fp32 state and torch's full logits fit 24 GB) and at 24.
+    "qwen0.5b-4l": dict(hidden_size=896, num_hidden_layers=4, num_attention_heads=14,
+                        num_key_value_heads=2, intermediate_size=4864, vocab_size=151_936),
+    "qwen0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
+                     num_key_value_heads=2, intermediate_size=4864, vocab_size=151_936),
 }
 CLIP = 0.2
 WEIGHT_DECAY = 0.01

@@ -237,3 +237,25 @@ def test_packing_config_states_its_rules_with_the_field_name():
     packed, reference = config.pack(samples), pack_samples(
         samples, micro_batch_max_tokens=8, sequence_length=8, rows_bucket=3)
     np.testing.assert_array_equal(packed.tokens, reference.tokens)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_row_length_bucket_is_the_cheapest_that_fits(seed):
+    """`row_len_buckets=4`: rows of 128, 64, 32 or 16 tokens; the chosen one computes the
+    fewest slots (rows × length, brute force over the candidates with the textbook FFD),
+    the longest on ties, and a sample never needs a row shorter than itself."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(3, [20, 40, 70, 128][seed % 4], size=int(rng.integers(1, 9))).tolist()
+    samples = samples_of_lengths(lengths)
+    config = PackingConfig(micro_batch_max_tokens=128, sequence_length=128, rows_bucket=1,
+                           row_len_buckets=4)
+    cost = {row: len(reference_ffd(lengths, row)) * row
+            for row in (128, 64, 32, 16) if row >= max(lengths)}
+    best = min(cost, key=lambda row: (cost[row], -row))
+    batch = config.pack(samples)
+    assert batch.row_len == best, (lengths, cost)
+    assert batch.num_micro_batches * batch.row_len == cost[best]
+    kept = [batch.tokens[r][batch.segment_ids[r] == k + 1]
+            for r in range(batch.num_micro_batches) for k in range(batch.sample_index.shape[1])
+            if batch.sample_index[r, k] >= 0]
+    assert sorted(map(len, kept)) == sorted(lengths)  # nothing cut

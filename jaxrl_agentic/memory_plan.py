@@ -1,0 +1,173 @@
+"""What a run will hold in memory, per device, before it allocates any of it.
+
+:func:`memory_plan` estimates, from the model's config and the run's settings alone:
+
+    parameters      P · b_param / (fsdp · tensor)         (P parameters, b = bytes per value)
+    reference       P · min(b_param, b_compute) / (fsdp · tensor) when a KL reference is kept
+                    (init_kl_coef or target_kl; its matrices are stored in the compute dtype)
+    gradients       P · 4 / (fsdp · tensor)               (accumulated in fp32)
+    optimizer       2 · P · b_param / (fsdp · tensor)     (AdamW's first and second moments)
+    activations     one group of rows of the train step's scan, one row per device:
+                      remat "none"   L · a_layer(T)
+                      remat "layer"  2L · T · D · b + a_layer(T) + 2 · P_L · b
+                      remat "dots"   L · T · (2D + 2K·h + 3F) · b + a_layer(T) + 2 · P_L · b
+                      a_layer(T) = T·(15D + 7F)·b + H·s(T)·(9 + b)
+                      s(T) = T² (dense, T ≤ 256) or T·(T + 128)/2 (block-causal)
+                    (with remat the blocks run as a scan over their weights stacked in the
+                    compute dtype: a copy of the P_L block parameters and of their gradient)
+    lm head         S · min(V, 8192) · 4 · 3 (fp32 logits of a vocabulary chunk at the S loss
+                    slots, their softmax and gradient; the full vocabulary with
+                    ``kernel_impl="reference"``)
+    kv cache        L · 2 · R · K · h · N · b_cache (R sampler rows, N their cache length)
+    sampler logits  R · V · 4
+
+(L layers, D hidden, F intermediate, H / K query / kv heads of size h, V vocabulary, T the
+row length, S the loss slots per row.) The activation terms are the residuals counted by
+JAX's ``saved_residuals`` for the learner's loss at small shapes (per score: fp32 logits,
+probabilities and their mask, ≈ 13 bytes; per token: ~15 hidden-sized and ~7 MLP-sized
+values), rounded up; the plan is an estimate that errs high. :func:`check_memory_plan`
+turns it into a one-line error when the sharded training state alone cannot fit (certain
+failure) and a warning naming what to change when the whole plan exceeds the budget.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from jaxrl_agentic.models.config import ModelConfig
+
+GIB = 1024**3
+_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+_VOCAB_CHUNK = 8192  # the chunked / fused kernels hold at most this many logits per token
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes per device, by item (``items`` in the order of the module doc)."""
+
+    items: tuple[tuple[str, float], ...]
+    budget: float  # bytes one device has (0 = unknown)
+
+    @property
+    def training_state(self) -> float:
+        names = ("parameters", "reference", "gradients", "optimizer")
+        return sum(b for n, b in self.items if n in names)
+
+    @property
+    def total(self) -> float:
+        return sum(b for _, b in self.items)
+
+    def table(self) -> str:
+        lines = ["memory plan (per device, estimated):"]
+        lines += [f"  {name:<15} {b / GIB:8.2f} GiB" for name, b in self.items]
+        lines.append(f"  {'total':<15} {self.total / GIB:8.2f} GiB"
+                     + (f" of {self.budget / GIB:.1f} GiB" if self.budget else ""))
+        return "\n".join(lines)
+
+
+def layer_activation_bytes(cfg: ModelConfig, row_len: int) -> float:
+    """``a_layer(T)``: what one block keeps for its backward at ``row_len`` tokens."""
+    b, t = _BYTES[cfg.dtype], row_len
+    scores = t * t if t <= 256 else t * (t + 128) / 2
+    return (t * (15 * cfg.hidden_size + 7 * cfg.intermediate_size) * b
+            + cfg.num_attention_heads * scores * (9 + b))
+
+
+def activation_bytes(cfg: ModelConfig, row_len: int, remat: str) -> float:
+    """Activations the train step keeps for one row (module doc)."""
+    b, t, layers = _BYTES[cfg.dtype], row_len, cfg.num_hidden_layers
+    one = layer_activation_bytes(cfg, t)
+    if remat == "none":
+        return layers * one
+    if remat == "layer":
+        return 2 * layers * t * cfg.hidden_size * b + one
+    kv = cfg.num_key_value_heads * cfg.head_dim
+    return layers * t * (2 * cfg.hidden_size + 2 * kv + 3 * cfg.intermediate_size) * b + one
+
+
+def layer_params(cfg: ModelConfig) -> int:
+    """Parameters of the decoder blocks (all but embeddings, head and final norm)."""
+    head = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size
+    return cfg.num_params() - cfg.vocab_size * cfg.hidden_size - head - cfg.hidden_size
+
+
+def device_budget() -> float:
+    """Bytes one device may use: the accelerator's limit, or the host's RAM on CPU."""
+    import jax
+
+    device = jax.local_devices()[0]  # another process's device cannot be asked
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    if stats and stats.get("bytes_limit"):
+        return float(stats["bytes_limit"])
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 0.0
+
+
+def memory_plan(cfg: ModelConfig, *, row_len: int, loss_slots: int, remat: str,
+                kernel_impl: str, reference: bool, shards: int = 1, sampler_rows: int = 0,
+                sampler_len: int = 0, budget: float = 0.0, host_devices: int = 1
+                ) -> MemoryPlan:
+    """The plan (module doc). ``shards`` = fsdp · tensor; ``host_devices``: devices sharing
+    one host's RAM when the budget is the host's (CPU), whose states all count."""
+    p = cfg.num_params()
+    pb = _BYTES[cfg.param_dtype]
+    per = p / shards
+    vocab = cfg.vocab_size if kernel_impl == "reference" else min(cfg.vocab_size, _VOCAB_CHUNK)
+    cache = (cfg.num_hidden_layers * 2 * sampler_rows * cfg.num_key_value_heads * cfg.head_dim
+             * sampler_len * _BYTES[cfg.dtype])
+    items = (
+        ("parameters", per * pb),
+        ("reference", per * min(pb, _BYTES[cfg.dtype]) if reference else 0.0),
+        ("gradients", per * 4),
+        ("optimizer", 2 * per * pb),
+        ("activations", activation_bytes(cfg, row_len, remat)
+         + (0.0 if remat == "none"
+            else 2 * layer_params(cfg) * min(pb, _BYTES[cfg.dtype]) / shards)),
+        ("lm head", loss_slots * vocab * 4 * 3),
+        ("kv cache", cache / max(host_devices, 1)),
+        ("sampler logits", sampler_rows * cfg.vocab_size * 4 / max(host_devices, 1)),
+    )
+    if host_devices > 1:  # one RAM holds every device's share
+        items = tuple((n, b * host_devices) for n, b in items)
+    return MemoryPlan(items=items, budget=budget)
+
+
+def check_memory_plan(plan: MemoryPlan, warn=print) -> None:
+    """Raises ``ValueError`` (one line) if the training state alone exceeds the budget;
+    warns, naming the settings that shrink the plan, if the whole plan does."""
+    if not plan.budget:
+        return
+    gib = lambda b: f"{b / GIB:.1f} GiB"  # noqa: E731
+    if plan.training_state > plan.budget:
+        raise ValueError(
+            f"the parameters, gradients and optimizer state need {gib(plan.training_state)} "
+            f"per device, over its {gib(plan.budget)}: shard them over more devices "
+            f"(mesh.fsdp), use param_dtype='bfloat16', or drop the KL reference "
+            f"(init_kl_coef=0)")
+    if plan.total > plan.budget:
+        big = dict(plan.items)
+        advice = []
+        if big["activations"] > 0.2 * plan.total:
+            advice.append("remat='layer' or a smaller micro_batch_max_tokens")
+        if big["kv cache"] + big["sampler logits"] > 0.2 * plan.total:
+            advice.append("fewer episodes per step (train_env_manager) or a shorter "
+                          "max_input_length")
+        if big["lm head"] > 0.2 * plan.total:
+            advice.append("kernel_impl='auto' and a smaller micro_batch_max_loss_tokens")
+        warn(f"warning: the memory plan ({gib(plan.total)} per device) exceeds the "
+             f"{gib(plan.budget)} available; "
+             + ("; ".join(advice) or "see the plan above") + ".")
+
+
+def peak_rss_bytes() -> float:
+    """This process's peak resident set size (Linux ``ru_maxrss`` is in KiB)."""
+    import resource
+
+    return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024.0
+
+
+__all__ = ["MemoryPlan", "activation_bytes", "check_memory_plan", "device_budget",
+           "layer_activation_bytes", "memory_plan", "peak_rss_bytes", "GIB"]
