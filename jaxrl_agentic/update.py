@@ -245,18 +245,14 @@ def apply_if_finite(optimizer, params, opt_state, grads, loss, lr):
     norm are finite. Returns ``(params, opt_state, finite, grad_norm)``."""
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-
-    def apply(operands):
-        params, opt_state = operands
-        updates, new_opt_state = optimizer.update(grads, set_learning_rate(opt_state, lr),
-                                                  params)
-        return optax.apply_updates(params, updates), new_opt_state
-
-    # A cond, not a `where` over the two states: `where` keeps the old and the new
-    # parameters and moments alive at once (+3× the parameter bytes at the 0.5B shape);
-    # the taken branch of a cond updates the donated buffers in place.
-    params, opt_state = lax.cond(finite, apply, lambda operands: operands, (params, opt_state))
-    return params, opt_state, finite, grad_norm
+    updates, new_opt_state = optimizer.update(grads, set_learning_rate(opt_state, lr), params)
+    new_params = optax.apply_updates(params, updates)
+    return (
+        _where_tree(finite, new_params, params),
+        _where_tree(finite, new_opt_state, opt_state),
+        finite,
+        grad_norm,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
