@@ -56,7 +56,7 @@ from jaxrl_agentic.algos.losses import (
 )
 from jaxrl_agentic.algos.reductions import REDUCTIONS, loss_denominator, loss_weights
 from jaxrl_agentic.data import Sample, token_stats, updates_per_step
-from jaxrl_agentic.models.transformer import REMAT_POLICIES
+from jaxrl_agentic.models.transformer import REMAT_POLICIES, in_compute_dtype
 from jaxrl_agentic.parallel import make_mesh, place, train_state_shardings
 from jaxrl_agentic.update import (
     EngineDriver,
@@ -240,20 +240,18 @@ def init_train_state(
     donates the state, and must not invalidate the caller's arrays.
 
     ``ref_params`` defaults to a copy of ``params`` when ``config.uses_reference``. With
-    ``ref_dtype`` (the model's compute dtype, when lower than the params'), the reference's
-    matrices are stored in it: the reference only runs forwards, whose matmuls cast every
-    weight matrix to the compute dtype anyway, so its logprobs are unchanged and it takes
-    half the memory (1 GB less at Qwen2.5-0.5B in fp32). Vectors (norm scales, biases)
-    keep their dtype: the norms compute in fp32.
+    ``ref_dtype`` (the model's compute dtype), the reference's matrices are stored as the
+    matmuls use them (``models.transformer.in_compute_dtype``): the reference only runs
+    forwards, so its logprobs are unchanged, and with bf16 compute over fp32 params it takes
+    half the memory (1 GB less at Qwen2.5-0.5B).
     """
     params = jax.tree.map(jnp.copy, params)
     if config.uses_reference:
         source = params if ref_params is None else ref_params
 
         def stored(x):
-            if ref_dtype is not None and x.ndim >= 2 and jnp.issubdtype(x.dtype, jnp.floating):
-                return x.astype(ref_dtype)
-            return jnp.copy(x)
+            cast = x if ref_dtype is None else in_compute_dtype(x, ref_dtype)
+            return jnp.copy(x) if cast is x else cast  # never share a donated buffer
 
         ref_params = jax.tree.map(stored, source)
     else:
@@ -495,10 +493,8 @@ class Learner(EngineDriver):
         self.config = config
         self.graphdef = graphdef
         self.mesh = make_mesh() if mesh is None else mesh
-        compute = jnp.dtype(nnx.merge(graphdef, params).cfg.dtype)
-        lower = jax.tree.leaves(params)[0].dtype.itemsize > compute.itemsize
         state = init_train_state(params, config, ref_params=ref_params,
-                                 ref_dtype=compute if lower else None)
+                                 ref_dtype=nnx.merge(graphdef, params).cfg.dtype)
         shardings = train_state_shardings(state, self.mesh)
         batch_keys = TRAIN_BATCH_KEYS + (("ref_logprobs",) if config.uses_reference else ())
         self.engine = UpdateEngine(state, policy_update_loss(graphdef, config), config,

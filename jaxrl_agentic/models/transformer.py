@@ -245,6 +245,18 @@ REMAT_POLICIES = {
 }
 
 
+def in_compute_dtype(weight: jax.Array, dtype) -> jax.Array:
+    """`weight` as the matmuls use it: a floating matrix wider than the compute `dtype` is
+    cast to it (every projection and the LM head cast their matrix anyway, so storing it cast
+    changes no value); vectors (norm scales, biases) and narrower arrays are returned as
+    they are (the norms compute in fp32)."""
+    dtype = jnp.dtype(dtype)
+    if weight.ndim >= 2 and jnp.issubdtype(weight.dtype, jnp.floating) \
+            and weight.dtype.itemsize > dtype.itemsize:
+        return weight.astype(dtype)
+    return weight
+
+
 class Transformer(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
@@ -307,13 +319,9 @@ class Transformer(nnx.Module):
         # The stacked copy of the layer weights (and of their gradient) is the price; its
         # matrices are stacked in the compute dtype, to which every matmul casts them anyway
         # (the same values and gradients, half the copy in bf16). Vectors keep their dtype.
-        compute = jnp.dtype(self.cfg.dtype)
-
         def weights(layer):
-            return jax.tree.map(
-                lambda w: w.astype(compute) if w.ndim >= 2 and jnp.issubdtype(
-                    w.dtype, jnp.floating) and w.dtype.itemsize > compute.itemsize else w,
-                nnx.split(layer)[1])
+            return jax.tree.map(lambda w: in_compute_dtype(w, self.cfg.dtype),
+                                nnx.split(layer)[1])
 
         layer_def = nnx.split(self.layers[0])[0]
         stacked = jax.tree.map(lambda *ws: jnp.stack(ws),
