@@ -362,12 +362,13 @@ def validate_filters(c) -> None:
               f"{c.loss_norm_length!r}")
 
 
-def generation_budget(c) -> int:
+def generation_budget(c, sample_mode: str | None = None) -> int:
     """Most tokens a sample can generate: the largest ``max_tokens_per_step`` over the
-    envs, times their ``max_turns`` when a sample is the whole trajectory."""
-    per_sample = [spec.max_tokens_per_step * (spec.max_turns if c.sample_mode == "trajectory"
-                                              else 1) for spec in c.custom_envs.values()]
-    return max(per_sample)
+    envs, times their ``max_turns`` when a sample is the whole trajectory (``sample_mode``,
+    default the run's)."""
+    whole_episode = (sample_mode or c.sample_mode) == "trajectory"
+    return max(spec.max_tokens_per_step * (spec.max_turns if whole_episode else 1)
+               for spec in c.custom_envs.values())
 
 
 def validate_distributed(c) -> None:

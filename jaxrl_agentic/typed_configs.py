@@ -25,7 +25,8 @@ def loss_slots(c) -> int:
     row = c.micro_batch_max_tokens
     if c.micro_batch_max_loss_tokens:
         return min(c.micro_batch_max_loss_tokens, row)
-    budget = max(spec.max_tokens_per_step * spec.max_turns for spec in c.custom_envs.values())
+    # A whole episode's replies in any sample mode: merged step samples can hold them all.
+    budget = generation_budget(c, "trajectory")
     return min(row, -(-max(row // 4, budget) // 64) * 64)
 
 

@@ -95,12 +95,7 @@ class PackingConfig:
         lengths = [min(len(s), self.sequence_length) for s in samples]
         if self.row_len_buckets == 1 or not lengths:
             return self.micro_batch_max_tokens
-        loads = [int(np.count_nonzero(s.loss_mask[:n])) for s, n in zip(samples, lengths,
-                                                                         strict=True)]
-        if self.loss_slots and max(loads) > self.loss_slots:
-            raise ValueError(f"a sample has {max(loads)} loss tokens > "
-                             f"micro_batch_max_loss_tokens={self.loss_slots} (the most a row "
-                             f"may hold); raise it (0 = automatic)")
+        loads = loss_loads(samples, lengths, self.loss_slots)
         costs = {}  # row length → slots computed (busy rows × row length)
         for row in self.row_lengths():
             if row < max(lengths):
@@ -129,6 +124,18 @@ class PackingConfig:
             pad_token_id=self.pad_token_id,
             loss_slots=self.loss_slots_for(row) if self.loss_slots else 0,
         )
+
+
+def loss_loads(samples: Sequence[Sample], lengths: Sequence[int], loss_slots: int) -> list[int]:
+    """Loss tokens of each sample within its first ``lengths[i]`` tokens (what a row holds
+    of it after the cut); one over ``loss_slots`` (0 = no cap) is a ``ValueError`` naming
+    the setting."""
+    loads = [int(np.count_nonzero(s.loss_mask[:n])) for s, n in zip(samples, lengths,
+                                                                     strict=True)]
+    if loss_slots and max(loads, default=0) > loss_slots:
+        raise ValueError(f"a sample has {max(loads)} loss tokens > micro_batch_max_loss_tokens="
+                         f"{loss_slots} (the most a row may hold); raise it (0 = automatic)")
+    return loads
 
 
 def loss_positions(loss_mask: np.ndarray, segment_ids: np.ndarray) -> np.ndarray:
@@ -385,10 +392,7 @@ def pack_samples(
         raise ValueError(f"max_segments={max_segments} must be >= 1")
     cut, num_truncated = _truncate_all(samples, sequence_length)
     optional = _check_optional_fields(cut)
-    loads = [int(np.count_nonzero(s.loss_mask)) for s in cut]
-    if loss_slots and max(loads, default=0) > loss_slots:
-        raise ValueError(f"a sample has {max(loads)} loss tokens > micro_batch_max_loss_tokens="
-                         f"{loss_slots} (the most a row may hold); raise it (0 = automatic)")
+    loads = loss_loads(cut, [len(s) for s in cut], loss_slots)
     rows = first_fit_decreasing([len(s) for s in cut], micro_batch_max_tokens, max_segments,
                                 loads=loads, load_capacity=loss_slots or micro_batch_max_tokens)
     width = max_segments or round_up_to_bucket(max((len(r) for r in rows), default=1))
