@@ -138,6 +138,9 @@ class Pipeline:
                                          devices=self.placement.learner_devices)
         except ValueError as e:
             raise ConfigError(f"config.mesh: {e}") from None
+        self.train_manager = typed_configs.env_manager_config(
+            c.train_env_manager, c.generation.num_return_sequences)
+        self.val_manager = typed_configs.env_manager_config(c.val_env_manager)
         max_new = max(spec.max_tokens_per_step for spec in c.custom_envs.values())
         max_total_len = -(-(c.max_input_length + max_new + 1) // 64) * 64
         self.memory_plan = self._memory_plan(model_dir or resolve_model_path(c), max_total_len)
@@ -177,9 +180,6 @@ class Pipeline:
         self.learner = Learner(self.sampler.graphdef, self.sampler.params, self.learner_cfg,
                                mesh)
         self.sampler.set_params(None)  # the learner owns the params from here on
-        self.train_manager = typed_configs.env_manager_config(
-            c.train_env_manager, c.generation.num_return_sequences)
-        self.val_manager = typed_configs.env_manager_config(c.val_env_manager)
         self.runners = {}
         for tag, spec in c.custom_envs.items():
             common = dict(tag=tag, max_turns=spec.max_turns, max_input_length=c.max_input_length,
@@ -217,13 +217,12 @@ class Pipeline:
         cfg = read_model_config(model_dir, c.dtype, c.param_dtype)
         learner = typed_configs.learner_config(c)
         cpu = jax.default_backend() == "cpu"
-        episodes = c.train_env_manager.num_env_groups * c.train_env_manager.group_size \
-            * c.generation.num_return_sequences
         return plans.memory_plan(
             cfg, row_len=c.micro_batch_max_tokens, loss_slots=learner.packing.loss_slots_per_row,
             remat=c.remat, kernel_impl=c.kernel_impl, reference=learner.uses_reference,
             shards=self.mesh.shape["fsdp"] * self.mesh.shape["tensor"],
-            sampler_rows=episodes, sampler_len=max_total_len, budget=plans.device_budget(),
+            sampler_rows=self.train_manager.num_episodes, sampler_len=max_total_len,
+            budget=plans.device_budget(),
             host_devices=jax.local_device_count() if cpu else 1)
 
     # ---- rollouts ---------------------------------------------------------------------------
@@ -440,6 +439,8 @@ class Pipeline:
         (``filters.mask_truncated``), and a sample without loss tokens is left out of the
         batch, where it would only cost compute.
         """
+        if not samples:
+            return samples, 0.0
         by_id = {t.traj_id: t for t in trajs}
         reasons, prompt_cut = [], []
         for s in samples:
@@ -447,8 +448,6 @@ class Pipeline:
             last = max(k for k, u in enumerate(traj.turns) if u.context_len < len(s.tokens))
             reasons.append(traj.turns[last].stop_reason)
             prompt_cut.append(traj.truncated_by_length and last == len(traj.turns) - 1)
-        if not samples:
-            return samples, 0.0
         cut = filters.truncated_samples(reasons, total_lengths=[len(s.tokens) for s in samples],
                                         sequence_length=self.c.sequence_length)
         cut |= np.asarray(prompt_cut, bool)
