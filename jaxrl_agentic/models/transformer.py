@@ -14,7 +14,13 @@ SwiGLU: down(silu(gate(x)) · up(x)). Two entry points share every layer:
   `KVCache` at slot = position and each query attends to the slots ≤ its position; that is
   what lets a trajectory's cache be extended turn after turn without re-prefilling.
 
-Norms, softmax and logits are computed in float32 whatever the compute dtype.
+Norms, softmax, logits, the residual stream h_l and every projection's output are float32
+whatever the compute dtype; only the matmuls' inputs (and attention with its KV cache) are in
+it, as on an MXU or tensor core. Rounding each projection's output and each residual sum to
+bf16 lets two programs that differ only in accumulation order (the sampler's one-token
+decode, the learner's packed rows) drift apart layer after layer: the sampler/learner mean
+logprob gap at the Qwen2.5-0.5B shape (24 layers, random weights) was 8.3e-3 that way and
+is 3.0e-3 this way, against 7e-3 between bf16 and fp32 themselves (`docs/benchmarks.md`).
 """
 
 from __future__ import annotations
@@ -95,6 +101,9 @@ def _linear(cfg: ModelConfig, n_in: int, n_out: int, bias: bool, rngs: nnx.Rngs)
         dtype=jnp.dtype(cfg.dtype),
         param_dtype=jnp.dtype(cfg.param_dtype),
         kernel_init=_INIT,
+        # Accumulate and return float32 (the MXU/tensor-core contract): only the matmul's
+        # inputs are rounded to the compute dtype, never its output (module docstring).
+        preferred_element_type=jnp.float32,
         rngs=rngs,
     )
 
@@ -128,7 +137,10 @@ class Attention(nnx.Module):
         v = self.v_proj(x).reshape(b, t, cfg.num_key_value_heads, cfg.head_dim)
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        # Attention and the KV cache run in the compute dtype: both sides round q/k/v here.
+        dt = jnp.dtype(cfg.dtype)
+        q, k = apply_rope(q, cos, sin).astype(dt), apply_rope(k, cos, sin).astype(dt)
+        v = v.astype(dt)
         if cache_kv is not None:
             k_cache, v_cache = cache_kv
             rows = jnp.arange(b)[:, None]
@@ -289,8 +301,13 @@ class Transformer(nnx.Module):
         w = self.lm_head_weight().astype(hidden.dtype)
         return jnp.dot(hidden, w, preferred_element_type=jnp.float32)
 
+    def residual_input(self, tokens) -> jax.Array:
+        """h_0: the embeddings (rounded to the compute dtype, as every matmul input is) in
+        the float32 residual stream."""
+        return self.embed(tokens).astype(jnp.float32)
+
     def _run_layers(self, tokens, positions, mask, cache=None, write_slots=None):
-        x = self.embed(tokens)
+        x = self.residual_input(tokens)
         cos, sin = rope_cos_sin(positions, self._inv_freq, self._rope_scale)
         new_k, new_v = [], []
         for i, layer in enumerate(self.layers):
@@ -332,7 +349,7 @@ class Transformer(nnx.Module):
         def block(x, weights):
             return nnx.merge(layer_def, weights)(x, cos, sin, mask)[0], None
 
-        x, _ = jax.lax.scan(block, self.embed(tokens), stacked)
+        x, _ = jax.lax.scan(block, self.residual_input(tokens), stacked)
         return self.final_norm(x)
 
     def __call__(self, tokens, positions, segment_ids=None) -> jax.Array:
