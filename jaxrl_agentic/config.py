@@ -143,9 +143,10 @@ def default_config() -> ml_collections.ConfigDict:
     # loss tokens per row, the positions the LM head runs at (0 = automatic: a quarter of
     # the row, at least a sample's generation budget; see loss_slots in typed_configs)
     c.micro_batch_max_loss_tokens = 0
-    # row lengths a mini-batch may be packed at: micro_batch_max_tokens / 2^i, i < this
+    # row lengths a mini-batch may be packed at: micro_batch_max_tokens / ratio^i, i < this
     # (the one computing the fewest slots; each a compiled shape); 1 = always the full row
     c.row_len_buckets = 1
+    c.row_len_ratio = 2.0
     # Micro-batch counts are rounded up to a multiple of this (0 = next power of two): a
     # handful of compiled shapes, without doubling the rows as powers of two can.
     c.rows_bucket = 4

@@ -39,6 +39,7 @@ def packing_config(c, pad_token_id: int = 0) -> PackingConfig:
         pad_token_id=pad_token_id,
         loss_slots=loss_slots(c),
         row_len_buckets=c.row_len_buckets,
+        row_len_ratio=c.row_len_ratio,
     )
 
 

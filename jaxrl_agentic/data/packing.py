@@ -20,6 +20,7 @@ A segment never straddles two rows, which is what makes the per-segment loss red
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -46,10 +47,12 @@ class PackingConfig:
     logprobs and loss only at a row's loss positions, gathered into ``loss_slots`` slots
     (:meth:`PackedBatch.loss_index`), so a row of 8,192 tokens of which 400 carry loss costs
     400-odd LM-head rows, not 8,192; the packer fills rows under both capacities.
-    ``row_len_buckets`` k: a batch's row length is chosen among ``micro_batch_max_tokens /
-    2^i`` (i < k, each at least its longest sample) as the one that computes the fewest
-    slots (busy rows × row length), so 8 short samples do not fill one 8,192-token row's
-    worth of work; at most k shapes per row count, each compiled once (1 = fixed).
+    ``row_len_buckets`` k and ``row_len_ratio`` r: a batch's row length is chosen among
+    ``micro_batch_max_tokens / r^i`` (i < k, rounded up to a multiple of 16, each at least
+    its longest sample) as the one that computes the fewest slots (busy rows × row length),
+    so 8 short samples do not fill one 8,192-token row's worth of work; at most k shapes per
+    row count, each compiled once (1 = fixed). With r = 2 a batch that fits one row may
+    still compute up to 2× its tokens; r = 2^(1/4) bounds that at 1.19× (more shapes).
 
     A rule that fails raises ``ValueError("<field>: <why>")``; ``config.validate`` reports it
     as ``config.<field>: <why>``.
@@ -62,6 +65,7 @@ class PackingConfig:
     pad_token_id: int = 0
     loss_slots: int = 0
     row_len_buckets: int = 1
+    row_len_ratio: float = 2.0
 
     def __post_init__(self):
         if self.sequence_length < 1:
@@ -75,6 +79,8 @@ class PackingConfig:
             raise ValueError(f"rows_bucket: must be >= 0, got {self.rows_bucket}")
         if self.row_len_buckets < 1:
             raise ValueError(f"row_len_buckets: must be >= 1, got {self.row_len_buckets}")
+        if not self.row_len_ratio > 1:
+            raise ValueError(f"row_len_ratio: must be > 1, got {self.row_len_ratio}")
         if not 0 <= self.loss_slots <= self.micro_batch_max_tokens:
             raise ValueError(f"loss_slots: must lie in [0, micro_batch_max_tokens="
                              f"{self.micro_batch_max_tokens}] (0 = no limit), got "
@@ -86,8 +92,12 @@ class PackingConfig:
 
     def row_lengths(self) -> list[int]:
         """The row lengths a batch may get, longest first."""
-        return sorted({max(self.micro_batch_max_tokens >> i, 1)
-                       for i in range(self.row_len_buckets)}, reverse=True)
+        top = self.micro_batch_max_tokens
+        lengths = set()
+        for i in range(self.row_len_buckets):
+            n = math.ceil(top / self.row_len_ratio**i - 1e-9)  # 1e-9: 1024/2^i stays exact
+            lengths.add(min(top, -(-n // 16) * 16) if n > 16 else max(n, 1))
+        return sorted(lengths, reverse=True)
 
     def row_len_for(self, samples: Sequence[Sample]) -> int:
         """The row length of :meth:`row_lengths` that computes the fewest slots for

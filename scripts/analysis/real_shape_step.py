@@ -7,8 +7,10 @@ sampler/learner logprob agreement, time. Prints one JSON line.
 
 The recipe is configs/qwen2_5_0_5b_frozen_lake.py (fp32 parameters, AdamW, bf16 compute,
 a KL reference) with the episode counts and lengths given here; extra `--config.*`
-overrides follow `--`. Peak RSS is the process's (Linux ru_maxrss), which includes the
-weights read from disk, the warm compile and every transient.
+overrides follow `--`. `--steps N` runs N steps and reports the last: with N ≥ 2 its time
+and `breakdown_s` (exclusive seconds per `jaxrl_agentic.timing` span: rollout/prefill,
+rollout/decode, rollout/env, learner, ...) hold no compilation. Peak RSS is the process's
+(Linux ru_maxrss), which includes the weights read from disk, the warm compile and every transient.
 """
 
 from __future__ import annotations
@@ -25,6 +27,29 @@ sys.path.insert(0, ROOT)
 from jaxrl_agentic.memory_plan import GIB, peak_rss_bytes  # noqa: E402
 
 
+class PeakGrowth:
+    """A timing recorder that also charges each rise of the process's peak RSS to the span
+    that was running when it happened (`peak_growth_gib`: where the peak was made)."""
+
+    def __init__(self, timer):
+        self.timer, self.last, self.growth = timer, peak_rss_bytes(), {}
+
+    def note(self) -> None:
+        now = peak_rss_bytes()
+        if now > self.last:
+            name = self.timer.current
+            self.growth[name] = self.growth.get(name, 0.0) + now - self.last
+            self.last = now
+
+    def enter(self, name: str) -> None:
+        self.note()
+        self.timer.enter(name)
+
+    def exit(self, name: str) -> None:
+        self.note()
+        self.timer.exit(name)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
@@ -33,9 +58,11 @@ def main(argv=None) -> int:
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--row", type=int, default=2048, help="micro_batch_max_tokens")
+    parser.add_argument("--steps", type=int, default=1, help="steps run; the last is reported")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
 
+    from jaxrl_agentic import timing
     from jaxrl_agentic.pipeline import Pipeline
     from jaxrl_agentic.train import parse_config
 
@@ -43,7 +70,7 @@ def main(argv=None) -> int:
     c = parse_config([
         "train", f"--config={os.path.join(ROOT, 'configs', 'qwen2_5_0_5b_frozen_lake.py')}",
         f"--config.pretrain={args.model}", "--config.output_dir=/tmp/real_shape_step",
-        "--config.max_steps=1", f"--config.remat={args.remat}",
+        f"--config.max_steps={args.steps}", f"--config.remat={args.remat}",
         f"--config.train_env_manager.num_env_groups={groups}",
         f"--config.train_env_manager.group_size={args.episodes // groups}",
         f"--config.mini_batch_size={args.episodes}",
@@ -53,8 +80,14 @@ def main(argv=None) -> int:
         f"--config.micro_batch_max_tokens={args.row}", *args.overrides])
     start = time.perf_counter()
     pipe = Pipeline(c, log=lambda *a: print(*a, file=sys.stderr))
-    built = time.perf_counter()
-    metrics, _, samples = pipe.train_step()
+    init_s, init_peak = time.perf_counter() - start, peak_rss_bytes()
+    for _ in range(args.steps):
+        built = time.perf_counter()
+        timer = timing.ExclusiveTimer()
+        recorder = PeakGrowth(timer)
+        with timing.recording(recorder):
+            metrics, _, samples = pipe.train_step()
+        recorder.note()
     done = time.perf_counter()
     plan = pipe.memory_plan
     pipe.close()
@@ -62,11 +95,14 @@ def main(argv=None) -> int:
             "rollout/logprob_mismatch", "actor/grad_norm", "time/rollout", "time/train")
     print(json.dumps({
         "model": args.model, "remat": args.remat, "episodes": args.episodes,
-        "turns": args.turns, "new_tokens": args.new_tokens, "row": args.row,
+        "turns": args.turns, "steps": args.steps, "new_tokens": args.new_tokens, "row": args.row,
         "samples": len(samples), "peak_rss_gib": round(peak_rss_bytes() / GIB, 2),
-        "plan_total_gib": round(plan.total / GIB, 2), "init_s": round(built - start, 1),
+        "peak_rss_after_init_gib": round(init_peak / GIB, 2),
+        "peak_growth_gib": {k: round(v / GIB, 2) for k, v in recorder.growth.items()},
+        "plan_total_gib": round(plan.total / GIB, 2), "init_s": round(init_s, 1),
         "step_s": round(done - built, 1),
-        **{k: metrics[k] for k in keys if k in metrics}}))
+        **{k: metrics[k] for k in keys if k in metrics},
+        "breakdown_s": {k: round(v, 1) for k, v in sorted(timer.take().items())}}))
     return 0
 
 

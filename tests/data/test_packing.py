@@ -228,6 +228,8 @@ def test_pad_rows_adds_empty_rows_and_columns():
 
 
 def test_packing_config_states_its_rules_with_the_field_name():
+    with pytest.raises(ValueError, match="^row_len_ratio: must be > 1"):
+        PackingConfig(row_len_ratio=1.0)
     with pytest.raises(ValueError, match="^micro_batch_max_tokens: 100 < sequence_length=200"):
         PackingConfig(micro_batch_max_tokens=100, sequence_length=200)
     with pytest.raises(ValueError, match="^rows_bucket: must be >= 0"):
@@ -239,22 +241,32 @@ def test_packing_config_states_its_rules_with_the_field_name():
     np.testing.assert_array_equal(packed.tokens, reference.tokens)
 
 
+# Row lengths by hand: 128 / r^i rounded up to a multiple of 16 (r = 2: exact halvings).
+ROW_GRIDS = {2.0: (128, 64, 32, 16), 2 ** 0.25: (128, 112, 96, 80, 64, 64, 48, 48)}
+
+
+@pytest.mark.parametrize("ratio", sorted(ROW_GRIDS))
 @pytest.mark.parametrize("seed", range(6))
-def test_row_length_bucket_is_the_cheapest_that_fits(seed):
-    """`row_len_buckets=4`: rows of 128, 64, 32 or 16 tokens; the chosen one computes the
-    fewest slots (rows × length, brute force over the candidates with the textbook FFD),
-    the longest on ties, and a sample never needs a row shorter than itself."""
+def test_row_length_bucket_is_the_cheapest_that_fits(seed, ratio):
+    """`row_len_buckets` k lengths 128 / ratio^i; the chosen one computes the fewest slots
+    (rows × length, brute force over the hand-listed candidates with the textbook FFD), the
+    longest on ties, and a sample never needs a row shorter than itself."""
     rng = np.random.default_rng(seed)
     lengths = rng.integers(3, [20, 40, 70, 128][seed % 4], size=int(rng.integers(1, 9))).tolist()
     samples = samples_of_lengths(lengths)
+    grid = ROW_GRIDS[ratio]
     config = PackingConfig(micro_batch_max_tokens=128, sequence_length=128, rows_bucket=1,
-                           row_len_buckets=4)
-    cost = {row: len(reference_ffd(lengths, row)) * row
-            for row in (128, 64, 32, 16) if row >= max(lengths)}
+                           row_len_buckets=len(grid), row_len_ratio=ratio)
+    assert config.row_lengths() == sorted(set(grid), reverse=True)
+    cost = {row: len(reference_ffd(lengths, row)) * row for row in grid if row >= max(lengths)}
     best = min(cost, key=lambda row: (cost[row], -row))
     batch = config.pack(samples)
     assert batch.row_len == best, (lengths, cost)
     assert batch.num_micro_batches * batch.row_len == cost[best]
+    if ratio < 2 and len(reference_ffd(lengths, 128)) == 1:
+        # A batch that fits one row computes at most ~ratio × its tokens (+ the rounding),
+        # or the shortest row.
+        assert cost[best] <= max(min(grid), ratio * sum(lengths) + 16)
     kept = [batch.tokens[r][batch.segment_ids[r] == k + 1]
             for r in range(batch.num_micro_batches) for k in range(batch.sample_index.shape[1])
             if batch.sample_index[r, k] >= 0]
