@@ -31,7 +31,7 @@ def get_config():
     c.micro_batch_max_tokens = 8192
     # A step's few short episodes pack into rows of 8,192 / 2^(i/4) tokens (13 lengths down
     # to 1,024, each compiled when first used) instead of one 8,192-token row: a batch that
-    # fits one row computes at most 1.19× its tokens (tokens/efficiency 0.18 → 0.88 at
+    # fits one row computes at most 1.19× its tokens (tokens/efficiency 0.18 → 0.93 at
     # 4 episodes × 3 turns × 32 tokens; power-of-two rows gave 0.74). The blocks are
     # recomputed in the backward: the memory plan puts the activations of 24 layers at
     # 8,192 tokens at ~135 GiB, with remat="layer" at ~6 GiB.

@@ -95,7 +95,9 @@ class PackingConfig:
         top = self.micro_batch_max_tokens
         lengths = set()
         for i in range(self.row_len_buckets):
-            n = math.ceil(top / self.row_len_ratio**i - 1e-9)  # 1e-9: 1024/2^i stays exact
+            # − 1e-9: a power of an irrational ratio a hair off an integer (2^(1/4))^4 must
+            # not round 4,096 up to 4,097 (then 4,112).
+            n = math.ceil(top / self.row_len_ratio**i - 1e-9)
             lengths.add(min(top, -(-n // 16) * 16) if n > 16 else max(n, 1))
         return sorted(lengths, reverse=True)
 

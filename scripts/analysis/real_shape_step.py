@@ -9,8 +9,9 @@ The recipe is configs/qwen2_5_0_5b_frozen_lake.py (fp32 parameters, AdamW, bf16 
 a KL reference) with the episode counts and lengths given here; extra `--config.*`
 overrides follow `--`. `--steps N` runs N steps and reports the last: with N ≥ 2 its time
 and `breakdown_s` (exclusive seconds per `jaxrl_agentic.timing` span: rollout/prefill,
-rollout/decode, rollout/env, learner, ...) hold no compilation. Peak RSS is the process's
-(Linux ru_maxrss), which includes the weights read from disk, the warm compile and every transient.
+rollout/decode, rollout/env, learner, ...) hold no compilation; `peak_growth_gib` covers
+every step. Peak RSS is the process's (Linux ru_maxrss), which includes the weights read
+from disk, the warm compile and every transient.
 """
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ from jaxrl_agentic.memory_plan import GIB, peak_rss_bytes  # noqa: E402
 
 class PeakGrowth:
     """A timing recorder that also charges each rise of the process's peak RSS to the span
-    that was running when it happened (`peak_growth_gib`: where the peak was made)."""
+    of `timer` that was running when it happened (`peak_growth_gib`: where the peak was
+    made, over every step run; `timer` is swapped for a fresh one per step)."""
 
-    def __init__(self, timer):
-        self.timer, self.last, self.growth = timer, peak_rss_bytes(), {}
+    def __init__(self):
+        self.timer, self.last, self.growth = None, peak_rss_bytes(), {}
 
     def note(self) -> None:
         now = peak_rss_bytes()
@@ -81,10 +83,10 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     pipe = Pipeline(c, log=lambda *a: print(*a, file=sys.stderr))
     init_s, init_peak = time.perf_counter() - start, peak_rss_bytes()
+    recorder = PeakGrowth()
     for _ in range(args.steps):
         built = time.perf_counter()
-        timer = timing.ExclusiveTimer()
-        recorder = PeakGrowth(timer)
+        timer = recorder.timer = timing.ExclusiveTimer()
         with timing.recording(recorder):
             metrics, _, samples = pipe.train_step()
         recorder.note()
