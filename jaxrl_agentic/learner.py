@@ -75,6 +75,7 @@ from jaxrl_agentic.update import (
     per_sample_outputs,
 )
 from pallas_kernels import restricted_token_logprobs, token_logprobs
+from pallas_kernels.segment_attention import IMPLS as ATTENTION_IMPLS
 
 _F32 = jnp.float32
 # Arrays of a PackedBatch the train step reads (ref_logprobs only when a reference is used).
@@ -127,7 +128,9 @@ class LearnerConfig(UpdateConfig):
     sampler's support restriction; with ``logprob_under_sampling_filter`` every logprob the
     learner computes is that of the renormalised distribution the sampler drew from
     (``pallas_kernels/restricted_logprobs.py``), so the ratio is that of the distribution
-    actually sampled. ``kernel_impl``: ``token_logprobs`` implementation. ``remat``: the
+    actually sampled. ``kernel_impl``: ``token_logprobs`` implementation.
+    ``attention_impl``: the training forward's segment-aware attention
+    (``pallas_kernels.segment_attention``). ``remat``: the
     training forward's rematerialisation, one of ``REMAT_POLICIES``
     (``models/transformer.py``; "layer" keeps only the blocks' inputs for the backward).
     Defaults equal the run defaults (``config.default_config``).
@@ -154,6 +157,7 @@ class LearnerConfig(UpdateConfig):
     top_p: float = 1.0
     logprob_under_sampling_filter: bool = False
     kernel_impl: str = "auto"
+    attention_impl: str = "auto"
     remat: str = "none"
 
     def __post_init__(self):
@@ -171,6 +175,8 @@ class LearnerConfig(UpdateConfig):
              f"bounds PPO's token loss; policy_loss={self.policy_loss!r} has none"),
             (self.kernel_impl in KERNEL_IMPLS, "kernel_impl",
              f"choose one of {', '.join(KERNEL_IMPLS)}"),
+            (self.attention_impl in ATTENTION_IMPLS, "attention_impl",
+             f"choose one of {', '.join(ATTENTION_IMPLS)}"),
             (self.kl_estimator in KL_ESTIMATORS, "kl_estimator",
              f"choose one of {', '.join(KL_ESTIMATORS)}"),
             (0 < self.pg_clip < 1, "pg_clip", "must lie in (0, 1)"),
@@ -284,10 +290,11 @@ def next_token_valid(segment_ids: jax.Array) -> jax.Array:
     return (segment_ids > 0) & (segment_ids == _shift_left(segment_ids))
 
 
-def _hidden_and_head(graphdef, params, micro, remat: str = "none"):
+def _hidden_and_head(graphdef, params, micro, remat: str = "none",
+                     attention_impl: str = "auto"):
     model = nnx.merge(graphdef, params)
     hidden = model.hidden_states(micro["tokens"], micro["positions"], micro["segment_ids"],
-                                 remat=remat)
+                                 remat=remat, attention_impl=attention_impl)
     # The head in the compute dtype, as the sampler (and `Transformer.logits`) use it: with
     # bf16 compute and fp32 params, an fp32 head here made the learner's logprobs differ from
     # the sampler's by the head's bf16 rounding (5e-3 mean at the Qwen2.5-0.5B shape).
@@ -313,7 +320,8 @@ def micro_batch_sums(
     graphdef, config: LearnerConfig, params, micro: dict[str, jax.Array], kl_coef
 ) -> tuple[PolicyLossSums, jax.Array]:
     """``(policy-loss sums, denominator)`` of one group of rows ``[B, T]`` (module doc)."""
-    hidden, head = _hidden_and_head(graphdef, params, micro, config.remat)
+    hidden, head = _hidden_and_head(graphdef, params, micro, config.remat,
+                                    config.attention_impl)
     segment_ids = micro["segment_ids"]
     mask = _shift_left(micro["loss_mask"]) * next_token_valid(segment_ids)
     # Prediction i sits in token i's segment (= token i+1's wherever mask > 0).
@@ -422,7 +430,8 @@ def make_compute_logprobs(graphdef, config: LearnerConfig, mesh, param_shardings
     """
 
     def rows_logprobs(params, micro):
-        hidden, head = _hidden_and_head(graphdef, params, micro)
+        hidden, head = _hidden_and_head(graphdef, params, micro,
+                                        attention_impl=config.attention_impl)
         b, t, _ = hidden.shape
         take, valid = gather_loss_positions(micro)
         args = (take(hidden), head, take(_shift_left(micro["tokens"])), config.temperature)

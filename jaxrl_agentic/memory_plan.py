@@ -11,8 +11,10 @@
                       remat "none"   L · a_layer(T)
                       remat "layer"  2L · T · D · b + a_layer(T) + 2 · P_L · b
                       remat "dots"   L · T · (2D + 2K·h + 3F) · b + a_layer(T) + 2 · P_L · b
-                      a_layer(T) = T·(15D + 7F)·b + H·s(T)·(9 + b)
-                      s(T) = T² (dense, T ≤ 256) or T·(T + 128)/2 (block-causal)
+                      a_layer(T) = T·(15D + 7F)·b + H·s(T)·(9 + b) + 4·H·T
+                      s(T) = T² with dense attention (``attention_impl="reference"``, or
+                             T ≤ 256), else 0: segment attention keeps only its inputs,
+                             output and the log-sum-exp (4·H·T), never scores
                     (with remat the blocks run as a scan over their weights stacked in the
                     compute dtype: a copy of the P_L block parameters and of their gradient)
     lm head         S · min(V, 8192) · 4 · 3 (fp32 logits of a vocabulary chunk at the S loss
@@ -36,6 +38,7 @@ import dataclasses
 import os
 
 from jaxrl_agentic.models.config import ModelConfig
+from pallas_kernels.segment_attention import BLOCK as ATTENTION_BLOCK
 
 GIB = 1024**3
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -66,18 +69,21 @@ class MemoryPlan:
         return "\n".join(lines)
 
 
-def layer_activation_bytes(cfg: ModelConfig, row_len: int) -> float:
+def layer_activation_bytes(cfg: ModelConfig, row_len: int, attention_impl: str = "auto"
+                           ) -> float:
     """``a_layer(T)``: what one block keeps for its backward at ``row_len`` tokens."""
     b, t = _BYTES[cfg.dtype], row_len
-    scores = t * t if t <= 256 else t * (t + 128) / 2
+    dense = attention_impl == "reference" or t <= 2 * ATTENTION_BLOCK
+    scores = t * t if dense else 0
     return (t * (15 * cfg.hidden_size + 7 * cfg.intermediate_size) * b
-            + cfg.num_attention_heads * scores * (9 + b))
+            + cfg.num_attention_heads * (scores * (9 + b) + 4 * t))
 
 
-def activation_bytes(cfg: ModelConfig, row_len: int, remat: str) -> float:
+def activation_bytes(cfg: ModelConfig, row_len: int, remat: str, attention_impl: str = "auto"
+                     ) -> float:
     """Activations the train step keeps for one row (module doc)."""
     b, t, layers = _BYTES[cfg.dtype], row_len, cfg.num_hidden_layers
-    one = layer_activation_bytes(cfg, t)
+    one = layer_activation_bytes(cfg, t, attention_impl)
     if remat == "none":
         return layers * one
     if remat == "layer":
@@ -108,8 +114,8 @@ def device_budget() -> float:
 
 def memory_plan(cfg: ModelConfig, *, row_len: int, loss_slots: int, remat: str,
                 kernel_impl: str, reference: bool, shards: int = 1, sampler_rows: int = 0,
-                sampler_len: int = 0, budget: float = 0.0, host_devices: int = 1
-                ) -> MemoryPlan:
+                sampler_len: int = 0, budget: float = 0.0, host_devices: int = 1,
+                attention_impl: str = "auto") -> MemoryPlan:
     """The plan (module doc). ``shards`` = fsdp · tensor; ``host_devices``: devices sharing
     one host's RAM when the budget is the host's (CPU), whose states all count."""
     p = cfg.num_params()
@@ -123,7 +129,7 @@ def memory_plan(cfg: ModelConfig, *, row_len: int, loss_slots: int, remat: str,
         ("reference", per * min(pb, _BYTES[cfg.dtype]) if reference else 0.0),
         ("gradients", per * 4),
         ("optimizer", 2 * per * pb),
-        ("activations", activation_bytes(cfg, row_len, remat)
+        ("activations", activation_bytes(cfg, row_len, remat, attention_impl)
          + (0.0 if remat == "none"
             else 2 * layer_params(cfg) * min(pb, _BYTES[cfg.dtype]) / shards)),
         ("lm head", loss_slots * vocab * 4 * 3),

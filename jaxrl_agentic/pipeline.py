@@ -220,6 +220,7 @@ class Pipeline:
         return plans.memory_plan(
             cfg, row_len=c.micro_batch_max_tokens, loss_slots=learner.packing.loss_slots_per_row,
             remat=c.remat, kernel_impl=c.kernel_impl, reference=learner.uses_reference,
+            attention_impl=c.attention_impl,
             shards=self.mesh.shape["fsdp"] * self.mesh.shape["tensor"],
             sampler_rows=self.train_manager.num_episodes, sampler_len=max_total_len,
             budget=plans.device_budget(),

@@ -80,6 +80,7 @@ def learner_config(c, pad_token_id: int = 0) -> LearnerConfig:
         top_p=c.generation.top_p,
         logprob_under_sampling_filter=c.logprob_under_sampling_filter,
         kernel_impl=c.kernel_impl,
+        attention_impl=c.attention_impl,
         remat=c.remat,
         **_update_fields(c, pad_token_id),
     )

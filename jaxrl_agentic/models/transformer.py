@@ -10,6 +10,9 @@ SwiGLU: down(silu(gate(x)) · up(x)). Two entry points share every layer:
 * `__call__` / `hidden_states`: the training forward over packed rows. `segment_ids`
   (0 = padding) make attention causal within a segment and blind across segments;
   `positions` restart at 0 per segment, so a packed row equals each sequence run alone.
+  Attention computes only the (query block, key block) pairs the segments need
+  (`pallas_kernels.segment_attention`), so a row of short samples costs about Σ len², not
+  the row's length squared.
 * `forward_with_cache`: the sampler's forward. New keys/values are written into a static
   `KVCache` at slot = position and each query attends to the slots ≤ its position; that is
   what lets a trajectory's cache be extended turn after turn without re-prefilling.
@@ -34,6 +37,7 @@ from flax import nnx
 
 from jaxrl_agentic.models.config import ModelConfig
 from jaxrl_agentic.models.rope import apply_rope, rope_cos_sin, rope_frequencies
+from pallas_kernels.segment_attention import segment_attention
 
 _INIT = nnx.initializers.normal(0.02)
 
@@ -124,11 +128,12 @@ class Attention(nnx.Module):
             self.k_norm = RMSNorm(h, cfg.rms_norm_eps, dtype=dt, param_dtype=pdt)
 
     def __call__(self, x, cos, sin, mask, cache_kv=None, write_slots=None):
-        """x [B, T, D]; mask broadcastable to [B, heads, T, keys]. Returns (out, (k, v)).
+        """x [B, T, D]. Returns (out, (k, v)).
 
-        With `cache_kv` (keys [B, K, H, S], values [B, K, S, H]), new keys/values are
+        Training forward: `mask` is a `PackedRows` (segment-aware causal attention over the
+        row). With `cache_kv` (keys [B, K, H, S], values [B, K, S, H]), new keys/values are
         scattered to `write_slots` [B, T] (slots ≥ S are dropped: padding) and attention runs
-        over the whole cache.
+        over the whole cache with `mask` [B, 1, T, keys].
         """
         b, t, _ = x.shape
         cfg = self.cfg
@@ -153,7 +158,7 @@ class Attention(nnx.Module):
             seen = mask.shape[-1]
             out = _cached_attention(q, k_cache[..., :seen], v_cache[:, :, :seen], mask)
             return self.o_proj(out.reshape(b, t, -1)), (k_cache, v_cache)
-        out = _block_causal_attention(q, k, v, mask)
+        out = segment_attention(q, k, v, mask.segment_ids, impl=mask.attention_impl)
         return self.o_proj(out.reshape(b, t, -1)), (k, v)
 
 
@@ -178,32 +183,6 @@ def _cached_attention(q, k_t, v, mask):
     out = jnp.einsum("bkqs,bksh->bkqh", probs, v.astype(q.dtype))
     out = out.reshape(b, kv_heads, group, t, h).transpose(0, 3, 1, 2, 4)
     return out.reshape(b, t, n, h)
-
-
-# Query rows per block of the training forward's attention (see `_block_causal_attention`).
-QUERY_BLOCK = 128
-
-
-def _block_causal_attention(q, k, v, mask, block: int = QUERY_BLOCK):
-    """Causal attention over a whole sequence, q [B, T, N, H], k/v [B, T, K, H], mask
-    [B or 1, 1, T, T] (causal, possibly also within-segment), that skips the key blocks
-    above the diagonal.
-
-    Query block [s, e) can only see keys < e, so it attends to k[:, :e]: the work is
-    Σ_blocks e ≈ T²/2 + T·block/2 query-key pairs instead of the dense T² (a 1024-token
-    packed row: 0.56× the logits and softmax). The result is exact: the skipped keys are
-    masked for every query of the block. Short sequences (≤ 2 blocks) stay dense.
-    """
-    t = q.shape[1]
-    if t <= 2 * block:
-        return jax.nn.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask=mask)
-    k_t, v_t = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)  # [B, K, H, T], [B, K, T, H]
-    outs = []
-    for s in range(0, t, block):
-        e = min(s + block, t)
-        outs.append(_cached_attention(q[:, s:e], k_t[..., :e], v_t[:, :, :e],
-                                      mask[:, :, s:e, :e]))
-    return jnp.concatenate(outs, axis=1)
 
 
 class MLP(nnx.Module):
@@ -231,17 +210,15 @@ class Block(nnx.Module):
         return x + self.mlp(self.post_attn_norm(x)), kv
 
 
-def packed_causal_mask(segment_ids: jax.Array | None, length: int) -> jax.Array:
-    """[B or 1, 1, T, T]: query t sees key s iff s ≤ t and both lie in the same segment.
+@flax.struct.dataclass
+class PackedRows:
+    """The training forward's attention mask, as segment ids [B, T] (0 = padding): query t
+    sees key s iff s ≤ t and both lie in the same nonzero segment; `attention_impl` picks
+    the implementation (`pallas_kernels.segment_attention`: only the block pairs the
+    segments need are computed)."""
 
-    Padding (segment 0) attends to padding only, so its rows stay finite and are ignored.
-    """
-    idx = jnp.arange(length)
-    causal = (idx[:, None] >= idx[None, :])[None, None]
-    if segment_ids is None:
-        return causal
-    same = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
-    return causal & same
+    segment_ids: jax.Array
+    attention_impl: str = flax.struct.field(pytree_node=False, default="auto")
 
 
 # Rematerialisation of the training forward (`Transformer.hidden_states(remat=...)`):
@@ -319,11 +296,15 @@ class Transformer(nnx.Module):
         return self.final_norm(x), new_cache
 
     # ---- training forward ----------------------------------------------------------------
-    def hidden_states(self, tokens, positions, segment_ids=None, remat: str = "none"
-                      ) -> jax.Array:
+    def hidden_states(self, tokens, positions, segment_ids=None, remat: str = "none",
+                      attention_impl: str = "auto") -> jax.Array:
         """Final-normed hidden states [B, T, D] (the input of the LM head); `remat` one of
-        `REMAT_POLICIES` (the same values and gradients, less memory, more compute)."""
-        mask = packed_causal_mask(segment_ids, tokens.shape[1])
+        `REMAT_POLICIES` (the same values and gradients, less memory, more compute);
+        `attention_impl` one of `pallas_kernels.segment_attention.IMPLS`. Positions of
+        padding (segment 0) attend to nothing: their hidden states are not the model's."""
+        if segment_ids is None:
+            segment_ids = jnp.ones(tokens.shape, jnp.int32)
+        mask = PackedRows(segment_ids, attention_impl)
         if remat == "none":
             return self._run_layers(tokens, positions, mask)[0]
         if remat not in REMAT_POLICIES:

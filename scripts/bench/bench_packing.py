@@ -68,6 +68,7 @@ from jaxrl_agentic.rollout.groups import EnvManagerConfig, plan_episodes  # noqa
 from jaxrl_agentic.rollout.loop import GenerationConfig, RolloutRunner  # noqa: E402
 from jaxrl_agentic.sampler import Sampler  # noqa: E402
 from jaxrl_agentic.update import computed_slots, pad_to_shards, put_batch  # noqa: E402
+from pallas_kernels import segment_attention  # noqa: E402
 
 ENV = "frozen_lake"
 
@@ -78,6 +79,8 @@ def _parse_args():
     parser.add_argument("--group-size", type=int, default=4, help="episodes per group")
     parser.add_argument("--max-turns", type=int, default=5)
     parser.add_argument("--max-tokens-per-step", type=int, default=16)
+    parser.add_argument("--attention-block", type=int, default=0,
+                        help="tokens per block of segment attention (0: its default BLOCK)")
     parser.add_argument("--max-input-length", type=int, default=1024,
                         help="prompt tokens per turn (the trainer's default)")
     parser.add_argument("--micro-batch-max-tokens", type=int, default=0,
@@ -160,13 +163,17 @@ def _trainer_efficiency(samples, mini_batch_size, packing, mesh, seed):
     return real / sum(computed_slots(b, mesh) for b in packed)
 
 
-def _attention_slots(batch):
-    """Query-key pairs the dense masked attention computes: rows × row_len²."""
-    return batch.num_micro_batches * batch.row_len**2
+def _attention_block_pairs(batch):
+    """(block pairs segment attention computes, block pairs of the causal triangle) over all
+    rows of `batch` (`pallas_kernels.segment_attention.attended_block_pairs`)."""
+    ids = batch.token_arrays()["segment_ids"].reshape(-1, batch.row_len)
+    return segment_attention.attended_block_pairs(ids)
 
 
 def main():
     args = _parse_args()
+    if args.attention_block:
+        segment_attention.BLOCK = args.attention_block
     load_before = os.getloadavg()[0]
     sequence_length = args.max_input_length + args.max_tokens_per_step
     row_len = args.micro_batch_max_tokens or sequence_length
@@ -230,8 +237,9 @@ def main():
         "timed_padded_row_len": timed[1].row_len,
         "timed_packed_efficiency": round(timed_stats[0]["efficiency"], 4),
         "timed_padded_efficiency": round(timed_stats[1]["efficiency"], 4),
-        "timed_packed_attention_slots": _attention_slots(timed[0]),
-        "timed_padded_attention_slots": _attention_slots(timed[1]),
+        "attention_block": segment_attention.BLOCK,
+        "timed_packed_block_pairs_computed_causal": _attention_block_pairs(timed[0]),
+        "timed_padded_block_pairs_computed_causal": _attention_block_pairs(timed[1]),
         "packed_step_s": round(packed_s, 4),
         "padded_step_s": round(padded_s, 4),
         "packed_tokens_per_s": round(real / packed_s, 1),

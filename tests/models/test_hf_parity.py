@@ -11,7 +11,7 @@ import transformers
 
 from jaxrl_agentic.models import CheckpointError, load_pretrained, save_pretrained
 from jaxrl_agentic.models.tiny import build_tokenizer
-from jaxrl_agentic.models.transformer import QUERY_BLOCK
+from pallas_kernels.segment_attention import BLOCK
 
 VOCAB = 320
 
@@ -144,14 +144,14 @@ def test_packed_forward_equals_separate(tmp_path, tokenizer):
     assert np.isfinite(packed).all()  # padding rows stay finite
 
 
-def test_long_packed_rows_use_block_causal_attention_exactly(tmp_path, tokenizer):
-    """Rows longer than 2·QUERY_BLOCK take the block-causal path (keys above the diagonal
-    skipped): a packed row of three segments, one crossing block edges, against
+def test_long_packed_rows_use_segment_attention_exactly(tmp_path, tokenizer):
+    """Rows longer than 2·BLOCK take the block-sparse path (only the block pairs the
+    segments need): a packed row of three segments, one crossing block edges, against
     transformers' forward of each segment alone."""
     hf_model = _make_checkpoint(CASES["qwen2_tied_qkv_bias"](), tmp_path / "ckpt", tokenizer)
     model, _ = load_pretrained(str(tmp_path / "ckpt"))
-    lengths, row_len = (150, 160, 37), 3 * QUERY_BLOCK - 11  # ragged last block
-    assert row_len > 2 * QUERY_BLOCK and sum(lengths) < row_len
+    lengths, row_len = (150, 160, 37), 3 * BLOCK - 11  # ragged last block
+    assert row_len > 2 * BLOCK and sum(lengths) < row_len
     rng = np.random.default_rng(2)
     seqs = [rng.integers(0, VOCAB, n) for n in lengths]
     row = np.zeros(row_len, np.int32)

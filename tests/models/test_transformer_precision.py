@@ -11,7 +11,7 @@ from flax import nnx
 
 from jaxrl_agentic.models.config import ModelConfig
 from jaxrl_agentic.models.rope import rope_cos_sin
-from jaxrl_agentic.models.transformer import Transformer, packed_causal_mask
+from jaxrl_agentic.models.transformer import PackedRows, Transformer
 
 
 def _model():
@@ -35,7 +35,7 @@ def test_bf16_compute_keeps_the_residual_stream_and_projection_outputs_in_float3
     for proj in (block.attn.q_proj, block.attn.o_proj, block.mlp.gate_proj, block.mlp.down_proj):
         assert proj(jnp.ones((1, proj.in_features), jnp.bfloat16)).dtype == jnp.float32
     cos, sin = rope_cos_sin(positions, m._inv_freq, m._rope_scale)
-    out, (k, v) = block(x, cos, sin, packed_causal_mask(None, 12))
+    out, (k, v) = block(x, cos, sin, PackedRows(jnp.ones((1, 12), jnp.int32)))
     assert out.dtype == jnp.float32
     # Attention and the KV cache stay in the compute dtype, the same on both paths.
     assert k.dtype == v.dtype == jnp.bfloat16

@@ -1,0 +1,189 @@
+"""Segment-aware causal attention for CPU (plain JAX): only the block pairs a row needs.
+
+A packed row of length T holds several sequences told apart by segment ids (0 = padding).
+Query t attends to key s iff s ≤ t, seg[s] = seg[t] and seg[t] ≠ 0. Cut the row into blocks
+of ``block`` tokens; only the (query block, key block) pairs of the skip rule
+(``_segment_blocks``: causal and overlapping id ranges) are computed. The dense path computes
+T² pairs (T²/2 block-causal); a row of segments of lengths Lₙ needs about
+Σ Lₙ²/2 + T·block/2 of them.
+
+Shapes stay static: the pair list of each row is the needed entries of its [nb, nb] block
+matrix (``jnp.nonzero`` with size nb(nb+1)/2, the causal count), and a loop with a
+*dynamic* trip count (max over rows of the needed count) walks it, one pair of every row
+per iteration. The forward is FlashAttention's online softmax per query block:
+
+    s = q_i·k_jᵀ/√H (masked),  m' = max(m, max s),  α = e^{m−m'},
+    l' = α·l + Σ e^{s−m'},     acc' = α·acc + e^{s−m'}·v_j,     out = acc/l,  lse = m + log l
+
+A dynamic trip count has no autodiff, so the backward is written out (FlashAttention-2),
+recomputing each needed pair from (q, k, v, out, lse):
+
+    P = e^{s − lse},  D = rowsum(dO ∘ O),  dS = P ∘ (dO·v_jᵀ − D),
+    dv_j += Pᵀ·dO_i,  dq_i += dS·k_j/√H,  dk_j += dSᵀ·q_i/√H
+
+Only q, k, v, the output and lse are kept for the backward, never a [T, T] score matrix.
+Queries of padding (id 0) attend to nothing: output 0 and no gradient. Matmul inputs stay
+in the input dtype with float32 accumulation; softmax statistics are float32.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels._segment_blocks import needed_block_pairs
+
+# Masked logits. Finite, so that a block row with nothing attended keeps exp(m − m') = 1
+# rather than NaN; masked probabilities are zeroed explicitly, never taken from exp.
+_NEG = -1e30
+
+
+def _pair_list(segment_ids: jax.Array, block: int):
+    """Query block, key block [B, P] (P = nb(nb+1)/2, sorted by query block) and the count
+    of needed pairs per row [B]; entries past a row's count are (0, 0) and skipped."""
+    needed = needed_block_pairs(segment_ids, block)
+    nb = needed.shape[1]
+    flat = needed.reshape(needed.shape[0], nb * nb)
+    index = jax.vmap(lambda f: jnp.nonzero(f, size=nb * (nb + 1) // 2, fill_value=0)[0])(flat)
+    count = jnp.sum(flat, axis=-1, dtype=jnp.int32)
+    return (index // nb).astype(jnp.int32), (index % nb).astype(jnp.int32), count
+
+
+def _pad_time(x, length: int):
+    extra = length - x.shape[1]
+    return x if extra == 0 else jnp.pad(x, ((0, 0), (0, extra)) + ((0, 0),) * (x.ndim - 2))
+
+
+def _query_blocks(x, block: int, kv_heads: int):
+    """[B, T, N, H] → [B, nb, K, G, block, H] (query heads grouped per kv head)."""
+    b, t, n, h = x.shape
+    x = x.reshape(b, t // block, block, kv_heads, n // kv_heads, h)
+    return x.transpose(0, 1, 3, 4, 2, 5)
+
+
+def _key_blocks(x, block: int):
+    """[B, T, K, H] → [B, nb, K, block, H]."""
+    b, t, k, h = x.shape
+    return x.reshape(b, t // block, block, k, h).transpose(0, 1, 3, 2, 4)
+
+
+def _from_query_blocks(x, length: int):
+    b, nb, k, g, block, h = x.shape
+    return x.transpose(0, 1, 4, 2, 3, 5).reshape(b, nb * block, k * g, h)[:, :length]
+
+
+def _from_key_blocks(x, length: int):
+    b, nb, k, block, h = x.shape
+    return x.transpose(0, 1, 3, 2, 4).reshape(b, nb * block, k, h)[:, :length]
+
+
+def _pair_mask(seg_q, seg_k, i, j, block: int):
+    """[block, block]: who attends to whom inside the pair (causal, same nonzero segment)."""
+    offsets = jnp.arange(block)
+    causal = (i * block + offsets[:, None]) >= (j * block + offsets[None, :])
+    return causal & (seg_q[:, None] == seg_k[None, :]) & (seg_q[:, None] > 0)
+
+
+def _scores(q_blk, k_blk, scale):
+    """[K, G, bq, H] · [K, bk, H] → float32 [K, G, bq, bk]."""
+    return jnp.einsum("kgqh,ksh->kgqs", q_blk, k_blk, preferred_element_type=jnp.float32) * scale
+
+
+def _forward(q, k, v, segment_ids, block: int):
+    """Blocked inputs → (out [B, nb, K, G, block, H] float32, lse [B, nb, K, G, block])."""
+    qb, kb, vb = _query_blocks(q, block, k.shape[2]), _key_blocks(k, block), _key_blocks(v, block)
+    seg = segment_ids.reshape(segment_ids.shape[0], -1, block)
+    q_block, k_block, count = _pair_list(segment_ids, block)
+    scale = q.shape[-1] ** -0.5
+
+    def row_pair(p, m, l, acc, qb, kb, vb, seg, q_block, k_block, count):
+        i, j = q_block[p], k_block[p]
+        mask = _pair_mask(seg[i], seg[j], i, j, block)
+        s = jnp.where(mask, _scores(qb[i], kb[j], scale), _NEG)
+        m_new = jnp.maximum(m[i], jnp.max(s, axis=-1))
+        alpha = jnp.exp(m[i] - m_new)
+        probs = jnp.where(mask, jnp.exp(s - m_new[..., None]), 0.0)
+        l_new = alpha * l[i] + jnp.sum(probs, axis=-1)
+        acc_new = alpha[..., None] * acc[i] + jnp.einsum(
+            "kgqs,ksh->kgqh", probs.astype(vb.dtype), vb[j], preferred_element_type=jnp.float32)
+        live = p < count  # past this row's count: leave its state as it is
+        return (m.at[i].set(jnp.where(live, m_new, m[i])),
+                l.at[i].set(jnp.where(live, l_new, l[i])),
+                acc.at[i].set(jnp.where(live, acc_new, acc[i])))
+
+    step = jax.vmap(row_pair, in_axes=(None,) + (0,) * 10)
+    stats = qb.shape[:-1]
+    state = (jnp.full(stats, _NEG, jnp.float32), jnp.zeros(stats, jnp.float32),
+             jnp.zeros(qb.shape, jnp.float32))
+    m, l, acc = jax.lax.fori_loop(
+        0, jnp.max(count), lambda p, c: step(p, *c, qb, kb, vb, seg, q_block, k_block, count),
+        state)
+    attended = l > 0  # false for padding queries: output 0, lse 0
+    safe_l = jnp.where(attended, l, 1.0)
+    return acc / safe_l[..., None], jnp.where(attended, m + jnp.log(safe_l), 0.0)
+
+
+def _backward(q, k, v, segment_ids, out, lse, d_out, block: int):
+    kv_heads = k.shape[2]
+    qb, kb, vb = _query_blocks(q, block, kv_heads), _key_blocks(k, block), _key_blocks(v, block)
+    d_outb = _query_blocks(d_out, block, kv_heads)
+    delta = jnp.sum(d_outb.astype(jnp.float32) * _query_blocks(out, block, kv_heads), axis=-1)
+    seg = segment_ids.reshape(segment_ids.shape[0], -1, block)
+    q_block, k_block, count = _pair_list(segment_ids, block)
+    scale = q.shape[-1] ** -0.5
+
+    def row_pair(p, dq, dk, dv, qb, kb, vb, d_outb, delta, lse, seg, q_block, k_block, count):
+        i, j = q_block[p], k_block[p]
+        mask = _pair_mask(seg[i], seg[j], i, j, block) & (p < count)
+        probs = jnp.where(mask, jnp.exp(_scores(qb[i], kb[j], scale) - lse[i][..., None]), 0.0)
+        dv_j = jnp.einsum("kgqs,kgqh->ksh", probs.astype(d_outb.dtype), d_outb[i],
+                          preferred_element_type=jnp.float32)
+        dp = jnp.einsum("kgqh,ksh->kgqs", d_outb[i], vb[j], preferred_element_type=jnp.float32)
+        ds = (probs * (dp - delta[i][..., None])).astype(qb.dtype)
+        dq_i = jnp.einsum("kgqs,ksh->kgqh", ds, kb[j], preferred_element_type=jnp.float32)
+        dk_j = jnp.einsum("kgqs,kgqh->ksh", ds, qb[i], preferred_element_type=jnp.float32)
+        return dq.at[i].add(dq_i * scale), dk.at[j].add(dk_j * scale), dv.at[j].add(dv_j)
+
+    step = jax.vmap(row_pair, in_axes=(None,) + (0,) * 13)
+    grads = tuple(jnp.zeros(x.shape, jnp.float32) for x in (qb, kb, vb))
+    dq, dk, dv = jax.lax.fori_loop(
+        0, jnp.max(count),
+        lambda p, c: step(p, *c, qb, kb, vb, d_outb, delta, lse, seg, q_block, k_block, count),
+        grads)
+    return dq, dk, dv
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _attention(q, k, v, segment_ids, block):
+    return _attention_fwd(q, k, v, segment_ids, block)[0]
+
+
+def _attention_fwd(q, k, v, segment_ids, block):
+    out, lse = _forward(q, k, v, segment_ids, block)
+    out = _from_query_blocks(out, q.shape[1]).astype(q.dtype)
+    return out, (q, k, v, segment_ids, out, lse)
+
+
+def _attention_bwd(block, residuals, d_out):
+    q, k, v, segment_ids, out, lse = residuals
+    length = q.shape[1]
+    dq, dk, dv = _backward(q, k, v, segment_ids, out, lse, d_out, block)
+    return (_from_query_blocks(dq, length).astype(q.dtype),
+            _from_key_blocks(dk, length).astype(k.dtype),
+            _from_key_blocks(dv, length).astype(v.dtype), None)
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def blocksparse_segment_attention(q, k, v, segment_ids, *, block: int = 128) -> jax.Array:
+    """q [B, T, N, H], k/v [B, T, K, H] (N a multiple of K), segment_ids [B, T] int
+    (0 = padding) → [B, T, N, H] in q's dtype; T need not be a multiple of `block` (the tail
+    is padded with id 0 and cut off again)."""
+    length = q.shape[1]
+    padded = -(-length // block) * block
+    q, k, v = (_pad_time(x, padded) for x in (q, k, v))
+    segment_ids = _pad_time(segment_ids.astype(jnp.int32), padded)
+    return _attention(q, k, v, segment_ids, block)[:, :length]

@@ -1,0 +1,358 @@
+"""Causal flash attention with segment ids that skips block pairs nobody attends to (Pallas).
+
+Shapes: ``q [B, T, N, H]``, ``k, v [B, T, K, H]`` with ``N % K == 0`` (grouped-query
+attention: query head ``n`` reads kv head ``n // G``, ``G = N / K``), ``segment_ids [B, T]``
+int32 (0 = padding; a packed row holds sequences 1, 2, ...). Query ``t`` attends to key ``s``
+iff
+
+    s ≤ t   and   seg[s] = seg[t]   and   seg[t] ≠ 0,
+
+    S = q·kᵀ · c  (c = H^-½),   lse_t = log Σ_{s ∈ A(t)} exp S_ts,
+    P = exp(S − lse),           O = P·V,
+
+with all softmax statistics in fp32 and ``O`` in q's dtype. Padding queries (seg 0) attend to
+nothing: their output is 0 and they pass no gradient anywhere. Backward (FlashAttention-2):
+
+    D_t = Σ_h dO_th·O_th,   dV = Pᵀ·dO,   dP = dO·Vᵀ,   dS = P ⊙ (dP − D),
+    dQ = dS·K · c,          dK = dSᵀ·Q · c.
+
+Kernels (Triton layout; ``interpret=True`` runs them on CPU):
+  forward  grid (B, N, query blocks i): online softmax over key blocks j ∈ [lo_i, hi_i)
+           (``fori_loop`` with dynamic bounds), saves ``O`` and ``lse [B, N, T]``.
+  dq       grid (B, N, query blocks i): the same key-block range, accumulates dQ_i.
+  dk/dv    grid (B, K, key blocks j): loops over the G query heads of kv head k and the
+           query blocks i ∈ [lo_j, hi_j), accumulates dK_j, dV_j (so GQA needs no atomics and
+           no per-query-head dK copies).
+``D`` is one elementwise product and row sum, done in jnp before the backward kernels.
+
+Skip rule (``_segment_blocks``, computed in the wrapper, exact for any ids): each query
+block loops over ``[lo_i, hi_i)`` = first..last key block it needs (each key block over
+first..last query block that needs it). For packed rows the needed blocks are contiguous, so
+the range is exactly them; for arbitrary ids it is a superset, kept exact by a ``jnp.where``
+mask (causal, same id, nonzero) inside each computed pair. With ``block_q = block_k``, a row
+of segments no longer than a block computes ≤ 2 pairs per query block instead of the ~nq/2
+of the causal triangle (``segment_attention.attended_block_pairs`` counts both).
+
+Padding: T is padded to a multiple of the blocks (padded positions get id 0, so they are never
+computed) and H to a power of two ≥ 16 (zeros: dot products unchanged); Triton tensors must
+have power-of-two sizes and ``tl.dot`` wants dimensions ≥ 16, hence also block sizes that are
+powers of two ≥ 16.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
+
+from pallas_kernels._segment_blocks import needed_block_pairs
+from pallas_kernels._softmax_math import NEG_LOGIT, matmul_precision
+
+_F32 = jnp.float32
+
+
+# ----------------------------------------------------------------------------- skip rule
+
+
+def _ranges(needed, axis: int):
+    """``[..., 2]`` int32 ``[first, last + 1)`` of the True entries along ``axis``; ``[0, 0)``
+    where there are none (the kernel's loop then runs zero times)."""
+    n = needed.shape[axis]
+    shape = [1] * needed.ndim
+    shape[axis] = n
+    idx = jnp.arange(n, dtype=jnp.int32).reshape(shape)
+    any_ = jnp.any(needed, axis=axis)
+    lo = jnp.min(jnp.where(needed, idx, n), axis=axis)
+    hi = jnp.max(jnp.where(needed, idx + 1, 0), axis=axis)
+    return jnp.stack([jnp.where(any_, lo, 0), hi], axis=-1).astype(jnp.int32)
+
+
+def block_bounds(seg, block_q: int, block_k: int):
+    """``(kv_bounds [B, nq, 2], q_bounds [B, nk, 2])``: the key-block range each query block
+    loops over (forward, dq) and the query-block range each key block loops over (dk/dv)."""
+    needed = needed_block_pairs(seg, block_q, block_k)
+    return _ranges(needed, axis=2), _ranges(needed, axis=1)
+
+
+def _padded_length(length: int, block_q: int, block_k: int) -> int:
+    step = math.lcm(block_q, block_k)
+    return -(-length // step) * step
+
+
+# ----------------------------------------------------------------------------- kernel helpers
+
+
+def _dot(a, b, dims):
+    return lax.dot_general(a, b, (dims, ((), ())), preferred_element_type=_F32,
+                           precision=matmul_precision(a.dtype))
+
+
+def _dot_nn(a, b):
+    """``a [m, k] · b [k, n]`` in fp32."""
+    return _dot(a, b, ((1,), (0,)))
+
+
+def _dot_nt(a, b):
+    """``a [m, k] · b [n, k]ᵀ`` in fp32."""
+    return _dot(a, b, ((1,), (1,)))
+
+
+def _dot_tn(a, b):
+    """``a [k, m]ᵀ · b [k, n]`` in fp32."""
+    return _dot(a, b, ((0,), (0,)))
+
+
+def _pair_mask(q_start, q_seg, k_start, k_seg):
+    """``[bq, bk]`` attend mask of one block pair: causal, same id, query not padding."""
+    q_pos = q_start + lax.broadcasted_iota(jnp.int32, (q_seg.shape[0], 1), 0)
+    k_pos = k_start + lax.broadcasted_iota(jnp.int32, (1, k_seg.shape[0]), 1)
+    q_seg = q_seg[:, None]
+    return (k_pos <= q_pos) & (q_seg == k_seg[None, :]) & (q_seg != 0)
+
+
+def _scores(q, k, scale):
+    return _dot_nt(q, k) * scale
+
+
+# ----------------------------------------------------------------------------- forward
+
+
+def _fwd_kernel(q_ref, k_ref, v_ref, seg_ref, bnd_ref, o_ref, lse_ref, *, scale, block_q,
+                block_k):
+    i = pl.program_id(2)
+    q_start = i * block_q
+    q = q_ref[...]
+    q_seg = seg_ref[pl.ds(q_start, block_q)]
+    lo, hi = bnd_ref[0], bnd_ref[1]
+
+    def body(j, carry):
+        acc, m, l = carry
+        keys = pl.ds(j * block_k, block_k)
+        k, v = k_ref[keys, :], v_ref[keys, :]
+        mask = _pair_mask(q_start, q_seg, j * block_k, seg_ref[keys])
+        s = jnp.where(mask, _scores(q, k, scale), NEG_LOGIT)
+        m_new = jnp.maximum(m, jnp.max(s, axis=1))
+        # Rows with nothing attended so far keep m = NEG_LOGIT, where exp(s − m) would be 1
+        # for masked entries: the where zeroes them, so l and acc stay exactly 0.
+        p = jnp.where(mask, jnp.exp(s - m_new[:, None]), 0.0)
+        corr = jnp.exp(m - m_new)
+        l = l * corr + jnp.sum(p, axis=1)
+        acc = acc * corr[:, None] + _dot_nn(p.astype(v.dtype), v)
+        return acc, m_new, l
+
+    init = (jnp.zeros(q.shape, _F32), jnp.full((block_q,), NEG_LOGIT, _F32),
+            jnp.zeros((block_q,), _F32))
+    acc, m, l = lax.fori_loop(lo, hi, body, init)
+    # Padding queries (and any query of a block with an empty range) have l = 0: output 0,
+    # lse 0 (finite; the backward never reads it since their mask is all False).
+    has = l > 0
+    l_safe = jnp.where(has, l, 1.0)
+    o_ref[...] = (acc / l_safe[:, None]).astype(o_ref.dtype)
+    lse_ref[...] = jnp.where(has, m + jnp.log(l_safe), 0.0)
+
+
+def _compiler_params(head_dim: int, interpret: bool):
+    if interpret:
+        return None
+    return pltriton.CompilerParams(num_warps=4 if head_dim <= 64 else 8, num_stages=2)
+
+
+def _forward(q, k, v, seg, kv_bounds, *, scale, block_q, block_k, interpret):
+    b, tp, n, hd = q.shape
+    group = n // k.shape[2]
+    nq = tp // block_q
+    kernel = functools.partial(_fwd_kernel, scale=scale, block_q=block_q, block_k=block_k)
+    kv_spec = pl.BlockSpec((None, tp, None, hd), lambda bi, h, i: (bi, 0, lax.div(h, group), 0))
+    q_spec = pl.BlockSpec((None, block_q, None, hd), lambda bi, h, i: (bi, i, h, 0))
+    out, lse = pl.pallas_call(
+        kernel,
+        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
+                   jax.ShapeDtypeStruct((b, n, tp), _F32)],
+        grid=(b, n, nq),
+        in_specs=[
+            q_spec,
+            kv_spec,
+            kv_spec,
+            pl.BlockSpec((None, tp), lambda bi, h, i: (bi, 0)),
+            pl.BlockSpec((None, None, 2), lambda bi, h, i: (bi, i, 0)),
+        ],
+        out_specs=[q_spec, pl.BlockSpec((None, None, block_q), lambda bi, h, i: (bi, h, i))],
+        compiler_params=_compiler_params(hd, interpret),
+        interpret=interpret,
+        name="segment_attention_fwd",
+    )(q, k, v, seg, kv_bounds)
+    return out, lse
+
+
+# ----------------------------------------------------------------------------- backward
+
+
+def _dq_kernel(q_ref, k_ref, v_ref, seg_ref, bnd_ref, do_ref, lse_ref, delta_ref, dq_ref, *,
+               scale, block_q, block_k):
+    i = pl.program_id(2)
+    q_start = i * block_q
+    q, do = q_ref[...], do_ref[...]
+    lse, delta = lse_ref[...], delta_ref[...]
+    q_seg = seg_ref[pl.ds(q_start, block_q)]
+    lo, hi = bnd_ref[0], bnd_ref[1]
+
+    def body(j, dq):
+        keys = pl.ds(j * block_k, block_k)
+        k, v = k_ref[keys, :], v_ref[keys, :]
+        mask = _pair_mask(q_start, q_seg, j * block_k, seg_ref[keys])
+        # Masked scores become NEG_LOGIT, and exp(NEG_LOGIT − lse) = 0 for the finite lse of
+        # every query (0 at padding queries), so P = exp(S − lse) exactly on the attended set.
+        p = jnp.exp(jnp.where(mask, _scores(q, k, scale), NEG_LOGIT) - lse[:, None])
+        ds = p * (_dot_nt(do, v) - delta[:, None])
+        return dq + _dot_nn(ds.astype(k.dtype), k)
+
+    dq = lax.fori_loop(lo, hi, body, jnp.zeros(q.shape, _F32))
+    dq_ref[...] = dq * scale
+
+
+def _dkdv_kernel(q_ref, k_ref, v_ref, seg_ref, bnd_ref, do_ref, lse_ref, delta_ref, dk_ref,
+                 dv_ref, *, scale, block_q, block_k, group):
+    j = pl.program_id(2)
+    k_start = j * block_k
+    k, v = k_ref[...], v_ref[...]
+    k_seg = seg_ref[pl.ds(k_start, block_k)]
+    lo, hi = bnd_ref[0], bnd_ref[1]
+
+    def head(g, carry):
+        # q_ref / do_ref hold the G query heads of this kv head: [Tp, G, H]; lse / D: [G, Tp].
+        def body(i, carry):
+            dk, dv = carry
+            rows = pl.ds(i * block_q, block_q)
+            q, do = q_ref[rows, g, :], do_ref[rows, g, :]
+            lse, delta = lse_ref[g, rows], delta_ref[g, rows]
+            mask = _pair_mask(i * block_q, seg_ref[rows], k_start, k_seg)
+            p = jnp.exp(jnp.where(mask, _scores(q, k, scale), NEG_LOGIT) - lse[:, None])
+            dv = dv + _dot_tn(p.astype(do.dtype), do)
+            ds = p * (_dot_nt(do, v) - delta[:, None])
+            dk = dk + _dot_tn(ds.astype(q.dtype), q)
+            return dk, dv
+
+        return lax.fori_loop(lo, hi, body, carry)
+
+    zeros = jnp.zeros(k.shape, _F32)
+    dk, dv = lax.fori_loop(0, group, head, (zeros, zeros))
+    dk_ref[...] = dk * scale
+    dv_ref[...] = dv
+
+
+def _backward(q, k, v, seg, out, lse, do, kv_bounds, q_bounds, *, scale, block_q, block_k,
+              interpret):
+    b, tp, n, hd = q.shape
+    kv_heads = k.shape[2]
+    group = n // kv_heads
+    # D_t = rowsum(dO ⊙ O) per query and head, fp32, laid out like lse: [B, N, Tp].
+    delta = jnp.einsum("btnh,btnh->bnt", do.astype(_F32), out.astype(_F32),
+                       precision=lax.Precision.HIGHEST)
+    inputs = (q, k, v, seg)
+    params = _compiler_params(hd, interpret)
+
+    q_spec = pl.BlockSpec((None, block_q, None, hd), lambda bi, h, i: (bi, i, h, 0))
+    kv_full = pl.BlockSpec((None, tp, None, hd), lambda bi, h, i: (bi, 0, lax.div(h, group), 0))
+    row_spec = pl.BlockSpec((None, None, block_q), lambda bi, h, i: (bi, h, i))
+    dq = pl.pallas_call(
+        functools.partial(_dq_kernel, scale=scale, block_q=block_q, block_k=block_k),
+        out_shape=jax.ShapeDtypeStruct(q.shape, _F32),
+        grid=(b, n, tp // block_q),
+        in_specs=[
+            q_spec, kv_full, kv_full,
+            pl.BlockSpec((None, tp), lambda bi, h, i: (bi, 0)),
+            pl.BlockSpec((None, None, 2), lambda bi, h, i: (bi, i, 0)),
+            q_spec, row_spec, row_spec,
+        ],
+        out_specs=q_spec,
+        compiler_params=params,
+        interpret=interpret,
+        name="segment_attention_dq",
+    )(*inputs, kv_bounds, do, lse, delta)
+
+    # dk/dv: grid over kv heads; each program reads the G query heads of its kv head.
+    q_group = pl.BlockSpec((None, tp, group, hd), lambda bi, h, j: (bi, 0, h, 0))
+    kv_block = pl.BlockSpec((None, block_k, None, hd), lambda bi, h, j: (bi, j, h, 0))
+    row_group = pl.BlockSpec((None, group, tp), lambda bi, h, j: (bi, h, 0))
+    dk, dv = pl.pallas_call(
+        functools.partial(_dkdv_kernel, scale=scale, block_q=block_q, block_k=block_k,
+                          group=group),
+        out_shape=[jax.ShapeDtypeStruct(k.shape, _F32)] * 2,
+        grid=(b, kv_heads, tp // block_k),
+        in_specs=[
+            q_group, kv_block, kv_block,
+            pl.BlockSpec((None, tp), lambda bi, h, j: (bi, 0)),
+            pl.BlockSpec((None, None, 2), lambda bi, h, j: (bi, j, 0)),
+            q_group, row_group, row_group,
+        ],
+        out_specs=[kv_block, kv_block],
+        compiler_params=params,
+        interpret=interpret,
+        name="segment_attention_dkdv",
+    )(*inputs, q_bounds, do, lse, delta)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+
+
+# ----------------------------------------------------------------------------- custom VJP
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def _attention(q, k, v, seg, scale, block_q, block_k, interpret):
+    out, _ = _attention_fwd(q, k, v, seg, scale, block_q, block_k, interpret)
+    return out
+
+
+def _attention_fwd(q, k, v, seg, scale, block_q, block_k, interpret):
+    kv_bounds, q_bounds = block_bounds(seg, block_q, block_k)
+    out, lse = _forward(q, k, v, seg, kv_bounds, scale=scale, block_q=block_q,
+                        block_k=block_k, interpret=interpret)
+    return out, (q, k, v, seg, out, lse, kv_bounds, q_bounds)
+
+
+def _attention_bwd(scale, block_q, block_k, interpret, res, do):
+    q, k, v, seg, out, lse, kv_bounds, q_bounds = res
+    dq, dk, dv = _backward(q, k, v, seg, out, lse, do.astype(q.dtype), kv_bounds, q_bounds,
+                           scale=scale, block_q=block_q, block_k=block_k, interpret=interpret)
+    return dq, dk, dv, None
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def _is_pow2(x: int) -> bool:
+    return x > 0 and x & (x - 1) == 0
+
+
+@functools.partial(jax.jit, static_argnames=("block_q", "block_k", "interpret"))
+def pallas_segment_attention(q, k, v, segment_ids, *, block_q: int = 128, block_k: int = 128,
+                             interpret: bool = False) -> jax.Array:
+    """Causal attention within segments (module docstring), differentiable in q, k, v.
+
+    ``q [B, T, N, H]``, ``k, v [B, T, K, H]`` (same dtype, N % K == 0), ``segment_ids [B, T]``
+    int (0 = padding). Returns ``[B, T, N, H]`` in q's dtype; zeros at padding queries.
+    ``interpret=True`` runs the kernels on CPU.
+    """
+    b, length, n, hd = q.shape
+    if k.shape != v.shape or k.shape[:2] != (b, length) or k.shape[3] != hd:
+        raise ValueError(f"k/v shapes {k.shape}, {v.shape} do not match q {q.shape}")
+    if n % k.shape[2]:
+        raise ValueError(f"query heads {n} must be a multiple of kv heads {k.shape[2]}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    if segment_ids.shape != (b, length):
+        raise ValueError(f"segment_ids shape {segment_ids.shape} != {(b, length)}")
+    for name, blk in (("block_q", block_q), ("block_k", block_k)):
+        if not (_is_pow2(blk) and blk >= 16):
+            raise ValueError(f"{name}={blk} must be a power of two ≥ 16 (Triton tiles)")
+    tp = _padded_length(length, block_q, block_k)
+    hp = max(16, 1 << (hd - 1).bit_length())
+    pad = ((0, 0), (0, tp - length), (0, 0), (0, hp - hd))
+    qp, kp, vp = (x if tp == length and hp == hd else jnp.pad(x, pad) for x in (q, k, v))
+    seg = jnp.pad(segment_ids.astype(jnp.int32), ((0, 0), (0, tp - length)))
+    out = _attention(qp, kp, vp, seg, hd**-0.5, block_q, block_k, interpret)
+    return out[:, :length, :, :hd]
