@@ -15,8 +15,11 @@ Implementations (``impl``), all exact to the same formula:
                  block) pairs per row walked by a loop with a dynamic trip count, so a row
                  of short segments costs ≈ Σ Lₙ²/2 + T·block/2 pairs; custom VJP. CPU.
   "pallas"       the flash-attention kernel with segment ids (``_flash_attention_pallas``;
-                 Triton layout, interpret mode on CPU), the same skip rule. GPU and TPU.
-  "auto"         CPU → blocksparse, GPU/TPU → pallas.
+                 Triton layout, interpret mode on CPU), the same skip rule. GPU.
+  "splash"       JAX's splash attention (``_splash_attention``; Mosaic layout, interpret
+                 mode on CPU): a kept library kernel for TPU. It skips the causal mask's
+                 blocks only; segments are masked inside the computed blocks.
+  "auto"         CPU → blocksparse, GPU → pallas, TPU → splash.
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels._blocksparse_attention import blocksparse_segment_attention
+from pallas_kernels._flash_attention_pallas import pallas_segment_attention
 from pallas_kernels._segment_blocks import needed_block_pairs
+from pallas_kernels._splash_attention import splash_segment_attention
 
-IMPLS = ("auto", "reference", "blocksparse", "pallas")
+IMPLS = ("auto", "reference", "blocksparse", "pallas", "splash")
 # Tokens per block of the block-sparse paths. 128 was the fastest at the tiny and 25m
 # shapes on CPU (64 was within noise and doubles the loop's iterations).
 BLOCK = 128
@@ -40,7 +45,7 @@ def resolve_attention_impl(impl: str, platform: str | None = None) -> str:
     if impl != "auto":
         return impl
     platform = platform or jax.default_backend()
-    return "blocksparse" if platform == "cpu" else "pallas"
+    return {"cpu": "blocksparse", "tpu": "splash"}.get(platform, "pallas")
 
 
 def reference_segment_attention(q, k, v, segment_ids) -> jax.Array:
@@ -65,9 +70,9 @@ def segment_attention(q, k, v, segment_ids, *, impl: str = "auto", block: int | 
         return reference_segment_attention(q, k, v, segment_ids)
     if impl == "blocksparse":
         return blocksparse_segment_attention(q, k, v, segment_ids, block=block)
-    from pallas_kernels._flash_attention_pallas import pallas_segment_attention
-
     interpret = jax.default_backend() == "cpu"
+    if impl == "splash":
+        return splash_segment_attention(q, k, v, segment_ids, interpret=interpret)
     return pallas_segment_attention(q, k, v, segment_ids, block_q=block, block_k=block,
                                     interpret=interpret)
 

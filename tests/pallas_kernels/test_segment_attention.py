@@ -143,8 +143,8 @@ def test_a_row_of_many_short_segments_costs_a_band_not_the_triangle():
 
 def test_dispatch():
     assert resolve_attention_impl("auto", "cpu") == "blocksparse"
-    assert resolve_attention_impl("auto", "gpu") == resolve_attention_impl("auto", "tpu") \
-        == "pallas"
+    assert resolve_attention_impl("auto", "gpu") == "pallas"
+    assert resolve_attention_impl("auto", "tpu") == "splash"
     with pytest.raises(ValueError, match="unknown attention impl"):
         resolve_attention_impl("flash")
     rng = np.random.default_rng(4)
@@ -154,3 +154,14 @@ def test_dispatch():
         np.asarray(segment_attention(q, k, v, None)),
         np.asarray(reference_segment_attention(q, k, v, jnp.ones((1, 300), jnp.int32))),
         atol=2e-6)
+
+
+@pytest.mark.parametrize("impl", ["blocksparse", "pallas", "splash"])
+def test_every_impl_through_the_dispatcher_matches_dense(impl):
+    """What `attention_impl` selects (the kernels in interpret mode on CPU)."""
+    rng = np.random.default_rng(5)
+    ids = jnp.asarray(_packed_ids([(40, 33, 20), (90,)], 100))
+    q, k, v = _qkv(rng, 2, 100, 4, 2, 16, jnp.float32)
+    out = segment_attention(q, k, v, ids, impl=impl, block=32)
+    np.testing.assert_allclose(np.asarray(out),
+                               np.asarray(reference_segment_attention(q, k, v, ids)), atol=2e-5)
