@@ -125,7 +125,8 @@ def default_config() -> ml_collections.ConfigDict:
     c.critic_learning_rate = 1e-5  # gae only: the critic's AdamW learning rate
     c.value_clip = 0.2  # gae only: ε_v of the clipped value loss (0 = unclipped)
     c.kernel_impl = "auto"
-    # the training forward's attention over packed rows: auto | reference | blocksparse | pallas
+    # the training forward's attention over packed rows:
+    # auto | reference | blocksparse | pallas | splash (pallas_kernels/segment_attention.py)
     c.attention_impl = "auto"
     # the training forward's rematerialisation: none | layer | dots (models/transformer.py)
     c.remat = "none"

@@ -38,7 +38,7 @@ import dataclasses
 import os
 
 from jaxrl_agentic.models.config import ModelConfig
-from pallas_kernels.segment_attention import BLOCK as ATTENTION_BLOCK
+from pallas_kernels.segment_attention import runs_dense
 
 GIB = 1024**3
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -73,8 +73,7 @@ def layer_activation_bytes(cfg: ModelConfig, row_len: int, attention_impl: str =
                            ) -> float:
     """``a_layer(T)``: what one block keeps for its backward at ``row_len`` tokens."""
     b, t = _BYTES[cfg.dtype], row_len
-    dense = attention_impl == "reference" or t <= 2 * ATTENTION_BLOCK
-    scores = t * t if dense else 0
+    scores = t * t if runs_dense(attention_impl, t) else 0
     return (t * (15 * cfg.hidden_size + 7 * cfg.intermediate_size) * b
             + cfg.num_attention_heads * (scores * (9 + b) + 4 * t))
 

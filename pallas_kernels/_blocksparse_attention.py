@@ -33,7 +33,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels._segment_blocks import needed_block_pairs
+from pallas_kernels._segment_blocks import needed_block_pairs, pad_to_blocks, pair_mask
 
 # Masked logits. Finite, so that a block row with nothing attended keeps exp(m − m') = 1
 # rather than NaN; masked probabilities are zeroed explicitly, never taken from exp.
@@ -49,11 +49,6 @@ def _pair_list(segment_ids: jax.Array, block: int):
     index = jax.vmap(lambda f: jnp.nonzero(f, size=nb * (nb + 1) // 2, fill_value=0)[0])(flat)
     count = jnp.sum(flat, axis=-1, dtype=jnp.int32)
     return (index // nb).astype(jnp.int32), (index % nb).astype(jnp.int32), count
-
-
-def _pad_time(x, length: int):
-    extra = length - x.shape[1]
-    return x if extra == 0 else jnp.pad(x, ((0, 0), (0, extra)) + ((0, 0),) * (x.ndim - 2))
 
 
 def _query_blocks(x, block: int, kv_heads: int):
@@ -79,28 +74,25 @@ def _from_key_blocks(x, length: int):
     return x.transpose(0, 1, 3, 2, 4).reshape(b, nb * block, k, h)[:, :length]
 
 
-def _pair_mask(seg_q, seg_k, i, j, block: int):
-    """[block, block]: who attends to whom inside the pair (causal, same nonzero segment)."""
-    offsets = jnp.arange(block)
-    causal = (i * block + offsets[:, None]) >= (j * block + offsets[None, :])
-    return causal & (seg_q[:, None] == seg_k[None, :]) & (seg_q[:, None] > 0)
-
-
 def _scores(q_blk, k_blk, scale):
     """[K, G, bq, H] · [K, bk, H] → float32 [K, G, bq, bk]."""
     return jnp.einsum("kgqh,ksh->kgqs", q_blk, k_blk, preferred_element_type=jnp.float32) * scale
 
 
-def _forward(q, k, v, segment_ids, block: int):
-    """Blocked inputs → (out [B, nb, K, G, block, H] float32, lse [B, nb, K, G, block])."""
+def _blocked(q, k, v, segment_ids, block: int):
+    """q, k, v in blocks, segment ids [B, nb, block] and the softmax scale 1/√H."""
     qb, kb, vb = _query_blocks(q, block, k.shape[2]), _key_blocks(k, block), _key_blocks(v, block)
-    seg = segment_ids.reshape(segment_ids.shape[0], -1, block)
-    q_block, k_block, count = _pair_list(segment_ids, block)
-    scale = q.shape[-1] ** -0.5
+    return qb, kb, vb, segment_ids.reshape(segment_ids.shape[0], -1, block), q.shape[-1] ** -0.5
+
+
+def _forward(q, k, v, segment_ids, pairs, block: int):
+    """Blocked inputs → (out [B, nb, K, G, block, H] float32, lse [B, nb, K, G, block])."""
+    qb, kb, vb, seg, scale = _blocked(q, k, v, segment_ids, block)
+    q_block, k_block, count = pairs
 
     def row_pair(p, m, l, acc, qb, kb, vb, seg, q_block, k_block, count):
         i, j = q_block[p], k_block[p]
-        mask = _pair_mask(seg[i], seg[j], i, j, block)
+        mask = pair_mask(i * block, seg[i], j * block, seg[j])
         s = jnp.where(mask, _scores(qb[i], kb[j], scale), _NEG)
         m_new = jnp.maximum(m[i], jnp.max(s, axis=-1))
         alpha = jnp.exp(m[i] - m_new)
@@ -125,18 +117,15 @@ def _forward(q, k, v, segment_ids, block: int):
     return acc / safe_l[..., None], jnp.where(attended, m + jnp.log(safe_l), 0.0)
 
 
-def _backward(q, k, v, segment_ids, out, lse, d_out, block: int):
-    kv_heads = k.shape[2]
-    qb, kb, vb = _query_blocks(q, block, kv_heads), _key_blocks(k, block), _key_blocks(v, block)
-    d_outb = _query_blocks(d_out, block, kv_heads)
-    delta = jnp.sum(d_outb.astype(jnp.float32) * _query_blocks(out, block, kv_heads), axis=-1)
-    seg = segment_ids.reshape(segment_ids.shape[0], -1, block)
-    q_block, k_block, count = _pair_list(segment_ids, block)
-    scale = q.shape[-1] ** -0.5
+def _backward(q, k, v, segment_ids, pairs, out, lse, d_out, block: int):
+    qb, kb, vb, seg, scale = _blocked(q, k, v, segment_ids, block)
+    d_outb = _query_blocks(d_out, block, k.shape[2])
+    delta = jnp.sum(d_outb.astype(jnp.float32) * _query_blocks(out, block, k.shape[2]), axis=-1)
+    q_block, k_block, count = pairs
 
     def row_pair(p, dq, dk, dv, qb, kb, vb, d_outb, delta, lse, seg, q_block, k_block, count):
         i, j = q_block[p], k_block[p]
-        mask = _pair_mask(seg[i], seg[j], i, j, block) & (p < count)
+        mask = pair_mask(i * block, seg[i], j * block, seg[j]) & (p < count)
         probs = jnp.where(mask, jnp.exp(_scores(qb[i], kb[j], scale) - lse[i][..., None]), 0.0)
         dv_j = jnp.einsum("kgqs,kgqh->ksh", probs.astype(d_outb.dtype), d_outb[i],
                           preferred_element_type=jnp.float32)
@@ -161,15 +150,17 @@ def _attention(q, k, v, segment_ids, block):
 
 
 def _attention_fwd(q, k, v, segment_ids, block):
-    out, lse = _forward(q, k, v, segment_ids, block)
+    # The pair list is a residual: the backward walks the same pairs without rebuilding it.
+    pairs = _pair_list(segment_ids, block)
+    out, lse = _forward(q, k, v, segment_ids, pairs, block)
     out = _from_query_blocks(out, q.shape[1]).astype(q.dtype)
-    return out, (q, k, v, segment_ids, out, lse)
+    return out, (q, k, v, segment_ids, pairs, out, lse)
 
 
 def _attention_bwd(block, residuals, d_out):
-    q, k, v, segment_ids, out, lse = residuals
+    q, k, v, segment_ids, pairs, out, lse = residuals
     length = q.shape[1]
-    dq, dk, dv = _backward(q, k, v, segment_ids, out, lse, d_out, block)
+    dq, dk, dv = _backward(q, k, v, segment_ids, pairs, out, lse, d_out, block)
     return (_from_query_blocks(dq, length).astype(q.dtype),
             _from_key_blocks(dk, length).astype(k.dtype),
             _from_key_blocks(dv, length).astype(v.dtype), None)
@@ -183,7 +174,6 @@ def blocksparse_segment_attention(q, k, v, segment_ids, *, block: int = 128) -> 
     (0 = padding) → [B, T, N, H] in q's dtype; T need not be a multiple of `block` (the tail
     is padded with id 0 and cut off again)."""
     length = q.shape[1]
-    padded = -(-length // block) * block
-    q, k, v = (_pad_time(x, padded) for x in (q, k, v))
-    segment_ids = _pad_time(segment_ids.astype(jnp.int32), padded)
+    q, k, v = (pad_to_blocks(x, block) for x in (q, k, v))
+    segment_ids = pad_to_blocks(segment_ids.astype(jnp.int32), block)
     return _attention(q, k, v, segment_ids, block)[:, :length]

@@ -50,7 +50,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from pallas_kernels._segment_blocks import needed_block_pairs
+from pallas_kernels._segment_blocks import needed_block_pairs, pair_mask
+from pallas_kernels._shapes import is_pow2, round_up
 from pallas_kernels._softmax_math import NEG_LOGIT, matmul_precision
 
 _F32 = jnp.float32
@@ -80,8 +81,7 @@ def block_bounds(seg, block_q: int, block_k: int):
 
 
 def _padded_length(length: int, block_q: int, block_k: int) -> int:
-    step = math.lcm(block_q, block_k)
-    return -(-length // step) * step
+    return round_up(length, math.lcm(block_q, block_k))
 
 
 # ----------------------------------------------------------------------------- kernel helpers
@@ -107,14 +107,6 @@ def _dot_tn(a, b):
     return _dot(a, b, ((0,), (0,)))
 
 
-def _pair_mask(q_start, q_seg, k_start, k_seg):
-    """``[bq, bk]`` attend mask of one block pair: causal, same id, query not padding."""
-    q_pos = q_start + lax.broadcasted_iota(jnp.int32, (q_seg.shape[0], 1), 0)
-    k_pos = k_start + lax.broadcasted_iota(jnp.int32, (1, k_seg.shape[0]), 1)
-    q_seg = q_seg[:, None]
-    return (k_pos <= q_pos) & (q_seg == k_seg[None, :]) & (q_seg != 0)
-
-
 def _scores(q, k, scale):
     return _dot_nt(q, k) * scale
 
@@ -134,7 +126,7 @@ def _fwd_kernel(q_ref, k_ref, v_ref, seg_ref, bnd_ref, o_ref, lse_ref, *, scale,
         acc, m, l = carry
         keys = pl.ds(j * block_k, block_k)
         k, v = k_ref[keys, :], v_ref[keys, :]
-        mask = _pair_mask(q_start, q_seg, j * block_k, seg_ref[keys])
+        mask = pair_mask(q_start, q_seg, j * block_k, seg_ref[keys])
         s = jnp.where(mask, _scores(q, k, scale), NEG_LOGIT)
         m_new = jnp.maximum(m, jnp.max(s, axis=1))
         # Rows with nothing attended so far keep m = NEG_LOGIT, where exp(s − m) would be 1
@@ -204,7 +196,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, seg_ref, bnd_ref, do_ref, lse_ref, delta_ref
     def body(j, dq):
         keys = pl.ds(j * block_k, block_k)
         k, v = k_ref[keys, :], v_ref[keys, :]
-        mask = _pair_mask(q_start, q_seg, j * block_k, seg_ref[keys])
+        mask = pair_mask(q_start, q_seg, j * block_k, seg_ref[keys])
         # Masked scores become NEG_LOGIT, and exp(NEG_LOGIT − lse) = 0 for the finite lse of
         # every query (0 at padding queries), so P = exp(S − lse) exactly on the attended set.
         p = jnp.exp(jnp.where(mask, _scores(q, k, scale), NEG_LOGIT) - lse[:, None])
@@ -230,7 +222,7 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, seg_ref, bnd_ref, do_ref, lse_ref, delta_r
             rows = pl.ds(i * block_q, block_q)
             q, do = q_ref[rows, g, :], do_ref[rows, g, :]
             lse, delta = lse_ref[g, rows], delta_ref[g, rows]
-            mask = _pair_mask(i * block_q, seg_ref[rows], k_start, k_seg)
+            mask = pair_mask(i * block_q, seg_ref[rows], k_start, k_seg)
             p = jnp.exp(jnp.where(mask, _scores(q, k, scale), NEG_LOGIT) - lse[:, None])
             dv = dv + _dot_tn(p.astype(do.dtype), do)
             ds = p * (_dot_nt(do, v) - delta[:, None])
@@ -324,10 +316,6 @@ def _attention_bwd(scale, block_q, block_k, interpret, res, do):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-def _is_pow2(x: int) -> bool:
-    return x > 0 and x & (x - 1) == 0
-
-
 @functools.partial(jax.jit, static_argnames=("block_q", "block_k", "interpret"))
 def pallas_segment_attention(q, k, v, segment_ids, *, block_q: int = 128, block_k: int = 128,
                              interpret: bool = False) -> jax.Array:
@@ -347,7 +335,7 @@ def pallas_segment_attention(q, k, v, segment_ids, *, block_q: int = 128, block_
     if segment_ids.shape != (b, length):
         raise ValueError(f"segment_ids shape {segment_ids.shape} != {(b, length)}")
     for name, blk in (("block_q", block_q), ("block_k", block_k)):
-        if not (_is_pow2(blk) and blk >= 16):
+        if not (is_pow2(blk) and blk >= 16):
             raise ValueError(f"{name}={blk} must be a power of two ≥ 16 (Triton tiles)")
     tp = _padded_length(length, block_q, block_k)
     hp = max(16, 1 << (hd - 1).bit_length())

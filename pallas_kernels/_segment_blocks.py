@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pallas_kernels._shapes import round_up
+
 _I32_MAX = np.iinfo(np.int32).max
 
 
@@ -45,3 +47,19 @@ def needed_block_pairs(seg, block_q: int, block_k: int | None = None) -> jax.Arr
     causal = j * block_k <= (i + 1) * block_q - 1
     overlap = (q_lo[:, :, None] <= k_hi[:, None, :]) & (k_lo[:, None, :] <= q_hi[:, :, None])
     return causal[None] & q_any[:, :, None] & k_any[:, None, :] & overlap
+
+
+def pair_mask(q_start, q_seg, k_start, k_seg) -> jax.Array:
+    """``[bq, bk]`` bool inside one computed block pair: query at ``q_start + a`` (id
+    ``q_seg[a]``) attends to key at ``k_start + c`` iff causal, same id, query not padding.
+    Plain ``lax`` ops, so Pallas kernel bodies and plain-JAX loops share it."""
+    q_pos = q_start + jax.lax.broadcasted_iota(jnp.int32, (q_seg.shape[0], 1), 0)
+    k_pos = k_start + jax.lax.broadcasted_iota(jnp.int32, (1, k_seg.shape[0]), 1)
+    q_seg = q_seg[:, None]
+    return (k_pos <= q_pos) & (q_seg == k_seg[None, :]) & (q_seg != 0)
+
+
+def pad_to_blocks(x, block: int):
+    """``x [B, T, ...]`` with T padded (zeros: segment id 0) to a multiple of ``block``."""
+    extra = round_up(x.shape[1], block) - x.shape[1]
+    return x if extra == 0 else jnp.pad(x, ((0, 0), (0, extra)) + ((0, 0),) * (x.ndim - 2))

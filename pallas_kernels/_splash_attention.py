@@ -51,11 +51,9 @@ from jax.experimental.pallas.ops.tpu.splash_attention import (
     splash_attention_mask as mask_lib,
 )
 
+from pallas_kernels._shapes import round_up
+
 _LANES = 128  # splash's NUM_LANES: block sizes and (here) the head dim are multiples of it
-
-
-def _round_up(x: int, m: int) -> int:
-    return -(-x // m) * m
 
 
 def _kernel(num_heads: int, length: int, block: int, interpret: bool):
@@ -86,9 +84,9 @@ def splash_segment_attention(q, k, v, segment_ids, *, block: int = 512,
         raise ValueError(f"query heads {num_heads} not a multiple of kv heads {num_kv}")
     if block < 1:
         raise ValueError(f"block must be positive, got {block}")
-    block = min(_round_up(block, _LANES), _round_up(length, _LANES))
-    padded_len = _round_up(length, block)
-    padded_dim = _round_up(head_dim, _LANES)
+    block = min(round_up(block, _LANES), round_up(length, _LANES))
+    padded_len = round_up(length, block)
+    padded_dim = round_up(head_dim, _LANES)
 
     dtype = q.dtype
     scale = head_dim ** -0.5

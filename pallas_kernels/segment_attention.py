@@ -29,7 +29,7 @@ import jax.numpy as jnp
 
 from pallas_kernels._blocksparse_attention import blocksparse_segment_attention
 from pallas_kernels._flash_attention_pallas import pallas_segment_attention
-from pallas_kernels._segment_blocks import needed_block_pairs
+from pallas_kernels._segment_blocks import needed_block_pairs, pad_to_blocks
 from pallas_kernels._splash_attention import splash_segment_attention
 
 IMPLS = ("auto", "reference", "blocksparse", "pallas", "splash")
@@ -58,6 +58,12 @@ def reference_segment_attention(q, k, v, segment_ids) -> jax.Array:
     return jnp.where((segment_ids > 0)[:, :, None, None], out, jnp.zeros((), out.dtype))
 
 
+def runs_dense(impl: str, length: int, block: int | None = None) -> bool:
+    """Whether `segment_attention` takes the dense path (and keeps T² scores for the
+    backward): the reference, or rows of ≤ 2 blocks, where there is nothing to skip."""
+    return impl == "reference" or length <= 2 * (block or BLOCK)
+
+
 def segment_attention(q, k, v, segment_ids, *, impl: str = "auto", block: int | None = None
                       ) -> jax.Array:
     """Causal attention within segments (module docstring); `segment_ids` None = one
@@ -66,7 +72,7 @@ def segment_attention(q, k, v, segment_ids, *, impl: str = "auto", block: int | 
     if segment_ids is None:
         segment_ids = jnp.ones(q.shape[:2], jnp.int32)
     impl = resolve_attention_impl(impl)
-    if impl == "reference" or q.shape[1] <= 2 * block:
+    if runs_dense(impl, q.shape[1], block):
         return reference_segment_attention(q, k, v, segment_ids)
     if impl == "blocksparse":
         return blocksparse_segment_attention(q, k, v, segment_ids, block=block)
@@ -81,9 +87,7 @@ def attended_block_pairs(segment_ids, block: int | None = None) -> tuple[int, in
     """(block pairs the block-sparse paths compute, block pairs of the causal triangle) for
     `segment_ids` [B, T], summed over rows: what a packed layout costs in attention."""
     block = block or BLOCK
-    length = segment_ids.shape[1]
-    padded = -(-length // block) * block
-    ids = jnp.pad(jnp.asarray(segment_ids, jnp.int32), ((0, 0), (0, padded - length)))
+    ids = pad_to_blocks(jnp.asarray(segment_ids, jnp.int32), block)
     needed = int(jnp.sum(needed_block_pairs(ids, block)))
-    blocks = padded // block
+    blocks = ids.shape[1] // block
     return needed, ids.shape[0] * blocks * (blocks + 1) // 2

@@ -35,6 +35,7 @@ from jax.custom_derivatives import SymbolicZero
 
 from pallas_kernels._chunked import chunked_backward, chunked_forward
 from pallas_kernels._logprob_pallas import pallas_backward, pallas_forward
+from pallas_kernels._shapes import is_pow2, round_up
 from pallas_kernels._softmax_math import matmul_precision
 
 IMPLS = ("auto", "reference", "chunked", "pallas")
@@ -60,20 +61,12 @@ class LogprobBlocks(NamedTuple):
     vocab_splits: int
 
 
-def _round_up(x: int, m: int) -> int:
-    return -(-x // m) * m
-
-
 def _pow2_floor(x: int) -> int:
     return 1 << (max(int(x), 1).bit_length() - 1)
 
 
 def _pow2_ceil(x: int) -> int:
     return 1 << (max(int(x), 1) - 1).bit_length()
-
-
-def _is_pow2(x: int) -> bool:
-    return x > 0 and x & (x - 1) == 0
 
 
 def choose_blocks(n: int, d: int, v: int, dtype, layout: str) -> LogprobBlocks:
@@ -95,11 +88,11 @@ def choose_blocks(n: int, d: int, v: int, dtype, layout: str) -> LogprobBlocks:
         return LogprobBlocks(n, min(max(block_v, 1024), 32768, v), d, 1)
     if layout == "tpu":
         sublane = 8 * max(1, 4 // itemsize)
-        block_n = min(256, _round_up(n, sublane))
+        block_n = min(256, round_up(n, sublane))
         per_column = 2 * d * itemsize + 2 * d * 4 + 3 * block_n * 4
         budget = _TPU_VMEM_BUDGET - 2 * block_n * d * itemsize
         block_v = max(128, min(2048, budget // per_column // 128 * 128))
-        return LogprobBlocks(block_n, min(block_v, _round_up(v, 128)), d, 1)
+        return LogprobBlocks(block_n, min(block_v, round_up(v, 128)), d, 1)
     if layout == "gpu":
         block_n = min(64, max(16, _pow2_ceil(n)))
         block_v = 128 if v >= 128 else max(16, _pow2_ceil(v))
@@ -118,7 +111,7 @@ def _check_blocks(blocks: LogprobBlocks, layout: str) -> None:
                              f"block_n={blocks.block_n}, block_v={blocks.block_v}")
     elif layout == "gpu":
         sizes = (blocks.block_n, blocks.block_v, blocks.block_d)
-        if not all(_is_pow2(b) and b >= 16 for b in sizes):
+        if not all(is_pow2(b) and b >= 16 for b in sizes):
             raise ValueError(f"GPU blocks must be powers of two >= 16, got {blocks}")
     elif blocks.block_v < 1:
         raise ValueError(f"block_v must be positive, got {blocks.block_v}")

@@ -212,12 +212,13 @@ class Block(nnx.Module):
 
 @flax.struct.dataclass
 class PackedRows:
-    """The training forward's attention mask, as segment ids [B, T] (0 = padding): query t
-    sees key s iff s ≤ t and both lie in the same nonzero segment; `attention_impl` picks
+    """The training forward's attention mask, as segment ids [B, T] (0 = padding; None =
+    one sequence per row): query t sees key s iff s ≤ t and both lie in the same nonzero
+    segment; `attention_impl` picks
     the implementation (`pallas_kernels.segment_attention`: only the block pairs the
     segments need are computed)."""
 
-    segment_ids: jax.Array
+    segment_ids: jax.Array | None
     attention_impl: str = flax.struct.field(pytree_node=False, default="auto")
 
 
@@ -302,8 +303,6 @@ class Transformer(nnx.Module):
         `REMAT_POLICIES` (the same values and gradients, less memory, more compute);
         `attention_impl` one of `pallas_kernels.segment_attention.IMPLS`. Positions of
         padding (segment 0) attend to nothing: their hidden states are not the model's."""
-        if segment_ids is None:
-            segment_ids = jnp.ones(tokens.shape, jnp.int32)
         mask = PackedRows(segment_ids, attention_impl)
         if remat == "none":
             return self._run_layers(tokens, positions, mask)[0]
