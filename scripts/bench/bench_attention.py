@@ -60,7 +60,10 @@ def _parse_args():
     parser.add_argument("--impl", default="auto")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
-    return parser.parse_args()
+    args = parser.parse_args()
+    if not 0 < args.min_len <= args.max_len <= args.row_len:
+        parser.error("need 0 < --min-len <= --max-len <= --row-len (samples must fit a row)")
+    return args
 
 
 def packed_segment_ids(rows, row_len, min_len, max_len, rng):
