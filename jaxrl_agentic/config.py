@@ -24,6 +24,7 @@ from jaxrl_agentic.algos.advantages import (
 from jaxrl_agentic.algos.schedules import LR_SCHEDULER_TYPES
 from jaxrl_agentic.data.samples import SAMPLE_MODES
 from jaxrl_agentic.models.config import DTYPES
+from jaxrl_agentic.rollout.loop import BATCHING as ROLLOUT_BATCHING
 
 
 class ConfigError(ValueError):
@@ -107,6 +108,12 @@ def default_config() -> ml_collections.ConfigDict:
     c.recompute_old_logprobs = False
     # off-policy: rollouts may come from a policy up to this many versions old (0 = sync)
     c.async_generation_ratio = 0
+    # rollout schedule: "turn" = every running episode generates in one sampler call per turn;
+    # "continuous" = a pool of sampler slots, each episode moving on its own
+    # (rollout/continuous.py); same trajectories for the same seeds
+    c.rollout_batching = "turn"
+    c.rollout_slots = 0  # continuous: sampler slots (KV-cache rows); 0 = one per episode
+    c.decode_chunk_tokens = 8  # continuous: decode steps between hand-overs to environments
     # truncated importance weight min(π_old/π_behaviour, cap) on the policy loss (0 = off);
     # needs recompute_old_logprobs (else π_old is the behaviour policy and the weight is 1)
     c.tis_imp_ratio_cap = 0.0
@@ -322,6 +329,10 @@ def validate(c) -> None:
         if spec.get("step_timeout_s", 0.0) < 0 or spec.get("env_max_workers", 0) < 0:
             _fail(f"custom_envs.{tag}", "step_timeout_s and env_max_workers must be >= 0")
     _positive(c, "async_generation_ratio", allow_zero=True)
+    _choice(c, "rollout_batching", ROLLOUT_BATCHING)
+    for field, least in (("rollout_slots", 0), ("decode_chunk_tokens", 1)):
+        if not isinstance(c[field], int) or c[field] < least:
+            _fail(field, f"must be an integer >= {least}, got {c[field]!r}")
     if not isinstance(c.async_generation_ratio, int):
         _fail("async_generation_ratio", f"must be an integer, got {c.async_generation_ratio!r}")
     _positive(c, "tis_imp_ratio_cap", allow_zero=True)

@@ -183,7 +183,9 @@ class Pipeline:
         self.runners = {}
         for tag, spec in c.custom_envs.items():
             common = dict(tag=tag, max_turns=spec.max_turns, max_input_length=c.max_input_length,
-                          generation=typed_configs.generation_config(c, spec), run_seed=c.seed)
+                          generation=typed_configs.generation_config(c, spec), run_seed=c.seed,
+                          batching=c.rollout_batching, slots=c.rollout_slots,
+                          decode_chunk=c.decode_chunk_tokens)
             if spec.get("env_backend", "jax") == "python":  # host-side envs, thread pool
                 factory = make_python_env(spec.env_type, format_penalty=spec.format_penalty,
                                           **dict(spec.env_config))

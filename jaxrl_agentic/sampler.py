@@ -208,6 +208,8 @@ class Sampler:
         self.decode_threads = decode_threads
         self.min_rows_per_thread = min_rows_per_thread
         self._pool = None  # a ThreadPoolExecutor, made on first use
+        self.logprob_under_filter = logprob_under_filter
+        self._decode_chunk = None  # continuous batching's program (`slot_decoder`), on demand
         # jit once per Sampler; the graphdef is static, everything else is an argument.
         self._prefill = jax.jit(functools.partial(_prefill, self.graphdef), donate_argnums=(1,),
                                 static_argnames=("key_len",))
@@ -231,8 +233,9 @@ class Sampler:
         self.params = params
 
     def compilation_count(self) -> int:
-        """Number of distinct programs compiled so far (prefill + decode)."""
-        return self._prefill._cache_size() + self._decode._cache_size()
+        """Number of distinct programs compiled so far (prefill, decode, decode chunks)."""
+        chunks = self._decode_chunk._cache_size() if self._decode_chunk is not None else 0
+        return self._prefill._cache_size() + self._decode._cache_size() + chunks
 
     def new_session(self, num_rows: int, reserve: int = 0) -> Session | ShardedSession:
         """A session of `num_rows` empty streams whose cache already holds `reserve` slots:
@@ -313,6 +316,13 @@ class Session:
 
     def length(self, row: int) -> int:
         return len(self.streams[row])
+
+    def reset_row(self, row: int) -> None:
+        """Empties a row for a new stream (a slot taking its next episode). The cache keeps
+        the old keys, but a query at position p reads only slots ≤ p, and the new stream
+        rewrites those before it reads them (prefill from position 0)."""
+        self.streams[row] = []
+        self.cached[row] = 0
 
     def reserve(self, end: int) -> None:
         """Grows the cache (if needed) to hold slots below `end` (capped at max_total_len)."""
@@ -476,6 +486,10 @@ class ShardedSession:
         block, local = self._locate(row)
         return self.blocks[block].length(local)
 
+    def reset_row(self, row: int) -> None:
+        block, local = self._locate(row)
+        self.blocks[block].reset_row(local)
+
     def reserve(self, end: int) -> None:
         for block in self.blocks:
             block.reserve(end)
@@ -530,6 +544,46 @@ def _prefill(graphdef, params, cache, tokens, positions, valid, *, key_len):
     return cache, model.logits(last_hidden)
 
 
+def output_weight(model: Transformer) -> jax.Array:
+    """The output projection as a [D, V] array, made once per decode call.
+
+    Tied weights are the embedding [V, D]; used through a transpose inside the loop, XLA
+    folds the transpose into the dot, whose few-row product with a [V, D] operand runs ~3×
+    slower on XLA:CPU. Same dtypes as `Transformer.logits` (weights in the compute dtype,
+    f32 accumulation), so bf16 models decode with the learner's numerics.
+    """
+    return model.lm_head_weight().astype(jnp.dtype(model.cfg.dtype))
+
+
+def row_uniforms(row_keys: jax.Array, max_new_bucket: int) -> jax.Array:
+    """[B, max_new_bucket, 2] uniforms: two per row per reply token, from the row's own key.
+
+    A row's draws depend on its key only, not on the batch it shares or the process that
+    runs it, nor (threefry being partitionable, JAX's default) on `max_new_bucket`: token j
+    of a reply gets the same pair in one call of any bucket or in chunks (`slot_decoder`).
+    Drawn up front: per step inside the loop, fold_in + uniform were two threefry
+    while-loops (~90 µs).
+    """
+    return jax.vmap(lambda k: jax.random.uniform(k, (max_new_bucket, 2), jnp.float32))(
+        row_keys)
+
+
+def _draw(logits, u, live, n_gen, budget, reason, eos_id, stop_ids, temperature, top_k, top_p,
+          greedy, logprob_under_filter):
+    """One decode step's draw for every row: (token, logprob, n_gen, reason, finishing).
+
+    Rows that are `live` count the token and finish on EOS, a stop id or their budget;
+    `reason` records why (`_EOS` / `_STOP` / `_LENGTH`) for the rows finishing now.
+    """
+    token, logprob = _sample(logits, u, temperature, top_k, top_p, greedy, logprob_under_filter)
+    n_gen = n_gen + live
+    is_eos = token == eos_id
+    is_stop = jnp.any(token[:, None] == stop_ids[None, :], axis=-1)
+    new_reason = jnp.where(is_eos, _EOS, jnp.where(is_stop, _STOP, _LENGTH))
+    finishing = live & (is_eos | is_stop | (n_gen >= budget))
+    return token, logprob, n_gen, jnp.where(finishing, new_reason, reason), finishing
+
+
 def _decode(
     graphdef,
     eos_id,
@@ -558,35 +612,19 @@ def _decode(
     turn's prefill.
     """
     model = nnx.merge(graphdef, params)
-    # The output projection as a [D, V] array made once per call. Tied weights are the
-    # embedding [V, D]; used through a transpose inside the loop, XLA folds the transpose
-    # into the dot, whose few-row product with a [V, D] operand runs ~3× slower on XLA:CPU.
-    # Same dtypes as `Transformer.logits` (weights in the compute dtype, f32 accumulation),
-    # so bf16 models decode with the learner's numerics.
-    w_out = model.lm_head_weight().astype(jnp.dtype(model.cfg.dtype))
+    w_out = output_weight(model)
     batch = logits.shape[0]
-    # Every uniform of the call up front, two per row per step, from the row's own key: a
-    # row's draws depend on its key only, not on the batch it shares or the process that
-    # runs it, nor (threefry being partitionable, JAX's default) on max_new_bucket. Per
-    # step inside the loop, fold_in + uniform were two threefry while-loops (~90 µs).
-    row_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, row_ids)
-    uniforms = jax.vmap(lambda k: jax.random.uniform(k, (max_new_bucket, 2), jnp.float32))(
-        row_keys)
+    uniforms = row_uniforms(jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, row_ids),
+                            max_new_bucket)
 
     def draw(step, logits, state):
         done, n_gen, reason, toks, lps = state
-        token, logprob = _sample(logits, uniforms[:, step], temperature, top_k, top_p, greedy,
-                                logprob_under_filter)
         live = ~done
+        token, logprob, n_gen, reason, finishing = _draw(
+            logits, uniforms[:, step], live, n_gen, budget, reason, eos_id, stop_ids,
+            temperature, top_k, top_p, greedy, logprob_under_filter)
         toks = toks.at[:, step].set(jnp.where(live, token, 0))
         lps = lps.at[:, step].set(jnp.where(live, logprob, 0.0))
-        n_gen = n_gen + live
-        is_eos = token == eos_id
-        is_stop = jnp.any(token[:, None] == stop_ids[None, :], axis=-1)
-        at_budget = n_gen >= budget
-        new_reason = jnp.where(is_eos, _EOS, jnp.where(is_stop, _STOP, _LENGTH))
-        finishing = live & (is_eos | is_stop | at_budget)
-        reason = jnp.where(finishing, new_reason, reason)
         return token, (done | finishing, n_gen, reason, toks, lps)
 
     state = (

@@ -21,7 +21,8 @@ steps, after `max_turns` turns, or when its next prompt would not fit.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import jax
@@ -64,6 +65,9 @@ class RolloutRunner:
         max_input_length: int,
         generation: GenerationConfig,
         run_seed: int = 0,
+        batching: str = "turn",
+        slots: int = 0,
+        decode_chunk: int = 8,
     ):
         need = max_input_length + generation.max_tokens_per_step + 1
         if sampler.max_total_len < need:
@@ -75,6 +79,8 @@ class RolloutRunner:
         self.sampler, self.formatter = sampler, formatter
         self.tag, self.max_turns, self.max_input_length = tag, max_turns, max_input_length
         self.generation = generation
+        check_batching(batching, slots, decode_chunk)
+        self.batching, self.slots, self.decode_chunk = batching, slots, decode_chunk
         self.base_key = jax.random.PRNGKey(run_seed)
         self._reset = jax.jit(jax.vmap(env.reset_env, in_axes=(0, None)))
         self._step = jax.jit(jax.vmap(env.step_env, in_axes=(0, 0, 0, None)))
@@ -82,6 +88,7 @@ class RolloutRunner:
         self._reset_one = jax.jit(env.reset_env)
         self._step_one = jax.jit(env.step_env)
         self._where = jax.jit(_rows_where)
+        self._step_keys = jax.jit(jax.vmap(jax.random.fold_in))
 
     def replay_frames(self, traj: Trajectory) -> list[np.ndarray]:
         """RGB frames of an episode, re-simulated from its seed and actions (same keys)."""
@@ -114,78 +121,187 @@ class RolloutRunner:
         greedy: bool | None = None,
     ) -> list[Trajectory]:
         """Plays `episodes` to the end; `greedy` overrides the generation config (eval)."""
-        env, p, gen = self.env, self.env_params, self.generation
+        gen = self.generation
         if greedy is not None:
             gen = dataclasses.replace(gen, greedy=greedy)
-        n = len(episodes)
-        map_keys, noise_keys = self._episode_keys(episodes)
-        with timing.span("rollout/env"):
-            _, states = self._reset(map_keys, p)
-            host = jax.device_get(states)
-        trajs = [
-            Trajectory(traj_id=traj_id_start + i, group_id=e.group_id, tag=self.tag, seed=e.seed,
-                       tokens=[], turns=[], member=e.member)
-            for i, e in enumerate(episodes)
-        ]
-        session = self.sampler.new_session(n)
-        active = np.ones(n, bool)
-        with timing.span("rollout/env"):
-            messages = [first_message(env, _row(host, i), p) for i in range(n)]
-        with timing.span("rollout/tokenize"):
-            pending = {i: self.formatter.first_prompt(m) for i, m in enumerate(messages)}
-        max_steps = int(p.max_steps_in_episode)
-        for turn_index in range(self.max_turns):
-            # 1. append the new user messages; end episodes whose prompt would not fit
-            rows = append_prompts(trajs, session, pending, active, self.max_input_length)
-            if not rows:
-                break
-            # 2. one batched generation for every running episode; 3. close the replies
-            replies = generate_replies(session, rows, trajs, self.formatter, gen, params=params,
-                                       seed=sample_seed * 100_003 + turn_index)
-            actions = np.full(n, INVALID_ACTION, np.int32)
-            with timing.span("rollout/env"):
-                for row, r in replies.items():
-                    action = env.parse_action(r.reply)
-                    actions[row] = INVALID_ACTION if action is None else action
-            # 4. step every environment at once; finished ones keep their state
-            step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(noise_keys, turn_index)
-            with timing.span("rollout/env"):
-                _, stepped, reward, terminated, info = self._step(
-                    step_keys, states, jnp.asarray(actions), p
-                )
-                stepping = np.zeros(n, bool)
-                stepping[rows] = True
-                new_states = self._where(jnp.asarray(stepping), stepped, states)
-                reward, terminated, info, new_host = jax.device_get(
-                    (reward, terminated, info, new_states)
-                )
-                hashes = {row: env.state_hash(_row(host, row)) for row in rows}
-            for row in rows:
-                done = bool(terminated[row])
-                trajs[row].turns.append(replies[row].turn(
-                    reward=float(reward[row]),
-                    action=int(actions[row]),
-                    action_is_valid=bool(info["action_is_valid"][row]),
-                    action_is_effective=bool(info["action_is_effective"][row]),
-                    success=bool(info["success"][row]),
-                    done=done,
-                    state_hash=hashes[row],
-                ))
-                if done:
-                    trajs[row].terminated = True
-                    active[row] = False
-                elif len(trajs[row].turns) >= max_steps or turn_index == self.max_turns - 1:
-                    trajs[row].truncated = True
-                    active[row] = False
-                else:
-                    with timing.span("rollout/env"):
-                        message = feedback_message(env, _row(new_host, row), p,
-                                                   float(reward[row]), int(actions[row]))
-                    with timing.span("rollout/tokenize"):
-                        pending[row] = self.formatter.next_prompt(message)
-            states, host = new_states, new_host
+        trajs = new_trajectories(episodes, self.tag, traj_id_start)
+        envs = JaxEpisodes(self, episodes)
+        play(self.batching, envs, trajs, envs.first_prompts(self.formatter), self.sampler,
+             self.formatter, gen, sample_seed=sample_seed, max_turns=self.max_turns,
+             max_input_length=self.max_input_length, params=params, slots=self.slots,
+             decode_chunk=self.decode_chunk)
         set_episode_metrics(trajs)
         return trajs
+
+
+class EnvOutcome(NamedTuple):
+    """An environment's answer to one reply, as the rollout loops record it."""
+
+    fields: dict  # the Turn's environment fields (reward, action, …, done, state_hash)
+    done: bool  # the environment ended the episode
+    timed_out: bool  # the step missed its deadline (the episode ends as truncated)
+    next_prompt: Callable[[], list[int]]  # the next user message, tokenised
+
+
+class JaxEpisodes:
+    """The environment side of a rollout of a gymnax-API env: all episodes' states in one
+    batch; the steps submitted since the last `collect` run as one vmapped call (the
+    others keep their state), each with the noise key of its own turn."""
+
+    def __init__(self, runner: RolloutRunner, episodes: Sequence[EpisodeSpec]):
+        self.runner = runner
+        map_keys, self.noise_keys = runner._episode_keys(episodes)
+        with timing.span("rollout/env"):
+            _, self.states = runner._reset(map_keys, runner.env_params)
+            self.host = jax.device_get(self.states)
+        self._queued: dict[int, tuple[int, int]] = {}  # episode -> (action, turn index)
+
+    def first_prompts(self, formatter: ChatFormatter) -> dict[int, list[int]]:
+        env, p = self.runner.env, self.runner.env_params
+        with timing.span("rollout/env"):
+            messages = [first_message(env, _row(self.host, i), p)
+                        for i in range(len(self.noise_keys))]
+        with timing.span("rollout/tokenize"):
+            return {i: formatter.first_prompt(m) for i, m in enumerate(messages)}
+
+    def max_steps(self, episode: int) -> int:
+        return int(self.runner.env_params.max_steps_in_episode)
+
+    def submit(self, episode: int, reply: str, turn_index: int) -> None:
+        with timing.span("rollout/env"):
+            action = self.runner.env.parse_action(reply)
+        self._queued[episode] = (INVALID_ACTION if action is None else action, turn_index)
+
+    @timing.spanned("rollout/env")
+    def collect(self, wait: str = "all") -> list[tuple[int, EnvOutcome]]:
+        """Steps every submitted episode (at once; `wait` is moot: a JAX step is here)."""
+        if not self._queued:
+            return []
+        runner, p = self.runner, self.runner.env_params
+        n = len(self.noise_keys)
+        actions, turns = np.full(n, INVALID_ACTION, np.int32), np.zeros(n, np.int32)
+        stepping = np.zeros(n, bool)
+        for episode, (action, turn_index) in self._queued.items():
+            actions[episode], turns[episode], stepping[episode] = action, turn_index, True
+        _, stepped, reward, terminated, info = runner._step(
+            runner._step_keys(self.noise_keys, jnp.asarray(turns)), self.states,
+            jnp.asarray(actions), p)
+        new_states = runner._where(jnp.asarray(stepping), stepped, self.states)
+        reward, terminated, info, new_host = jax.device_get(
+            (reward, terminated, info, new_states))
+        outcomes = []
+        for episode in self._queued:
+            fields = dict(
+                reward=float(reward[episode]),
+                action=int(actions[episode]),
+                action_is_valid=bool(info["action_is_valid"][episode]),
+                action_is_effective=bool(info["action_is_effective"][episode]),
+                success=bool(info["success"][episode]),
+                done=bool(terminated[episode]),
+                state_hash=runner.env.state_hash(_row(self.host, episode)),
+            )
+            next_prompt = functools.partial(self._next_prompt, _row(new_host, episode),
+                                            fields["reward"], fields["action"])
+            outcomes.append((episode, EnvOutcome(fields, fields["done"], False, next_prompt)))
+        self._queued = {}
+        self.states, self.host = new_states, new_host
+        return outcomes
+
+    def _next_prompt(self, state, reward: float, action: int) -> list[int]:
+        runner = self.runner
+        with timing.span("rollout/env"):
+            message = feedback_message(runner.env, state, runner.env_params, reward, action)
+        with timing.span("rollout/tokenize"):
+            return runner.formatter.next_prompt(message)
+
+
+# ---- the two schedules (shared with python_runner.py) -----------------------------------------
+
+BATCHING = ("turn", "continuous")
+
+
+def play(batching: str, envs, trajs: list[Trajectory], pending: dict[int, list[int]],
+         sampler: Sampler, formatter, gen: GenerationConfig, *, sample_seed: int,
+         max_turns: int, max_input_length: int, params, slots: int = 0,
+         decode_chunk: int = 8) -> None:
+    """Plays every episode with a first prompt in `pending` to its end, in turn lockstep
+    (`play_turns`) or with continuous batching (`rollout/continuous.py`); `envs` is the
+    environment side (`JaxEpisodes`, `python_runner.PythonEpisodes`)."""
+    common = dict(sample_seed=sample_seed, max_turns=max_turns,
+                  max_input_length=max_input_length, params=params)
+    if batching == "turn":
+        play_turns(envs, trajs, pending, sampler.new_session(len(trajs)), formatter, gen,
+                   **common)
+    elif batching == "continuous":
+        from jaxrl_agentic.rollout.continuous import play_continuous  # it imports this module
+
+        play_continuous(envs, trajs, pending, sampler, formatter, gen, slots=slots,
+                        decode_chunk=decode_chunk, **common)
+    else:
+        check_batching(batching, slots, decode_chunk)
+
+
+def check_batching(batching: str, slots: int, decode_chunk: int) -> None:
+    if batching not in BATCHING:
+        raise ValueError(f"rollout_batching must be one of {BATCHING}, got {batching!r}")
+    if int(slots) < 0 or int(decode_chunk) < 1:
+        raise ValueError(f"rollout_slots must be ≥ 0 (0 = one per episode) and "
+                         f"decode_chunk_tokens ≥ 1, got {slots} and {decode_chunk}")
+
+
+def play_turns(envs, trajs: list[Trajectory], pending: dict[int, list[int]], session,
+               formatter, gen: GenerationConfig, *, sample_seed: int, max_turns: int,
+               max_input_length: int, params) -> None:
+    """Turn lockstep: per turn, one sampler call for every running episode, then every
+    environment steps and the next turn waits for all of them."""
+    active = np.zeros(len(trajs), bool)
+    active[list(pending)] = True
+    for turn_index in range(max_turns):
+        # 1. append the new user messages; end episodes whose prompt would not fit
+        rows = append_prompts(trajs, session, pending, active, max_input_length)
+        if not rows:
+            break
+        # 2. one batched generation for every running episode; 3. close the replies
+        replies = generate_replies(session, rows, trajs, formatter, gen, params=params,
+                                   seed=turn_seed(sample_seed, turn_index))
+        # 4. step every environment; record the turns; the next prompts of those going on
+        for row in rows:
+            envs.submit(row, replies[row].reply, turn_index)
+        for row, outcome in envs.collect("all"):
+            if record_turn(trajs[row], replies[row], outcome, max_steps=envs.max_steps(row),
+                           max_turns=max_turns):
+                pending[row] = outcome.next_prompt()
+            else:
+                active[row] = False
+
+
+def turn_seed(sample_seed: int, turn_index: int) -> int:
+    """The sampling seed of an episode's turn (its noise: this seed folded with its id)."""
+    return sample_seed * 100_003 + turn_index
+
+
+def record_turn(traj: Trajectory, reply: Reply, outcome: EnvOutcome, *, max_steps: int,
+                max_turns: int) -> bool:
+    """Appends the turn and ends the episode if it should: a step past its deadline ends it
+    as truncated, a terminal one as terminated, and `max_steps` environment steps or
+    `max_turns` turns as truncated. → whether it goes on."""
+    traj.turns.append(reply.turn(**outcome.fields))
+    if outcome.timed_out:
+        traj.truncated = True
+    elif outcome.done:
+        traj.terminated = True
+    elif len(traj.turns) >= max_steps or len(traj.turns) >= max_turns:
+        traj.truncated = True
+    else:
+        return True
+    return False
+
+
+def new_trajectories(episodes: Sequence[EpisodeSpec], tag: str,
+                     traj_id_start: int) -> list[Trajectory]:
+    return [Trajectory(traj_id=traj_id_start + i, group_id=e.group_id, tag=tag, seed=e.seed,
+                       tokens=[], turns=[], member=e.member)
+            for i, e in enumerate(episodes)]
 
 
 # ---- the conversation side of a turn (shared with python_runner.py) --------------------------
@@ -245,19 +361,24 @@ def generate_replies(session, rows: list[int], trajs: list[Trajectory], formatte
         # and on any process.
         row_seeds=[t.traj_id for t in trajs],
     )
-    replies = {}
-    for row, ids, logprobs, reason in zip(rows, out.tokens, out.logprobs, out.stop_reasons,
-                                          strict=True):
-        context_len = len(trajs[row].tokens)
-        trajs[row].tokens.extend(ids)
-        eos_appended = reason != "eos"
-        if eos_appended:
-            session.extend([row], [[formatter.eos_token_id]])
-            trajs[row].tokens.append(formatter.eos_token_id)
-        with timing.span("rollout/tokenize"):
-            reply = formatter.decode_reply(ids)
-        replies[row] = Reply(context_len, ids, logprobs, reason, eos_appended, reply)
-    return replies
+    return {row: close_reply(session, row, trajs[row], ids, logprobs, reason, formatter)
+            for row, ids, logprobs, reason in zip(rows, out.tokens, out.logprobs,
+                                                  out.stop_reasons, strict=True)}
+
+
+def close_reply(session, row: int, traj: Trajectory, ids: list[int], logprobs: np.ndarray,
+                reason: str, formatter) -> Reply:
+    """Appends a generated reply to its episode's stream (the session holds it already);
+    one that stopped without EOS is closed with an EOS the model did not generate."""
+    context_len = len(traj.tokens)
+    traj.tokens.extend(ids)
+    eos_appended = reason != "eos"
+    if eos_appended:
+        session.extend([row], [[formatter.eos_token_id]])
+        traj.tokens.append(formatter.eos_token_id)
+    with timing.span("rollout/tokenize"):
+        reply = formatter.decode_reply(ids)
+    return Reply(context_len, ids, logprobs, reason, eos_appended, reply)
 
 
 @timing.spanned("rollout/env")

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import queue
 import threading
 import time
@@ -48,9 +49,11 @@ from jaxrl_agentic.envs.tools import tool_episode_metrics
 from jaxrl_agentic.rollout.conversation import ChatFormatter
 from jaxrl_agentic.rollout.groups import EpisodeSpec
 from jaxrl_agentic.rollout.loop import (
+    EnvOutcome,
     GenerationConfig,
-    append_prompts,
-    generate_replies,
+    check_batching,
+    new_trajectories,
+    play,
     set_episode_metrics,
 )
 from jaxrl_agentic.sampler import Sampler
@@ -74,6 +77,9 @@ class PythonRolloutRunner:
         run_seed: int = 0,
         step_timeout_s: float = 0.0,
         max_workers: int = 0,
+        batching: str = "turn",
+        slots: int = 0,
+        decode_chunk: int = 8,
     ):
         need = max_input_length + generation.max_tokens_per_step + 1
         if sampler.max_total_len < need:
@@ -97,6 +103,8 @@ class PythonRolloutRunner:
         self.run_seed = int(run_seed)
         self.step_timeout_s = float(step_timeout_s)
         self.max_workers = int(max_workers)
+        check_batching(batching, slots, decode_chunk)
+        self.batching, self.slots, self.decode_chunk = batching, slots, decode_chunk
         self.stats = {"resets": 0, "env_steps": 0, "timeouts": 0}
 
     def run(
@@ -112,92 +120,25 @@ class PythonRolloutRunner:
         gen = self.generation
         if greedy is not None:
             gen = dataclasses.replace(gen, greedy=greedy)
-        n = len(episodes)
-        trajs = [
-            Trajectory(traj_id=traj_id_start + i, group_id=e.group_id, tag=self.tag, seed=e.seed,
-                       tokens=[], turns=[], member=e.member)
-            for i, e in enumerate(episodes)
-        ]
-        timed_out = np.zeros(n, bool)
-        active = np.zeros(n, bool)
-        envs: dict[int, PythonTextEnv] = {}
-        hashes: dict[int, bytes] = {}  # hash of the state the next reply answers
-        pending: dict[int, list[int]] = {}
-        steps: dict[int, list[PyStep]] = {i: [] for i in range(n)}
-        pool = _DaemonThreadPool(self.max_workers or max(n, 1))
+        trajs = new_trajectories(episodes, self.tag, traj_id_start)
+        pool = _DaemonThreadPool(self.max_workers or max(len(episodes), 1))
         try:
-            # 0. build and reset every environment at once
-            with timing.span("rollout/env"):
-                started = self._gather(pool, {
-                    i: (_start_episode, self.env_factory, e, self.run_seed)
-                    for i, e in enumerate(episodes)
-                }, episodes, "reset")
-            self.stats["resets"] += n
-            for i, result in started.items():
-                if result is _TIMED_OUT:
-                    trajs[i].truncated = timed_out[i] = True
-                    continue
-                envs[i], text, hashes[i] = result
-                with timing.span("rollout/tokenize"):
-                    pending[i] = self.formatter.first_prompt(text, tools=envs[i].tool_schemas)
-                active[i] = True
-            session = self.sampler.new_session(n)
-            for turn_index in range(self.max_turns):
-                # 1. append the new user messages; end episodes whose prompt would not fit
-                rows = append_prompts(trajs, session, pending, active, self.max_input_length)
-                if not rows:
-                    break
-                # 2. one batched generation for every running episode; 3. close the replies
-                replies = generate_replies(session, rows, trajs, self.formatter, gen,
-                                           params=params, seed=sample_seed * 100_003 + turn_index)
-                # 4. step every environment at once, on the pool, under one deadline
-                with timing.span("rollout/env"):
-                    stepped = self._gather(pool, {
-                        row: (_step_episode, envs[row], replies[row].reply) for row in rows
-                    }, episodes, "step")
-                self.stats["env_steps"] += len(rows)
-                for row in rows:
-                    result = stepped[row]
-                    if result is _TIMED_OUT:
-                        step, next_hash = _TIMEOUT_STEP, hashes[row]
-                    else:
-                        step, next_hash = result
-                    done = step.terminated
-                    steps[row].append(step)
-                    trajs[row].turns.append(replies[row].turn(
-                        reward=float(step.reward),
-                        action=int(step.action),
-                        action_is_valid=bool(step.action_is_valid),
-                        action_is_effective=bool(step.action_is_effective),
-                        success=bool(step.success),
-                        done=done,
-                        state_hash=hashes[row],
-                    ))
-                    hashes[row] = next_hash
-                    if result is _TIMED_OUT:
-                        trajs[row].truncated = timed_out[row] = True
-                        active[row] = False
-                    elif done:
-                        trajs[row].terminated = True
-                        active[row] = False
-                    elif (len(trajs[row].turns) >= envs[row].max_steps_in_episode
-                          or turn_index == self.max_turns - 1):
-                        trajs[row].truncated = True
-                        active[row] = False
-                    elif step.tool_messages:
-                        with timing.span("rollout/tokenize"):
-                            pending[row] = self.formatter.tool_prompt(step.tool_messages)
-                    else:
-                        with timing.span("rollout/tokenize"):
-                            pending[row] = self.formatter.next_prompt(step.observation)
+            envs = PythonEpisodes(self, pool, episodes)
+            for i in np.flatnonzero(envs.timed_out):  # resets past their deadline
+                trajs[i].truncated = True
+            play(self.batching, envs, trajs, envs.first_prompts(), self.sampler,
+                 self.formatter, gen, sample_seed=sample_seed, max_turns=self.max_turns,
+                 max_input_length=self.max_input_length, params=params, slots=self.slots,
+                 decode_chunk=self.decode_chunk)
         finally:
             pool.shutdown()
-        self.stats["timeouts"] += int(timed_out.sum())
+        self.stats["env_steps"] += envs.steps_submitted
+        self.stats["timeouts"] += int(envs.timed_out.sum())
         set_episode_metrics(trajs)
-        for i, (t, late) in enumerate(zip(trajs, timed_out, strict=True)):
+        for i, (t, late) in enumerate(zip(trajs, envs.timed_out, strict=True)):
             t.metrics["env_timeout"] = float(late)
-            if envs.get(i) is not None and envs[i].tool_schemas:
-                t.metrics.update(tool_episode_metrics(steps[i]))
+            if envs.envs.get(i) is not None and envs.envs[i].tool_schemas:
+                t.metrics.update(tool_episode_metrics(envs.steps[i]))
         return trajs
 
     def replay_frames(self, traj: Trajectory) -> list[np.ndarray]:
@@ -220,27 +161,115 @@ class PythonRolloutRunner:
             frames.append(np.asarray(env.render_rgb()))
         return frames
 
-    def _gather(self, pool: _DaemonThreadPool, calls: dict[int, tuple], episodes, what: str):
-        """{row: fn(*args)} run on `pool`, or `_TIMED_OUT` for calls past the deadline."""
-        deadline = time.monotonic() + self.step_timeout_s
-        futures = {row: pool.submit(*call) for row, call in calls.items()}
-        timeout = max(0.0, deadline - time.monotonic()) if self.step_timeout_s > 0 else None
-        concurrent.futures.wait(futures.values(), timeout=timeout)
-        results = {}
-        for row, future in futures.items():
+
+class PythonEpisodes:
+    """The environment side of a rollout of Python environments: each episode's env is
+    built and reset, then stepped, on `pool`; every call has `step_timeout_s` from its
+    submission (see the module doc for what a late one records)."""
+
+    def __init__(self, runner: PythonRolloutRunner, pool: _DaemonThreadPool,
+                 episodes: Sequence[EpisodeSpec]):
+        self.runner, self.pool, self.episodes = runner, pool, episodes
+        n = len(episodes)
+        self.envs: dict[int, PythonTextEnv] = {}
+        self.hashes: dict[int, bytes] = {}  # hash of the state the next reply answers
+        self.steps: dict[int, list[PyStep]] = {i: [] for i in range(n)}
+        self.timed_out = np.zeros(n, bool)
+        self.steps_submitted = 0
+        self._texts: dict[int, str] = {}
+        self._in_flight: dict[int, tuple[concurrent.futures.Future, float | None]] = {}
+        # 0. build and reset every environment at once
+        with timing.span("rollout/env"):
+            for i, e in enumerate(episodes):
+                self._submit(i, _start_episode, runner.env_factory, e, runner.run_seed)
+            started = self._harvest("all", "reset")
+        runner.stats["resets"] += n
+        for i, result in started:
+            if result is _TIMED_OUT:
+                self.timed_out[i] = True
+            else:
+                self.envs[i], self._texts[i], self.hashes[i] = result
+
+    def first_prompts(self) -> dict[int, list[int]]:
+        """{episode: first prompt} of the episodes whose reset came back in time."""
+        with timing.span("rollout/tokenize"):
+            return {i: self.runner.formatter.first_prompt(text, tools=self.envs[i].tool_schemas)
+                    for i, text in sorted(self._texts.items())}
+
+    def max_steps(self, episode: int) -> int:
+        return self.envs[episode].max_steps_in_episode
+
+    def submit(self, episode: int, reply: str, turn_index: int) -> None:
+        self._submit(episode, _step_episode, self.envs[episode], reply)
+        self.steps_submitted += 1
+
+    @timing.spanned("rollout/env")
+    def collect(self, wait: str = "all") -> list[tuple[int, EnvOutcome]]:
+        """The answers of the submitted steps: those back now (`wait="none"`), at least one
+        (`"any"`: the first back or past its deadline), or all of them (`"all"`)."""
+        outcomes = []
+        for episode, result in self._harvest(wait, "step"):
+            if result is _TIMED_OUT:
+                step, next_hash, late = _TIMEOUT_STEP, self.hashes[episode], True
+                self.timed_out[episode] = True
+            else:
+                (step, next_hash), late = result, False
+            self.steps[episode].append(step)
+            fields = dict(reward=float(step.reward), action=int(step.action),
+                          action_is_valid=bool(step.action_is_valid),
+                          action_is_effective=bool(step.action_is_effective),
+                          success=bool(step.success), done=step.terminated,
+                          state_hash=self.hashes[episode])
+            self.hashes[episode] = next_hash
+            outcomes.append((episode, EnvOutcome(
+                fields, step.terminated, late, functools.partial(self._next_prompt, step))))
+        return outcomes
+
+    def _next_prompt(self, step: PyStep) -> list[int]:
+        formatter = self.runner.formatter
+        with timing.span("rollout/tokenize"):
+            if step.tool_messages:
+                return formatter.tool_prompt(step.tool_messages)
+            return formatter.next_prompt(step.observation)
+
+    def _submit(self, episode: int, fn, *args) -> None:
+        timeout = self.runner.step_timeout_s
+        deadline = time.monotonic() + timeout if timeout > 0 else None
+        self._in_flight[episode] = (self.pool.submit(fn, *args), deadline)
+
+    def _harvest(self, wait: str, what: str) -> list[tuple[int, object]]:
+        """[(episode, fn(*args) or `_TIMED_OUT`)] of the calls done or past their deadline,
+        after waiting as `wait` says; a call that raised is re-raised with its episode."""
+        if not self._in_flight:
+            return []
+        if wait != "none":
+            deadlines = [d for _, d in self._in_flight.values()]
+            timeout = None
+            if all(d is not None for d in deadlines):
+                last = max(deadlines) if wait == "all" else min(deadlines)
+                timeout = max(0.0, last - time.monotonic())
+            concurrent.futures.wait(
+                [f for f, _ in self._in_flight.values()], timeout=timeout,
+                return_when=(concurrent.futures.ALL_COMPLETED if wait == "all"
+                             else concurrent.futures.FIRST_COMPLETED))
+        now, results = time.monotonic(), []
+        for episode, (future, deadline) in list(self._in_flight.items()):
             if not future.done():
+                if deadline is None or now < deadline:
+                    continue
                 future.cancel()  # only takes if it never started (a smaller pool)
-                results[row] = _TIMED_OUT
-                continue
-            try:
-                results[row] = future.result()
-            except Exception as exc:
-                e = episodes[row]
-                raise RuntimeError(
-                    f"python env {self.tag!r} episode seed={e.seed} member={e.member}: "
-                    f"{what} raised {type(exc).__name__}: {exc}"
-                ) from exc
-        return results
+                results.append((episode, _TIMED_OUT))
+            else:
+                try:
+                    results.append((episode, future.result()))
+                except Exception as exc:
+                    e = self.episodes[episode]
+                    raise RuntimeError(
+                        f"python env {self.runner.tag!r} episode seed={e.seed} "
+                        f"member={e.member}: {what} raised {type(exc).__name__}: {exc}"
+                    ) from exc
+            del self._in_flight[episode]
+        return sorted(results, key=lambda r: r[0])
 
 
 # What a step that missed its deadline records (see the module docstring).

@@ -1,0 +1,107 @@
+"""Rollouts at environment granularity: continuous batching over a pool of sampler slots.
+
+In turn lockstep (`loop.play_turns`) every running episode generates in one sampler call
+per turn: the call lasts as long as the longest reply, the environments wait for it, and
+the next turn waits for the slowest environment. Here each episode moves on its own:
+
+    while episodes remain:
+        start the slots whose episode has a new prompt   (prefill only what is new)
+        decode every live slot for ≤ `decode_chunk` tokens
+        hand each reply that ended to its environment    (Python envs: on their pool)
+        take the environment answers that are back       (block only if nothing decodes)
+            → record the turn; the episode's next prompt goes into the same slot, or,
+              when it ended, the slot takes the next episode of the step's plan
+
+A slot is a row of one sampler session (its KV cache); `slots` of them (0: one per
+episode) serve all episodes in plan order. Prefix reuse, the length check on the current
+prompt, the EOS a reply is closed with and exact logprobs are those of lockstep, and so are
+the tokens: a reply's noise is keyed by (sample seed, turn, episode id) only
+(`loop.turn_seed`, `slot_decoder`), so for the same seeds both schedules produce the same
+trajectories token for token, whatever the slot count or chunk size.
+"""
+
+from __future__ import annotations
+
+import collections
+
+from jaxrl_agentic.data.trajectory import Trajectory
+from jaxrl_agentic.rollout.loop import (
+    GenerationConfig,
+    close_reply,
+    record_turn,
+    turn_seed,
+)
+from jaxrl_agentic.sampler import Sampler
+from jaxrl_agentic.slot_decoder import SlotDecoder
+
+
+def play_continuous(envs, trajs: list[Trajectory], pending: dict[int, list[int]],
+                    sampler: Sampler, formatter, gen: GenerationConfig, *, sample_seed: int,
+                    max_turns: int, max_input_length: int, params, slots: int = 0,
+                    decode_chunk: int = 8) -> None:
+    """Plays every episode with a first prompt in `pending` to its end (see module doc)."""
+    waiting = collections.deque(sorted(pending))  # episodes not started, in plan order
+    num_slots = min(len(waiting), slots or len(waiting))
+    if not num_slots:
+        return
+    session = sampler.new_session(num_slots)
+    decoder = SlotDecoder(session, max_new_tokens=gen.max_tokens_per_step, chunk=decode_chunk,
+                          temperature=gen.temperature, top_p=gen.top_p, top_k=gen.top_k,
+                          greedy=gen.greedy, stop_token_ids=gen.stop_token_ids)
+    free = list(range(num_slots))[::-1]
+    episode_of: dict[int, int] = {}  # slot -> its episode
+    slot_of: dict[int, int] = {}  # episode -> its slot
+    ready: list[int] = []  # slots whose episode has a prompt in `pending`
+    replies = {}  # episode -> its reply, while its environment steps
+    in_env = 0
+
+    def release(slot: int) -> None:
+        del slot_of[episode_of.pop(slot)]
+        free.append(slot)
+
+    while True:
+        # 1. free slots take the next episodes; slots with a new prompt start a reply
+        starting = []
+        while ready or (free and waiting):
+            while free and waiting:
+                slot, episode = free.pop(), waiting.popleft()
+                session.reset_row(slot)
+                episode_of[slot], slot_of[episode] = episode, slot
+                ready.append(slot)
+            for slot in ready:
+                episode = episode_of[slot]
+                traj, ids = trajs[episode], pending.pop(episode)
+                # The check runs on the real current stream, the prompt the sampler sees.
+                if len(traj.tokens) + len(ids) > max_input_length:
+                    traj.truncated = traj.truncated_by_length = True
+                    release(slot)
+                    continue
+                traj.tokens.extend(ids)
+                session.extend([slot], [ids])
+                starting.append(slot)
+            ready = []
+        if starting:
+            episodes = [episode_of[slot] for slot in starting]
+            decoder.start(starting,
+                          [turn_seed(sample_seed, len(trajs[e].turns)) for e in episodes],
+                          [trajs[e].traj_id for e in episodes], params=params)
+        # 2. a chunk of decoding; the replies that ended go to their environments
+        if decoder.live_rows:
+            for slot, out in decoder.decode(params=params).items():
+                episode = episode_of[slot]
+                reply = close_reply(session, slot, trajs[episode], out.tokens, out.logprobs,
+                                    out.stop_reason, formatter)
+                replies[episode] = reply
+                envs.submit(episode, reply.reply, len(trajs[episode].turns))
+                in_env += 1
+        elif not in_env:
+            break  # nothing decodes, nothing steps, nothing waits: every episode ended
+        # 3. the environments' answers: wait for one only when no slot is decoding
+        for episode, outcome in envs.collect("none" if decoder.live_rows else "any"):
+            in_env -= 1
+            if record_turn(trajs[episode], replies.pop(episode), outcome,
+                           max_steps=envs.max_steps(episode), max_turns=max_turns):
+                pending[episode] = outcome.next_prompt()
+                ready.append(slot_of[episode])
+            else:
+                release(slot_of[episode])

@@ -1,0 +1,258 @@
+"""Continuous batching in the sampler: a session's rows are slots, decoded in chunks.
+
+    decoder = SlotDecoder(session, max_new_tokens=64, chunk=8, temperature=1.0)
+    decoder.start(rows, seeds, row_ids, params=params)   # prefill their new prompts
+    while decoder.live_rows:
+        for row, reply in decoder.decode(params=params).items():  # ≤ `chunk` steps
+            ...   # the row's reply is done: step its environment, later `start` it again
+
+`Session.generate` runs one reply per row and returns when the slowest row is done. Here a
+row's reply lives across calls: `decode` advances every live row by at most `chunk` tokens
+and returns the replies that ended, while the others keep their place (last drawn token,
+position, count, budget) for the next call. A row whose reply ended can be extended and
+`start`ed again — or `reset_row`ed for a new episode — while the others are mid-reply.
+
+Same tokens as `Session.generate`. Reply token j of a row is drawn from the logits after
+the same context with the uniforms ``row_uniforms(fold_in(PRNGKey(seed), row_id))[j]``
+that `generate(rows, seed=seed, row_seeds=…)` uses, so a reply does not depend on the
+chunking or on which rows shared its steps; logprobs agree to float rounding.
+
+The first token of a reply is drawn from the prefill's logits (`fresh` rows, at the
+chunk's first step), every later one after feeding its predecessor; a reply's last token
+is not fed back (the next prefill feeds it), as in `generate`. Programs are compiled per
+(rows, cache length, chunk, reply bucket): a few per run. With a `ShardedSession` each row
+block has its own decoder state and its chunks run side by side on the sampler's pool.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrl_agentic import timing
+from jaxrl_agentic.sampler import (
+    _LENGTH,
+    _MAX_STOP_IDS,
+    STOP_REASONS,
+    Session,
+    ShardedSession,
+    _draw,
+    next_power_of_two,
+    output_weight,
+    row_uniforms,
+)
+
+
+@dataclasses.dataclass
+class SlotReply:
+    """A finished reply of one slot."""
+
+    tokens: list[int]
+    logprobs: np.ndarray
+    stop_reason: str  # "eos" | "stop" | "length"
+
+
+class _BlockState:
+    """Host copy of one row block's per-row decode state (between chunks)."""
+
+    def __init__(self, session: Session):
+        rows = session.capacity
+        self.session = session
+        self.token = np.zeros(rows, np.int32)  # last drawn token (not fed yet)
+        self.pos = np.zeros(rows, np.int32)  # where that token goes in the cache
+        self.live = np.zeros(rows, bool)  # mid-reply
+        self.fresh = np.zeros(rows, bool)  # started: first token comes from the prefill
+        self.n_gen = np.zeros(rows, np.int32)
+        self.budget = np.zeros(rows, np.int32)
+        self.base_keys = np.zeros((rows, 2), np.uint32)
+        self.row_ids = np.zeros(rows, np.int32)
+        self.logits = None  # the last prefill's logits [rows, V] (fresh rows read theirs)
+        self.tokens: dict[int, list[int]] = {}
+        self.logprobs: dict[int, list[np.ndarray]] = {}
+
+
+class SlotDecoder:
+    """Chunked decoding over the rows of a `Session` or `ShardedSession` (see module doc)."""
+
+    def __init__(self, session: Session | ShardedSession, *, max_new_tokens: int,
+                 chunk: int = 8, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+                 greedy: bool = False, stop_token_ids: Sequence[int] | None = None):
+        if temperature <= 0:
+            raise ValueError("temperature must be > 0 (use greedy=True for argmax decoding)")
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        if chunk < 1 or max_new_tokens < 1:
+            raise ValueError(f"chunk ({chunk}) and max_new_tokens ({max_new_tokens}) must "
+                             f"be ≥ 1")
+        stop_token_ids = list(stop_token_ids or [])
+        if len(stop_token_ids) > _MAX_STOP_IDS:
+            raise ValueError(f"at most {_MAX_STOP_IDS} stop_token_ids are supported")
+        self.sampler = session.sampler
+        self.max_new_tokens = int(max_new_tokens)
+        self.chunk = int(chunk)
+        self.max_new_bucket = next_power_of_two(self.max_new_tokens)
+        stops = np.full(_MAX_STOP_IDS, -1, np.int32)
+        stops[: len(stop_token_ids)] = stop_token_ids
+        self._sampling = (jnp.float32(temperature), jnp.int32(top_k), jnp.float32(top_p),
+                          jnp.bool_(greedy), jnp.asarray(stops))
+        if isinstance(session, ShardedSession):
+            self._starts = session.starts
+            self._blocks = [_BlockState(block) for block in session.blocks]
+        else:
+            self._starts = [0, session.num_rows]
+            self._blocks = [_BlockState(session)]
+        self._program = _chunk_program(self.sampler)
+
+    def _locate(self, row: int) -> tuple[_BlockState, int]:
+        for b, (lo, hi) in enumerate(zip(self._starts[:-1], self._starts[1:], strict=True)):
+            if lo <= row < hi:
+                return self._blocks[b], row - lo
+        raise IndexError(f"row {row} is not a slot of this decoder")
+
+    @property
+    def live_rows(self) -> list[int]:
+        return [lo + int(r) for lo, block in zip(self._starts, self._blocks, strict=False)
+                for r in np.flatnonzero(block.live)]
+
+    def start(self, rows: Sequence[int], seeds: Sequence[int], row_ids: Sequence[int], *,
+              params=None) -> None:
+        """Starts a reply in each of `rows` (not live) from the end of its stream: prefills
+        what is not cached yet. Row r draws its noise from ``fold_in(PRNGKey(seeds[r]),
+        row_ids[r])``, as ``Session.generate(seed=…, row_seeds=…)`` does."""
+        params = self.sampler.params if params is None else params
+        todo: dict[int, list[tuple[int, int, int]]] = {}
+        keys = {seed: np.asarray(jax.random.PRNGKey(seed)) for seed in set(seeds)}
+        for row, seed, row_id in zip(rows, seeds, row_ids, strict=True):
+            block, local = self._locate(row)
+            if block.live[local]:
+                raise ValueError(f"row {row} is mid-reply")
+            todo.setdefault(id(block), []).append((local, seed, row_id))
+            block.base_keys[local] = keys[seed]
+            block.row_ids[local] = row_id
+
+        def prefill(block: _BlockState):
+            local = [r for r, _, _ in todo[id(block)]]
+            session = block.session
+            block.logits = session._prefill(local, params)
+            for r in local:
+                length = len(session.streams[r])
+                budget = min(self.max_new_tokens, self.sampler.max_total_len - length)
+                block.pos[r], block.budget[r], block.n_gen[r] = length, budget, 0
+                block.live[r] = block.fresh[r] = budget > 0
+                block.tokens[r], block.logprobs[r] = [], []
+            # Fed tokens land below len(stream) + budget − 1 (the last one is not fed).
+            session.reserve(max(int(block.pos[r] + block.budget[r]) for r in local))
+
+        self._run([block for block in self._blocks if id(block) in todo], prefill)
+
+    def decode(self, *, params=None) -> dict[int, SlotReply]:
+        """Advances every live row by ≤ `chunk` tokens; → {row: reply} of those that ended."""
+        params = self.sampler.params if params is None else params
+        busy = [(lo, block) for lo, block in zip(self._starts, self._blocks, strict=False)
+                if block.live.any()]
+        finished: dict[int, SlotReply] = {}
+        for (lo, _), done in zip(busy, self._run([b for _, b in busy],
+                                                 functools.partial(self._chunk, params)),
+                                 strict=True):
+            finished.update({lo + r: reply for r, reply in done.items()})
+        return finished
+
+    def _run(self, blocks: list[_BlockState], fn) -> list:
+        if len(blocks) > 1:
+            return self.sampler._map(fn, blocks)
+        return [fn(block) for block in blocks]
+
+    @timing.spanned("rollout/decode")
+    def _chunk(self, params, block: _BlockState) -> dict[int, SlotReply]:
+        session = block.session
+        if block.logits is None:  # no row was ever started: nothing is fresh
+            block.logits = jnp.zeros((session.capacity, self.sampler.cfg.vocab_size),
+                                     jnp.float32)
+        rows = session._rows
+        session.cache, toks, lps, steps, token, pos, n_gen, reasons = self._program(
+            params, session.cache, block.logits, rows(block.fresh), rows(block.token),
+            rows(block.pos), rows(block.live), rows(block.n_gen), rows(block.budget),
+            rows(block.base_keys), rows(block.row_ids), *self._sampling,
+            chunk=self.chunk, max_new_bucket=self.max_new_bucket)
+        toks, lps, steps, token, pos, n_gen, reasons = jax.device_get(
+            (toks, lps, steps, token, pos, n_gen, reasons))
+        self.sampler._count(decode_steps=int(steps))
+        finished = {}
+        for r in np.flatnonzero(block.live):
+            drawn = int(n_gen[r] - block.n_gen[r])
+            block.tokens[r].extend(toks[r, :drawn].tolist())
+            block.logprobs[r].append(np.asarray(lps[r, :drawn], np.float32))
+            block.token[r], block.pos[r], block.n_gen[r] = token[r], pos[r], n_gen[r]
+            block.fresh[r] = False
+            if reasons[r] == 0:
+                continue  # still mid-reply
+            block.live[r] = False
+            ids = block.tokens.pop(r)
+            # Every generated token but the last was fed, so it is cached already.
+            session.cached[r] += max(0, len(ids) - 1)
+            session.streams[r].extend(ids)
+            finished[int(r)] = SlotReply(ids, np.concatenate(block.logprobs.pop(r)),
+                                         STOP_REASONS[max(int(reasons[r]), _LENGTH * (not ids))])
+        return finished
+
+
+def _chunk_program(sampler):
+    """The jitted chunk step of `sampler` (one per sampler: its cache holds the programs)."""
+    program = sampler._decode_chunk
+    if program is None:
+        program = jax.jit(
+            functools.partial(_decode_chunk, sampler.graphdef, sampler.eos_token_id,
+                              logprob_under_filter=sampler.logprob_under_filter),
+            static_argnames=("chunk", "max_new_bucket"), donate_argnums=(1,))
+        sampler._decode_chunk = program
+    return program
+
+
+def _decode_chunk(graphdef, eos_id, params, cache, fresh_logits, fresh, token, pos, live, n_gen,
+                  budget, base_keys, row_ids, temperature, top_k, top_p, greedy, stop_ids, *,
+                  chunk, max_new_bucket, logprob_under_filter=False):
+    """Up to `chunk` decode steps for the `live` rows; → (cache, tokens [B, chunk],
+    logprobs [B, chunk], steps run, last token, position, n_gen, reason).
+
+    Per step every live row draws one token: a `fresh` row's first from `fresh_logits`, any
+    other after feeding its last token at `pos`. The draw uses the row's uniform pair for its
+    reply token `n_gen`. A row that ends stops (reason ≠ 0); the loop stops when all have.
+    """
+    model = nnx.merge(graphdef, params)
+    w_out = output_weight(model)
+    batch = token.shape[0]
+    row_keys = jax.vmap(jax.random.fold_in)(base_keys, row_ids)
+    uniforms = row_uniforms(row_keys, max_new_bucket)
+
+    def body(c):
+        step, cache, token, pos, done, n_gen, reason, toks, lps = c
+        first = fresh & (step == 0)
+        feed = ~done & ~first
+        hidden, cache = model.forward_with_cache(token[:, None], pos[:, None], cache,
+                                                 feed[:, None])
+        logits = jnp.dot(hidden[:, 0], w_out, preferred_element_type=jnp.float32)
+        logits = jnp.where(first[:, None], fresh_logits, logits)
+        index = jnp.minimum(n_gen, max_new_bucket - 1)
+        u = jnp.take_along_axis(uniforms, index[:, None, None], axis=1)[:, 0]
+        drawing = ~done
+        new, logprob, n_gen, reason, finishing = _draw(
+            logits, u, drawing, n_gen, budget, reason, eos_id, stop_ids, temperature, top_k,
+            top_p, greedy, logprob_under_filter)
+        toks = toks.at[:, step].set(jnp.where(drawing, new, 0))
+        lps = lps.at[:, step].set(jnp.where(drawing, logprob, 0.0))
+        token = jnp.where(drawing, new, token)
+        return (step + 1, cache, token, pos + feed, done | finishing, n_gen, reason, toks, lps)
+
+    def cond(c):
+        return (c[0] < chunk) & ~jnp.all(c[4])
+
+    init = (jnp.int32(0), cache, token, pos, ~live, n_gen, jnp.zeros((batch,), jnp.int32),
+            jnp.zeros((batch, chunk), jnp.int32), jnp.zeros((batch, chunk), jnp.float32))
+    step, cache, token, pos, _, n_gen, reason, toks, lps = jax.lax.while_loop(cond, body, init)
+    return cache, toks, lps, step, token, pos, n_gen, reason

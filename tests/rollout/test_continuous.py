@@ -1,0 +1,102 @@
+"""Continuous batching (`rollout_batching="continuous"`) against turn lockstep: the same
+trajectories token for token, with JAX and Python environments, and environment steps that
+overlap decoding."""
+
+import collections
+import threading
+
+import pytest
+
+from jaxrl_agentic.envs.python_env import PyStep, PythonTextEnv, make_python_env, text_state_hash
+from jaxrl_agentic.rollout.loop import GenerationConfig, RolloutRunner
+from jaxrl_agentic.rollout.python_runner import PythonRolloutRunner
+from tests.rollout.test_python_runner import (  # noqa: F401 (the fixture)
+    ENV,
+    MAX_NEW,
+    RUN_SEED,
+    assert_same_trajectory,
+    episodes,
+    python_runner,
+    setup,
+)
+
+
+def runner(setup, backend, generation, **kwargs):  # noqa: F811
+    env, params, sampler, formatter, max_input_length = setup
+    common = dict(tag="lake", max_turns=6, max_input_length=max_input_length, run_seed=RUN_SEED,
+                  generation=generation, **kwargs)
+    if backend == "jax":
+        return RolloutRunner(env, params, sampler, formatter, **common)
+    return PythonRolloutRunner(make_python_env(ENV), sampler, formatter, **common)
+
+
+@pytest.fixture(scope="module")
+def generation(setup):  # noqa: F811
+    """Replies of varied lengths: the tiny model's three most frequent reply tokens stop a
+    reply (so rows end at different steps of a chunk and episodes after different turns)."""
+    probe = runner(setup, "jax", GenerationConfig(max_tokens_per_step=MAX_NEW))
+    counts = collections.Counter(tok for t in probe.run(episodes(2), sample_seed=99)
+                                 for u in t.turns for tok in u.generated)
+    stops = tuple(tok for tok, _ in counts.most_common(3))
+    return GenerationConfig(max_tokens_per_step=MAX_NEW, stop_token_ids=stops)
+
+
+@pytest.mark.parametrize("backend,slots,chunk", [("jax", 3, 3), ("python", 0, 2)])
+def test_continuous_equals_turn_lockstep_token_for_token(setup, generation, backend, slots,  # noqa: F811
+                                                         chunk):
+    """The strongest check of the slot bookkeeping: each episode's noise is keyed by its id
+    and turn, so any schedule must give the lockstep's trajectories."""
+    plan, stats = episodes(5), setup[2].stats
+    before = stats["prefill_tokens"]
+    turn = runner(setup, backend, generation).run(plan, sample_seed=11, traj_id_start=40)
+    between = stats["prefill_tokens"]
+    continuous = runner(setup, backend, generation, batching="continuous", slots=slots,
+                        decode_chunk=chunk).run(plan, sample_seed=11, traj_id_start=40)
+    # Prefix reuse is intact: each turn prefills only what was appended since the last.
+    assert stats["prefill_tokens"] - between == between - before
+    for a, b in zip(turn, continuous, strict=True):
+        assert_same_trajectory(a, b, exact=False)
+    # Replies that end at different steps of a chunk, streams of different lengths, every
+    # episode cut by the prompt limit after a few turns (3 slots for 10 episodes: slots are
+    # reused; termination by the environment: test_environment_steps_overlap_decoding).
+    assert {"stop", "length"} <= {u.stop_reason for t in turn for u in t.turns}
+    assert len({len(t.tokens) for t in turn}) > 3
+    assert all(t.truncated_by_length and len(t.turns) >= 2 for t in turn)
+
+
+class _Rendezvous(PythonTextEnv):
+    """Episode 0's first step waits until episode 1 has stepped twice: in lockstep that
+    never happens while it waits (the next turn waits for it), so only a schedule in which
+    episode 1 decodes and steps while episode 0's environment is busy finishes in time."""
+
+    max_steps_in_episode = 3
+
+    def __init__(self, spec, seeds, event):
+        self.member, self.event, self.steps = spec.member, event, 0
+
+    def reset(self, seed):
+        return f"episode {self.member}: say anything"
+
+    def step(self, reply):
+        self.steps += 1
+        if self.member == 0 and self.steps == 1:
+            if not self.event.wait(timeout=30):
+                raise TimeoutError("episode 1 never stepped while episode 0 waited")
+        if self.member == 1 and self.steps == 2:
+            self.event.set()
+        return PyStep(observation=f"step {self.steps}", reward=0.0,
+                      terminated=self.steps == self.max_steps_in_episode, action_is_valid=True,
+                      action_is_effective=True, success=False, action=0)
+
+    def state_hash(self):
+        return text_state_hash(f"{self.member}/{self.steps}")
+
+
+def test_environment_steps_overlap_decoding(setup):  # noqa: F811
+    event = threading.Event()
+    runner = python_runner(setup, lambda spec, seed: _Rendezvous(spec, seed, event),
+                           batching="continuous", decode_chunk=2)
+    trajs = runner.run(episodes(1, group_size=2), sample_seed=0)
+    assert event.is_set()
+    assert [len(t.turns) for t in trajs] == [3, 3] and all(t.terminated for t in trajs)
+    assert runner.stats["timeouts"] == 0 and runner.stats["env_steps"] == 6
