@@ -341,8 +341,15 @@ class Session:
             self.streams[row].extend(int(t) for t in ids)
 
     @timing.spanned("rollout/prefill")
-    def _prefill(self, rows: Sequence[int], params) -> jax.Array:
-        """Feeds each row's uncached tail; returns the logits at each row's last token."""
+    def _prefill(self, rows: Sequence[int], params, compact: bool = False) -> jax.Array:
+        """Feeds each row's uncached tail; returns the logits at each row's last token
+        ([capacity, V]; other rows' entries are not meaningful).
+
+        By default the program runs every row of the session (turn lockstep prefills most of
+        them at once). `compact` runs only `rows`, padded to a power-of-four fraction of the
+        capacity (`compact_rows`): continuous batching starts a few slots at a time, and a
+        full-width prefill for each of them cost it more than its decoding (bench_rollout).
+        """
         tails = {}
         for row in rows:
             if not self.streams[row]:
@@ -352,22 +359,31 @@ class Session:
             tails[row] = self.streams[row][self.cached[row] :]
         t_bucket = next_power_of_two(max(len(t) for t in tails.values()),
                                      self.sampler.min_prefill_bucket)
-        tokens = np.zeros((self.capacity, t_bucket), np.int32)
-        valid = np.zeros((self.capacity, t_bucket), bool)
-        positions = np.zeros((self.capacity, t_bucket), np.int32)
-        for row, tail in tails.items():
-            n = len(tail)
-            tokens[row, :n] = tail
-            valid[row, :n] = True
-            positions[row] = self.cached[row] + np.arange(t_bucket)
+        batch = compact_rows(len(tails), self.capacity) if compact else self.capacity
+        tokens = np.zeros((batch, t_bucket), np.int32)
+        valid = np.zeros((batch, t_bucket), bool)
+        positions = np.zeros((batch, t_bucket), np.int32)
+        # Input row i runs cache row index[i]; padding rows name no row (never written).
+        index = np.full(batch, self.capacity, np.int32) if compact else None
+        for i, (row, tail) in enumerate(tails.items()):
+            n, at = len(tail), i if compact else row
+            tokens[at, :n] = tail
+            valid[at, :n] = True
+            positions[at] = self.cached[row] + np.arange(t_bucket)
+            if compact:
+                index[i] = row
             self.cached[row] += n
         self.sampler._count(prefill_tokens=sum(len(t) for t in tails.values()), prefill_calls=1)
         end = max(int(self.cached[row]) for row in tails)
         self.reserve(end)
+        place = self._rows if not compact else jnp.asarray
         self.cache, logits = self.sampler._prefill(
-            params, self.cache, self._rows(tokens), self._rows(positions), self._rows(valid),
-            key_len=min(self.cache.max_len,
-                        next_power_of_two(end, self.sampler.min_prefill_bucket)),
+            params, self.cache, place(tokens), place(positions), place(valid),
+            None if index is None else jnp.asarray(index),
+            # A compact prefill reads the whole cache: one shape fewer to compile, and its
+            # few rows make the longer read cheap.
+            key_len=self.cache.max_len if compact else min(
+                self.cache.max_len, next_power_of_two(end, self.sampler.min_prefill_bucket)),
         )
         return timing.ready(logits)
 
@@ -536,12 +552,27 @@ class ShardedSession:
         return result
 
 
-def _prefill(graphdef, params, cache, tokens, positions, valid, *, key_len):
+def _prefill(graphdef, params, cache, tokens, positions, valid, rows, *, key_len):
+    """Runs each input row's tail (cache row `rows[i]`, or row i when `rows` is None);
+    → (cache, logits [cache rows, V] at each row's last valid token)."""
     model = nnx.merge(graphdef, params)
-    hidden, cache = model.forward_with_cache(tokens, positions, cache, valid, key_len)
+    hidden, cache = model.forward_with_cache(tokens, positions, cache, valid, key_len, rows)
     last = jnp.maximum(jnp.sum(valid, axis=1) - 1, 0)
     last_hidden = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
-    return cache, model.logits(last_hidden)
+    logits = model.logits(last_hidden)
+    if rows is None:
+        return cache, logits
+    full = jnp.zeros((cache.v[0].shape[0], logits.shape[-1]), logits.dtype)
+    return cache, full.at[rows].set(logits, mode="drop")
+
+
+def compact_rows(n: int, capacity: int) -> int:
+    """Rows of a compact prefill of `n` rows: the smallest capacity / 4^j ≥ n (a few
+    compiled shapes per session size)."""
+    rows = capacity
+    while rows % 4 == 0 and rows // 4 >= n:
+        rows //= 4
+    return rows
 
 
 def output_weight(model: Transformer) -> jax.Array:

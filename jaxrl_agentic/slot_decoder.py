@@ -139,7 +139,7 @@ class SlotDecoder:
         def prefill(block: _BlockState):
             local = [r for r, _, _ in todo[id(block)]]
             session = block.session
-            block.logits = session._prefill(local, params)
+            block.logits = session._prefill(local, params, compact=True)
             for r in local:
                 length = len(session.streams[r])
                 budget = min(self.max_new_tokens, self.sampler.max_total_len - length)

@@ -3,6 +3,7 @@ identical to the synchronous run, resume without lost or duplicated groups, and 
 Python environment that truncates episodes instead of hanging the run."""
 
 import jax
+import numpy as np
 import pytest
 
 from jaxrl_agentic.config import validate
@@ -94,5 +95,46 @@ def test_hung_python_env_truncates_episodes_and_the_run_continues(tmp_path):
             assert metrics["env/timeout"] == 1.0
             assert all(t.truncated and len(t.turns) == 2 for t in trajs)
             assert samples and metrics["actor/grad_norm"] > 0  # still trained on them
+    finally:
+        pipe.close()
+
+
+def test_continuous_rollouts_train_asynchronously(async_run, tmp_path):
+    """Three steps with continuous batching (3 slots for 4 episodes), async ratio 1 and
+    step-wise samples: step 1 (played by version 0 either way) equals the lockstep run's,
+    and every step's batch keeps the step-sample invariants."""
+    from jaxrl_agentic.data import pack_samples
+
+    c = make_config(tmp_path, "--config.async_generation_ratio=1",
+                    "--config.rollout_batching=continuous", "--config.rollout_slots=3",
+                    "--config.decode_chunk_tokens=2")
+    step_wise = make_config(tmp_path / "step", "--config.sample_mode=step",
+                            "--config.rollout_batching=continuous", "--config.rollout_slots=3",
+                            "--config.async_generation_ratio=1",
+                            "--config.sequence_length=640", "--config.micro_batch_max_tokens=640")
+    pipe = Pipeline(c)
+    try:
+        first = pipe.train_step()[0]
+    finally:
+        pipe.close()
+    assert comparable(first) == pytest.approx(comparable(async_run[1][0][0]), abs=1e-6)
+    pipe = Pipeline(step_wise)
+    try:
+        for _ in range(3):
+            metrics, trajs, samples = pipe.train_step()
+            assert samples and metrics["actor/grad_norm"] > 0
+            for s in samples:
+                assert s.prompt_len <= step_wise.max_input_length
+                assert np.all(s.loss_mask[: s.prompt_len] == 0)
+                assert np.all(s.loss_mask[s.prompt_len:] == 1)
+            generated = {(t.traj_id, i): u.generated for t in trajs
+                         for i, u in enumerate(t.turns)}
+            for s in samples:
+                assert s.tokens[s.prompt_len:].tolist() == generated[(s.traj_id, s.turn)]
+            batch = pack_samples(samples, micro_batch_max_tokens=640, sequence_length=640)
+            for row_pos, row_seg in zip(batch.positions, batch.segment_ids, strict=True):
+                for seg in set(row_seg.tolist()) - {0}:
+                    pos = row_pos[row_seg == seg]
+                    np.testing.assert_array_equal(pos, np.arange(len(pos)))
     finally:
         pipe.close()

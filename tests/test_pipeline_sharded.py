@@ -117,8 +117,10 @@ MESH_SCRIPT = textwrap.dedent("""
     report, reference, decided = {}, None, None
     runs = [("(1, 1, 1)", (1, 1, 1), 0), ("(8, 1, 1)", (8, 1, 1), 0),
             ("(2, 4, 1)", (2, 4, 1), 0), ("(2, 2, 2)", (2, 2, 2), 0),
-            ("split", (2, 2, 1), 4)]  # 4 learner devices, 4 sampler devices
+            ("split", (2, 2, 1), 4),  # 4 learner devices, 4 sampler devices
+            ("(2, 2, 2) continuous", (2, 2, 2), 0)]  # slots sharded over data × fsdp
     for label, shape, sampler_devices in runs:
+        c.rollout_batching = "continuous" if label.endswith("continuous") else "turn"
         c.mesh.data, c.mesh.fsdp, c.mesh.tensor = shape
         c.mesh.sampler_devices = sampler_devices
         pipe = Pipeline(c, devices=jax.devices()[:1] if shape == (1, 1, 1) else None)
@@ -174,7 +176,8 @@ def mesh_report(tmp_path_factory):
     return json.loads(line[len("REPORT "):])
 
 
-@pytest.mark.parametrize("shape", ["(8, 1, 1)", "(2, 4, 1)", "(2, 2, 2)", "split"])
+@pytest.mark.parametrize("shape", ["(8, 1, 1)", "(2, 4, 1)", "(2, 2, 2)", "split",
+                                   "(2, 2, 2) continuous"])
 def test_pipeline_steps_on_a_mesh_match_one_device(mesh_report, shape):
     one, report = mesh_report["(1, 1, 1)"], mesh_report[shape]
     assert_same_metrics(report["metrics"], one["metrics"], shape)

@@ -127,13 +127,14 @@ class Attention(nnx.Module):
             self.q_norm = RMSNorm(h, cfg.rms_norm_eps, dtype=dt, param_dtype=pdt)
             self.k_norm = RMSNorm(h, cfg.rms_norm_eps, dtype=dt, param_dtype=pdt)
 
-    def __call__(self, x, cos, sin, mask, cache_kv=None, write_slots=None):
+    def __call__(self, x, cos, sin, mask, cache_kv=None, write_slots=None, cache_rows=None):
         """x [B, T, D]. Returns (out, (k, v)).
 
         Training forward: `mask` is a `PackedRows` (segment-aware causal attention over the
-        row). With `cache_kv` (keys [B, K, H, S], values [B, K, S, H]), new keys/values are
+        row). With `cache_kv` (keys [C, K, H, S], values [C, K, S, H]), new keys/values are
         scattered to `write_slots` [B, T] (slots ≥ S are dropped: padding) and attention runs
-        over the whole cache with `mask` [B, 1, T, keys].
+        over the whole cache with `mask` [B, 1, T, keys]. Row b of x is cache row b, or
+        `cache_rows[b]` when given ([B] indices; ≥ C: padding, never written).
         """
         b, t, _ = x.shape
         cfg = self.cfg
@@ -148,7 +149,7 @@ class Attention(nnx.Module):
         v = v.astype(dt)
         if cache_kv is not None:
             k_cache, v_cache = cache_kv
-            rows = jnp.arange(b)[:, None]
+            rows = (jnp.arange(b) if cache_rows is None else cache_rows)[:, None]
             # (rows, :, [:,] slots) indexing puts the index dims first: updates are
             # [B, T, K, H] for both layouts.
             k_cache = k_cache.at[rows, :, :, write_slots].set(k.astype(k_cache.dtype),
@@ -156,7 +157,10 @@ class Attention(nnx.Module):
             v_cache = v_cache.at[rows, :, write_slots].set(v.astype(v_cache.dtype), mode="drop")
             # The mask says how many leading slots can be seen at all (see forward_with_cache).
             seen = mask.shape[-1]
-            out = _cached_attention(q, k_cache[..., :seen], v_cache[:, :, :seen], mask)
+            k_seen, v_seen = k_cache[..., :seen], v_cache[:, :, :seen]
+            if cache_rows is not None:  # only these rows' keys (padding rows read the last)
+                k_seen, v_seen = k_seen[cache_rows], v_seen[cache_rows]
+            out = _cached_attention(q, k_seen, v_seen, mask)
             return self.o_proj(out.reshape(b, t, -1)), (k_cache, v_cache)
         out = segment_attention(q, k, v, mask.segment_ids, impl=mask.attention_impl)
         return self.o_proj(out.reshape(b, t, -1)), (k, v)
@@ -204,8 +208,9 @@ class Block(nnx.Module):
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dt, param_dtype=pdt)
         self.mlp = MLP(cfg, rngs)
 
-    def __call__(self, x, cos, sin, mask, cache_kv=None, write_slots=None):
-        attn_out, kv = self.attn(self.input_norm(x), cos, sin, mask, cache_kv, write_slots)
+    def __call__(self, x, cos, sin, mask, cache_kv=None, write_slots=None, cache_rows=None):
+        attn_out, kv = self.attn(self.input_norm(x), cos, sin, mask, cache_kv, write_slots,
+                                 cache_rows)
         x = x + attn_out
         return x + self.mlp(self.post_attn_norm(x)), kv
 
@@ -284,13 +289,14 @@ class Transformer(nnx.Module):
         the float32 residual stream."""
         return self.embed(tokens).astype(jnp.float32)
 
-    def _run_layers(self, tokens, positions, mask, cache=None, write_slots=None):
+    def _run_layers(self, tokens, positions, mask, cache=None, write_slots=None,
+                    cache_rows=None):
         x = self.residual_input(tokens)
         cos, sin = rope_cos_sin(positions, self._inv_freq, self._rope_scale)
         new_k, new_v = [], []
         for i, layer in enumerate(self.layers):
             cache_kv = None if cache is None else (cache.k[i], cache.v[i])
-            x, (k, v) = layer(x, cos, sin, mask, cache_kv, write_slots)
+            x, (k, v) = layer(x, cos, sin, mask, cache_kv, write_slots, cache_rows)
             new_k.append(k)
             new_v.append(v)
         new_cache = None if cache is None else KVCache(k=tuple(new_k), v=tuple(new_v))
@@ -338,16 +344,18 @@ class Transformer(nnx.Module):
 
     # ---- sampler forward -----------------------------------------------------------------
     def forward_with_cache(self, tokens, positions, cache: KVCache, valid,
-                           key_len: int | None = None) -> tuple:
+                           key_len: int | None = None, rows=None) -> tuple:
         """Runs `tokens` [B, T] at `positions` [B, T] against `cache`.
 
         Tokens with `valid` False (padding of ragged rows) are not written to the cache.
         Attention reads only the first `key_len` slots (static; default all): a caller that
         knows every valid position is below it skips the empty tail of a cache reserved
         ahead (a 64-token prompt in a 128-slot cache: half the prefill attention).
+        `rows` [B] (optional) names the cache row of each input row, so a few rows of a big
+        cache are run without computing the others (continuous batching's prefill).
         Returns (hidden [B, T, D], updated cache).
         """
         slots = jnp.where(valid, positions, cache.max_len)  # out-of-range slots are dropped
         key_slots = jnp.arange(cache.max_len if key_len is None else key_len)
         mask = (key_slots[None, None, None, :] <= positions[:, None, :, None])
-        return self._run_layers(tokens, positions, mask, cache, slots)
+        return self._run_layers(tokens, positions, mask, cache, slots, rows)
