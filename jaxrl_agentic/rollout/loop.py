@@ -16,6 +16,12 @@ For every turn, for all episodes still running:
 
 An episode ends when the environment terminates, after `max_steps_in_episode` environment
 steps, after `max_turns` turns, or when its next prompt would not fit.
+
+That is the turn-lockstep schedule (`play_turns`, `rollout_batching="turn"`). The runner
+splits into an environment side (`JaxEpisodes` here, `python_runner.PythonEpisodes`: submit
+a reply, collect outcomes) and a schedule, so `rollout/continuous.py` plays the same
+episodes with continuous batching through the same bookkeeping (`record_turn`,
+`close_reply`, the length check) and the same noise keys (`turn_seed`, the episode id).
 """
 
 from __future__ import annotations

@@ -2,9 +2,11 @@
 
 Same conversation, truncation rules, sampler calls and trajectories as `RolloutRunner`
 (`loop.py`), with the environment side run in a thread pool at environment granularity:
-each episode's env is built and reset, then stepped, on a worker thread; all of a turn's
-steps are submitted at once and waited on together, so slow environments (tool calls)
-overlap each other while the sampler waits for the slowest.
+each episode's env is built and reset, then stepped, on a worker thread (`PythonEpisodes`).
+In turn lockstep all of a turn's steps are submitted at once and waited on together, so
+slow environments (tool calls) overlap each other while the sampler waits for the slowest;
+with `batching="continuous"` (`continuous.py`) each step is submitted when its reply ends
+and the other slots keep decoding while it runs.
 
 Timeouts. With `step_timeout_s > 0` every reset and step must finish within that many seconds
 of its submission (with `max_workers` below the number of episodes, time spent queued
@@ -15,7 +17,8 @@ instead of hanging the run:
   the sample stays well formed) with reward 0, action -1, `action_is_valid`,
   `action_is_effective`, `success` and `done` all False (the environment never confirmed
   any of them), and the state hash of the state the reply answered;
-- a reset that timed out leaves an episode without turns;
+- a reset that timed out leaves an episode without turns (resets are waited on together,
+  in both schedules);
 - either way `truncated` is True, `metrics["env_timeout"]` is 1.0 (0.0 for every other
   episode), and `stats["timeouts"]` counts it.
 

@@ -13,7 +13,7 @@ an environment whose steps take a variable time.
 - **Environment**: a host-side Python environment (`PythonTextEnv`) that sleeps a time drawn
   uniformly from [0, `--max-latency`] (0.2 s) per step, from a generator seeded by the
   episode and step (the same sleeps in both schedules), answers with a short observation and
-  ends after `--turns` (4) steps. Its steps run on the runner's thread pool.
+  ends after `--turns` (8) steps. Its steps run on the runner's thread pool.
 - **Schedules**: `PythonRolloutRunner` with `batching="turn"` and `"continuous"`
   (`--slots`, 0 = one per episode; `--chunk` decode steps between hand-overs). Both play the
   same `--episodes` (32) episodes with the same seeds: they produce the same trajectories
@@ -118,7 +118,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     parser.add_argument("--model", default="", help="HF model directory (default: tiny)")
     parser.add_argument("--episodes", type=int, default=32)
-    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--eos-logit", type=float, default=3.5)
     parser.add_argument("--max-latency", type=float, default=0.2)
