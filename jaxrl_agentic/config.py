@@ -24,7 +24,6 @@ from jaxrl_agentic.algos.advantages import (
 from jaxrl_agentic.algos.schedules import LR_SCHEDULER_TYPES
 from jaxrl_agentic.data.samples import SAMPLE_MODES
 from jaxrl_agentic.models.config import DTYPES
-from jaxrl_agentic.rollout.loop import BATCHING as ROLLOUT_BATCHING
 
 
 class ConfigError(ValueError):
@@ -32,6 +31,10 @@ class ConfigError(ValueError):
 
 
 ENV_BACKENDS = ("jax", "python")
+# The rollout's schedules (rollout/loop.py, rollout/continuous.py). Defined here, not
+# imported from there: importing the rollout initialises JAX's backend, and the config is
+# read before jax.distributed.initialize.
+ROLLOUT_BATCHING = ("turn", "continuous")
 
 
 def env_spec(env_type: str, max_turns: int = 10, max_tokens_per_step: int = 64,

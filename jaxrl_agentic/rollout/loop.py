@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_agentic import timing
+from jaxrl_agentic.config import ROLLOUT_BATCHING
 from jaxrl_agentic.data.trajectory import Trajectory, Turn
 from jaxrl_agentic.envs import INVALID_ACTION, episode_metrics
 from jaxrl_agentic.envs.messages import feedback_message, first_message  # noqa: F401 (re-exported)
@@ -223,7 +224,7 @@ class JaxEpisodes:
 
 # ---- the two schedules (shared with python_runner.py) -----------------------------------------
 
-BATCHING = ("turn", "continuous")
+BATCHING = ROLLOUT_BATCHING
 
 
 def play(batching: str, envs, trajs: list[Trajectory], pending: dict[int, list[int]],
