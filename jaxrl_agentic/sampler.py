@@ -409,13 +409,7 @@ class Session:
         longer depend on the batch it was generated in or the process that ran it.
         """
         rows = list(rows)
-        if temperature <= 0:
-            raise ValueError("temperature must be > 0 (use greedy=True for argmax decoding)")
-        if not 0.0 < top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-        stop_token_ids = list(stop_token_ids or [])
-        if len(stop_token_ids) > _MAX_STOP_IDS:
-            raise ValueError(f"at most {_MAX_STOP_IDS} stop_token_ids are supported")
+        stops = stop_ids_array(temperature, top_p, stop_token_ids)
         params = self.sampler.params if params is None else params
         logits = self._prefill(rows, params)
 
@@ -424,8 +418,6 @@ class Session:
         budget = np.zeros(self.capacity, np.int32)
         for row in rows:  # a row never writes past the cache
             budget[row] = min(max_new_tokens, self.sampler.max_total_len - len(self.streams[row]))
-        stops = np.full(_MAX_STOP_IDS, -1, np.int32)
-        stops[: len(stop_token_ids)] = stop_token_ids
         positions = np.array([len(s) for s in self.streams] + [0] * (self.capacity - self.num_rows))
         row_ids = np.arange(self.capacity, dtype=np.int32)
         if row_seeds is not None:
@@ -573,6 +565,22 @@ def compact_rows(n: int, capacity: int) -> int:
     while rows % 4 == 0 and rows // 4 >= n:
         rows //= 4
     return rows
+
+
+def stop_ids_array(temperature: float, top_p: float,
+                   stop_token_ids: Sequence[int] | None) -> np.ndarray:
+    """Checks the sampling arguments; → the stop ids as the decode programs take them
+    ([_MAX_STOP_IDS] int32, −1 = unused)."""
+    if temperature <= 0:
+        raise ValueError("temperature must be > 0 (use greedy=True for argmax decoding)")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    stop_token_ids = list(stop_token_ids or [])
+    if len(stop_token_ids) > _MAX_STOP_IDS:
+        raise ValueError(f"at most {_MAX_STOP_IDS} stop_token_ids are supported")
+    stops = np.full(_MAX_STOP_IDS, -1, np.int32)
+    stops[: len(stop_token_ids)] = stop_token_ids
+    return stops
 
 
 def output_weight(model: Transformer) -> jax.Array:

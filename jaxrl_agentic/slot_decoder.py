@@ -38,7 +38,6 @@ from flax import nnx
 from jaxrl_agentic import timing
 from jaxrl_agentic.sampler import (
     _LENGTH,
-    _MAX_STOP_IDS,
     STOP_REASONS,
     Session,
     ShardedSession,
@@ -46,6 +45,7 @@ from jaxrl_agentic.sampler import (
     next_power_of_two,
     output_weight,
     row_uniforms,
+    stop_ids_array,
 )
 
 
@@ -83,24 +83,17 @@ class SlotDecoder:
     def __init__(self, session: Session | ShardedSession, *, max_new_tokens: int,
                  chunk: int = 8, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                  greedy: bool = False, stop_token_ids: Sequence[int] | None = None):
-        if temperature <= 0:
-            raise ValueError("temperature must be > 0 (use greedy=True for argmax decoding)")
-        if not 0.0 < top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        stops = stop_ids_array(temperature, top_p, stop_token_ids)
         if chunk < 1 or max_new_tokens < 1:
             raise ValueError(f"chunk ({chunk}) and max_new_tokens ({max_new_tokens}) must "
                              f"be ≥ 1")
-        stop_token_ids = list(stop_token_ids or [])
-        if len(stop_token_ids) > _MAX_STOP_IDS:
-            raise ValueError(f"at most {_MAX_STOP_IDS} stop_token_ids are supported")
         self.sampler = session.sampler
         self.max_new_tokens = int(max_new_tokens)
         self.chunk = int(chunk)
         self.max_new_bucket = next_power_of_two(self.max_new_tokens)
-        stops = np.full(_MAX_STOP_IDS, -1, np.int32)
-        stops[: len(stop_token_ids)] = stop_token_ids
         self._sampling = (jnp.float32(temperature), jnp.int32(top_k), jnp.float32(top_p),
                           jnp.bool_(greedy), jnp.asarray(stops))
+        self._session = session
         if isinstance(session, ShardedSession):
             self._starts = session.starts
             self._blocks = [_BlockState(block) for block in session.blocks]
@@ -110,10 +103,12 @@ class SlotDecoder:
         self._program = _chunk_program(self.sampler)
 
     def _locate(self, row: int) -> tuple[_BlockState, int]:
-        for b, (lo, hi) in enumerate(zip(self._starts[:-1], self._starts[1:], strict=True)):
-            if lo <= row < hi:
-                return self._blocks[b], row - lo
-        raise IndexError(f"row {row} is not a slot of this decoder")
+        if isinstance(self._session, ShardedSession):
+            block, local = self._session._locate(row)
+            return self._blocks[block], local
+        if not 0 <= row < self._session.num_rows:
+            raise IndexError(f"row {row} is not a slot of this decoder")
+        return self._blocks[0], row
 
     @property
     def live_rows(self) -> list[int]:

@@ -27,6 +27,7 @@ import collections
 from jaxrl_agentic.data.trajectory import Trajectory
 from jaxrl_agentic.rollout.loop import (
     GenerationConfig,
+    append_prompt,
     close_reply,
     record_turn,
     turn_seed,
@@ -70,15 +71,11 @@ def play_continuous(envs, trajs: list[Trajectory], pending: dict[int, list[int]]
                 ready.append(slot)
             for slot in ready:
                 episode = episode_of[slot]
-                traj, ids = trajs[episode], pending.pop(episode)
-                # The check runs on the real current stream, the prompt the sampler sees.
-                if len(traj.tokens) + len(ids) > max_input_length:
-                    traj.truncated = traj.truncated_by_length = True
+                if append_prompt(trajs[episode], session, slot, pending.pop(episode),
+                                 max_input_length):
+                    starting.append(slot)
+                else:
                     release(slot)
-                    continue
-                traj.tokens.extend(ids)
-                session.extend([slot], [ids])
-                starting.append(slot)
             ready = []
         if starting:
             episodes = [episode_of[slot] for slot in starting]

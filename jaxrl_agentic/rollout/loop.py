@@ -224,9 +224,6 @@ class JaxEpisodes:
 
 # ---- the two schedules (shared with python_runner.py) -----------------------------------------
 
-BATCHING = ROLLOUT_BATCHING
-
-
 def play(batching: str, envs, trajs: list[Trajectory], pending: dict[int, list[int]],
          sampler: Sampler, formatter, gen: GenerationConfig, *, sample_seed: int,
          max_turns: int, max_input_length: int, params, slots: int = 0,
@@ -234,23 +231,23 @@ def play(batching: str, envs, trajs: list[Trajectory], pending: dict[int, list[i
     """Plays every episode with a first prompt in `pending` to its end, in turn lockstep
     (`play_turns`) or with continuous batching (`rollout/continuous.py`); `envs` is the
     environment side (`JaxEpisodes`, `python_runner.PythonEpisodes`)."""
+    check_batching(batching, slots, decode_chunk)
     common = dict(sample_seed=sample_seed, max_turns=max_turns,
                   max_input_length=max_input_length, params=params)
-    if batching == "turn":
-        play_turns(envs, trajs, pending, sampler.new_session(len(trajs)), formatter, gen,
-                   **common)
-    elif batching == "continuous":
+    if batching == "continuous":
         from jaxrl_agentic.rollout.continuous import play_continuous  # it imports this module
 
         play_continuous(envs, trajs, pending, sampler, formatter, gen, slots=slots,
                         decode_chunk=decode_chunk, **common)
     else:
-        check_batching(batching, slots, decode_chunk)
+        play_turns(envs, trajs, pending, sampler.new_session(len(trajs)), formatter, gen,
+                   **common)
 
 
 def check_batching(batching: str, slots: int, decode_chunk: int) -> None:
-    if batching not in BATCHING:
-        raise ValueError(f"rollout_batching must be one of {BATCHING}, got {batching!r}")
+    if batching not in ROLLOUT_BATCHING:
+        raise ValueError(f"rollout_batching must be one of {ROLLOUT_BATCHING}, got "
+                         f"{batching!r}")
     if int(slots) < 0 or int(decode_chunk) < 1:
         raise ValueError(f"rollout_slots must be ≥ 0 (0 = one per episode) and "
                          f"decode_chunk_tokens ≥ 1, got {slots} and {decode_chunk}")
@@ -333,21 +330,29 @@ class Reply(NamedTuple):
 
 def append_prompts(trajs: list[Trajectory], session, pending: dict[int, list[int]],
                    active: np.ndarray, max_input_length: int) -> list[int]:
-    """Appends each active episode's pending user message to its stream and the session;
-    ends (truncated by length) those whose prompt would not fit. → rows that go on.
+    """`append_prompt` for each active episode (session row = episode index); those whose
+    prompt would not fit are no longer active. → rows that go on."""
+    rows = []
+    for i in map(int, np.flatnonzero(active)):
+        if append_prompt(trajs[i], session, i, pending.pop(i), max_input_length):
+            rows.append(i)
+        else:
+            active[i] = False
+    return rows
+
+
+def append_prompt(traj: Trajectory, session, row: int, ids: list[int],
+                  max_input_length: int) -> bool:
+    """Appends an episode's next user message to its stream and to session row `row`, or
+    ends it (truncated by length) when the prompt would not fit. → whether it goes on.
 
     The check runs on the real current stream, the exact prompt the sampler will see."""
-    rows = []
-    for i in np.flatnonzero(active):
-        ids = pending.pop(int(i))
-        if len(trajs[i].tokens) + len(ids) > max_input_length:
-            trajs[i].truncated = trajs[i].truncated_by_length = True
-            active[i] = False
-            continue
-        trajs[i].tokens.extend(ids)
-        session.extend([int(i)], [ids])
-        rows.append(int(i))
-    return rows
+    if len(traj.tokens) + len(ids) > max_input_length:
+        traj.truncated = traj.truncated_by_length = True
+        return False
+    traj.tokens.extend(ids)
+    session.extend([row], [ids])
+    return True
 
 
 def generate_replies(session, rows: list[int], trajs: list[Trajectory], formatter,
