@@ -3,19 +3,14 @@
     python -m jaxrl_agentic.train --config configs/frozen_lake_stepwise.py
 """
 
-import importlib.util
 import os
 
-# Recipes are loaded by path, so the base recipe is too (no package import needed).
-_spec = importlib.util.spec_from_file_location(
-    "frozen_lake_recipe", os.path.join(os.path.dirname(os.path.abspath(__file__)), "frozen_lake.py")
-)
-_base = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_base)
+from jaxrl_agentic.config import recipe_config
 
 
 def get_config():
-    c = _base.get_config()
+    c = recipe_config(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                   "frozen_lake.py"))
     c.exp_name = "frozen_lake_stepwise"
     c.adv_estimator = "gigpo"
     c.sample_mode = "step"

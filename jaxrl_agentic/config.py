@@ -64,6 +64,18 @@ def env_manager(num_env_groups: int, group_size: int, tags=("frozen_lake",),
     ))
 
 
+def recipe_config(path: str) -> ml_collections.ConfigDict:
+    """``get_config()`` of the recipe file at ``path``: recipes are loaded by path (they are
+    not a package), so a recipe built on another loads that one the same way."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "recipe_" + os.path.splitext(os.path.basename(path))[0], path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
 def default_config() -> ml_collections.ConfigDict:
     """Every field with its default; recipes in configs/ override what they need."""
     c = ml_collections.ConfigDict()
@@ -82,6 +94,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.pretrain = "tiny"  # a local HF directory, or "tiny" for the built-in default model
     c.dtype = "float32"
     c.param_dtype = "float32"
+    # A tied checkpoint gets its own output head (a copy of the embedding) before training:
+    # docs/algorithms.md, "Tied embeddings and generated format tokens".
+    c.untie_word_embeddings = False
     # algorithm
     c.adv_estimator = "grpo"
     c.sample_mode = "trajectory"
@@ -265,6 +280,8 @@ def validate(c) -> None:
     _choice(c, "reward_norm_by", REWARD_NORM_BY)
     _choice(c, "dtype", DTYPES)
     _choice(c, "param_dtype", DTYPES)
+    if not isinstance(c.untie_word_embeddings, bool):
+        _fail("untie_word_embeddings", f"must be True or False, got {c.untie_word_embeddings!r}")
     for field in ("max_steps", "ppo_epochs", "mini_batch_size", "max_input_length",
                   "sequence_length", "micro_batch_max_tokens", "learning_rate",
                   "generation.temperature", "save_steps", "logging_steps", "eval_steps"):

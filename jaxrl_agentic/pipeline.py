@@ -163,7 +163,8 @@ class Pipeline:
             return NamedSharding(mesh, param_partition_spec(path, shape, mesh.shape))
 
         model, tokenizer = load_pretrained(model_dir, dtype=c.dtype, param_dtype=c.param_dtype,
-                                           shardings=shardings)
+                                           shardings=shardings,
+                                           untie_word_embeddings=c.untie_word_embeddings)
         self.tokenizer = tokenizer
         self.formatter = ChatFormatter(tokenizer, system_prompt=c.system_prompt or None,
                                        reply_prefix=c.reply_prefix,
@@ -217,6 +218,8 @@ class Pipeline:
         """The run's ``memory_plan`` per device, from the model's config.json alone."""
         c = self.c
         cfg = read_model_config(model_dir, c.dtype, c.param_dtype)
+        if c.untie_word_embeddings:  # the head that loading adds is planned for too
+            cfg = dataclasses.replace(cfg, tie_word_embeddings=False)
         learner = typed_configs.learner_config(c)
         cpu = jax.default_backend() == "cpu"
         return plans.memory_plan(

@@ -108,6 +108,7 @@ def warmup_cache_key(base_model_dir: str, c) -> str:
         "seed": c.seed,
         "reply_prefix": c.reply_prefix,
         "reply_suffix": c.reply_suffix,
+        "untie_word_embeddings": c.untie_word_embeddings,
         "version": 1,
     }, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
@@ -128,7 +129,8 @@ def format_warmup(base_model_dir: str, c, out_dir: str, *, log=print) -> dict[st
     from jaxrl_agentic.rollout.groups import EpisodeSpec
     from jaxrl_agentic.rollout.loop import GenerationConfig, RolloutRunner
 
-    model, tokenizer = load_pretrained(base_model_dir)
+    model, tokenizer = load_pretrained(base_model_dir,
+                                       untie_word_embeddings=c.untie_word_embeddings)
     formatter = ChatFormatter(tokenizer, reply_prefix=c.reply_prefix,
                               reply_suffix=c.reply_suffix)
     w = c.format_warmup

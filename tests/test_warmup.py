@@ -87,3 +87,19 @@ def test_warmed_model_is_built_once_and_cached(tiny_model_dir, tmp_path, monkeyp
     assert warmup.warmed_model_dir(tiny_model_dir, c) == first and len(calls) == 1
     c.format_warmup.steps = 4  # anything that changes the result changes the key
     assert warmup.warmed_model_dir(tiny_model_dir, c) != first and len(calls) == 2
+    c.untie_word_embeddings = True
+    assert warmup.warmed_model_dir(tiny_model_dir, c) not in calls[:2] and len(calls) == 3
+
+
+def test_warmup_of_an_untied_model_trains_its_own_head(tiny_model_dir, tmp_path):
+    import numpy as np
+
+    c = small_config(steps=2)
+    c.untie_word_embeddings = True
+    warmup.format_warmup(tiny_model_dir, c, str(tmp_path / "m"))
+    model, _ = load_pretrained(str(tmp_path / "m"))
+    base, _ = load_pretrained(tiny_model_dir)
+    assert base.cfg.tie_word_embeddings and not model.cfg.tie_word_embeddings
+    head, embedding = np.asarray(model.lm_head.kernel[...]), np.asarray(model.embed.embedding[...])
+    assert np.abs(head - embedding.T).max() > 1e-4  # both moved, each its own way
+    assert np.abs(embedding - np.asarray(base.embed.embedding[...])).max() > 1e-4

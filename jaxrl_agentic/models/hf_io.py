@@ -6,6 +6,7 @@ safetensors, never pickle. Every failure is one `CheckpointError` line naming th
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -133,8 +134,11 @@ def load_tokenizer(path: str):
         raise CheckpointError(f"{path}: cannot load tokenizer: {e}".splitlines()[0]) from None
 
 
-def load_params(path: str, cfg: ModelConfig, shardings=None):
+def load_params(path: str, cfg: ModelConfig, shardings=None, untied_from_tied: bool = False):
     """(graphdef, params state) with the checkpoint's tensors, cast to cfg.param_dtype.
+
+    ``untied_from_tied``: ``cfg`` is the untied version of a tied checkpoint's config; the
+    output head (absent from the file) is read from the embedding.
 
     ``shardings``: optional ``(path names, shape) -> jax.sharding.Sharding``. Each parameter
     is then built shard by shard (``make_array_from_callback``) from slices read out of the
@@ -151,6 +155,10 @@ def load_params(path: str, cfg: ModelConfig, shardings=None):
     try:
         for p, leaf in _flatten(nnx.to_pure_dict(abstract_state)):
             name, transposed = _hf_name(p)
+            if name == "lm_head.weight" and name not in files and untied_from_tied:
+                # Untied on load: the head starts as the embedding it was tied to ([V, D]
+                # stored, read transposed into the [D, V] kernel), so the outputs do not change.
+                name = "model.embed_tokens.weight"
             used.add(name)
             if name not in files:
                 where = os.path.join(path, "model.safetensors[.index.json]")
@@ -200,16 +208,22 @@ def _read_slice(stored, transposed: bool, dtype, index: tuple) -> jax.Array:
 
 
 def load_pretrained(path: str, dtype: str = "float32", param_dtype: str | None = None,
-                    shardings=None):
+                    shardings=None, untie_word_embeddings: bool = False):
     """Reads a local HF directory → (Transformer, tokenizer).
 
     `dtype` is the compute dtype; parameters are stored in `param_dtype` (default: dtype).
     `shardings` places each parameter straight into its shards (see `load_params`).
+    `untie_word_embeddings`: a tied checkpoint gets its own output head, a copy of the
+    embedding (same outputs at load; trained apart from then on, saved untied). Why a run
+    may want it: `docs/algorithms.md` ("Tied embeddings and generated format tokens").
     """
     path = os.path.expanduser(str(path))
     cfg = _read_config(path, dtype, param_dtype)
+    untie = untie_word_embeddings and cfg.tie_word_embeddings
+    if untie:
+        cfg = dataclasses.replace(cfg, tie_word_embeddings=False)
     tokenizer = load_tokenizer(path)
-    graphdef, state = load_params(path, cfg, shardings)
+    graphdef, state = load_params(path, cfg, shardings, untied_from_tied=untie)
     return nnx.merge(graphdef, state), tokenizer
 
 

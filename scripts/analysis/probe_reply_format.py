@@ -1,4 +1,4 @@
-"""Does a generated format token around the decision slow policy-gradient learning? (#8)
+"""Does a generated format token around the decision slow policy-gradient learning? (#8, #22)
 
 A contextual bandit through the real `Learner`: the prompt is [BOS, X, six random tokens],
 X ∈ {2..5}; the reply follows a pattern of generated tokens, e.g. `oyce` = [OPEN, y, CLOSE,
@@ -6,13 +6,20 @@ EOS]; reward 1 iff the format tokens are right and y = X + 4, −1 for a broken 
 advantages (r − mean)/std over the batch of 64. First a format warm-up (supervised on random
 y, as `jaxrl_agentic.warmup` does), then PPO updates on replies sampled from the model.
 
-    python scripts/analysis/probe_reply_format.py --patterns y,oy,yc,ye,yce,oyce
+    python scripts/analysis/probe_reply_format.py --patterns y,oy,yc,ye,yce,oyce [--untie]
 
 prints one JSON line: for each pattern, the fraction of right replies after each
 `--report-every` updates (chance is 0.25 once the format is learned).
+
+The model ties its embedding and output head, as the tiny default and Qwen2.5-0.5B do.
+`--untie` gives it its own head, a copy of the embedding (`untie_word_embeddings`): with the
+tie, `oy` stays at chance (seeds 0-3: 0.22, 0.31, 0.41, 0.0 after 120 updates) while `y`
+learns; untied, `oy` learns like `y` (docs/algorithms.md, "Tied embeddings and generated
+format tokens"). `tests/test_reply_format_learning.py` runs this bandit.
 """
 
 import argparse
+import dataclasses
 import json
 import time
 
@@ -31,15 +38,29 @@ VOCAB, OPEN, CLOSE, EOS, BATCH = 32, 20, 21, 22, 64
 FORMAT = {"o": OPEN, "c": CLOSE, "e": EOS}
 
 
-def run_pattern(pattern: str, *, updates: int, warmup_steps: int, lr: float, seed: int,
-                report_every: int) -> list[float]:
+def bandit_model(seed: int, untie: bool):
+    """(graphdef, params) of the bandit's tied model; ``untie``: with its own output head,
+    a copy of the embedding (what ``load_pretrained(untie_word_embeddings=True)`` does)."""
     cfg = ModelConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                       head_dim=16)
-    graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(seed)))
+    tied = Transformer(cfg, rngs=nnx.Rngs(seed))
+    if not untie:
+        return nnx.split(tied)
+    model = Transformer(dataclasses.replace(cfg, tie_word_embeddings=False),
+                        rngs=nnx.Rngs(seed))
+    nnx.update(model, nnx.state(tied))
+    model.lm_head.kernel[...] = tied.embed.embedding[...].T
+    return nnx.split(model)
+
+
+def run_pattern(pattern: str, *, updates: int, warmup_steps: int, lr: float, seed: int,
+                report_every: int, untie: bool = False) -> list[float]:
+    graphdef, params = bandit_model(seed, untie)
     mesh = make_mesh(devices=jax.local_devices())
+    # All 64 samples (≤ 12 tokens each) in one packed row.
     common = dict(mini_batch_size=BATCH, max_grad_norm=1.0, seed=seed,
-                  packing=PackingConfig(micro_batch_max_tokens=2048, sequence_length=64))
+                  packing=PackingConfig(micro_batch_max_tokens=1024, sequence_length=16))
     rng = np.random.default_rng(seed)
 
     @jax.jit
@@ -104,6 +125,8 @@ def main():
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--report-every", type=int, default=30)
+    parser.add_argument("--untie", action="store_true",
+                        help="give the model its own output head (a copy of the embedding)")
     args = parser.parse_args()
     start = time.perf_counter()
     out = {}
@@ -112,10 +135,11 @@ def main():
             parser.error(f"pattern {pattern!r}: one 'y' and any of 'o', 'c', 'e'")
         out[pattern] = run_pattern(pattern, updates=args.updates,
                                    warmup_steps=args.warmup_steps, lr=args.lr,
-                                   seed=args.seed, report_every=args.report_every)
+                                   seed=args.seed, report_every=args.report_every,
+                                   untie=args.untie)
     print(json.dumps({f"right_fraction_every_{args.report_every}_updates": out,
                       "updates": args.updates, "warmup_steps": args.warmup_steps,
-                      "lr": args.lr, "seed": args.seed,
+                      "lr": args.lr, "seed": args.seed, "untie": args.untie,
                       "seconds": round(time.perf_counter() - start, 1)}))
 
 

@@ -126,6 +126,33 @@ def test_sharded_checkpoint_loads(tmp_path, tokenizer):
     assert np.abs(_jax_logits(model, tokens) - _torch_logits(hf_model, tokens)).max() <= 1e-4
 
 
+def test_untie_word_embeddings_copies_the_head_and_saves_untied(tmp_path, tokenizer):
+    """A tied checkpoint loaded untied: the head is a copy of the embedding (the logits of
+    transformers' tied model), the two are separate parameters, and the saved model is an
+    untied HF checkpoint whose head transformers reads back."""
+    hf_model = _make_checkpoint(CASES["qwen2_tied_qkv_bias"](), tmp_path / "ckpt", tokenizer)
+    tokens = np.random.default_rng(1).integers(0, VOCAB, size=(2, 40))
+    model, tok = load_pretrained(str(tmp_path / "ckpt"), untie_word_embeddings=True)
+    assert not model.cfg.tie_word_embeddings
+    embedding = np.asarray(model.embed.embedding[...])
+    np.testing.assert_array_equal(np.asarray(model.lm_head.kernel[...]), embedding.T)
+    assert np.abs(_jax_logits(model, tokens) - _torch_logits(hf_model, tokens)).max() <= 1e-4
+
+    model.lm_head.kernel[...] = model.lm_head.kernel[...] * 0.5  # trained apart from here on
+    np.testing.assert_array_equal(np.asarray(model.embed.embedding[...]), embedding)
+    save_pretrained(model, tok, str(tmp_path / "untied"))
+    with open(tmp_path / "untied" / "config.json") as f:
+        assert json.load(f)["tie_word_embeddings"] is False
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(
+        str(tmp_path / "untied"), attn_implementation="eager").eval()
+    np.testing.assert_allclose(reloaded.lm_head.weight.detach().numpy(), 0.5 * embedding,
+                               rtol=1e-6)
+    # An untied checkpoint is left as it is.
+    again, _ = load_pretrained(str(tmp_path / "untied"), untie_word_embeddings=True)
+    np.testing.assert_allclose(np.asarray(again.lm_head.kernel[...]), 0.5 * embedding.T,
+                               rtol=1e-6)
+
+
 def test_packed_forward_equals_separate(tmp_path, tokenizer):
     _make_checkpoint(CASES["qwen3_qk_norm"](), tmp_path / "ckpt", tokenizer)
     model, _ = load_pretrained(str(tmp_path / "ckpt"))

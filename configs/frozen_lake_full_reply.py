@@ -1,0 +1,29 @@
+"""FrozenLake 4×4 with the tiny default model writing its whole reply: `<answer>ACTION</answer>`
+and its EOS are all generated (no `reply_prefix` / `reply_suffix`), as in every real use.
+
+    python -m jaxrl_agentic.train --config configs/frozen_lake_full_reply.py
+
+The default recipe (`configs/frozen_lake.py`) with two changes:
+- the model writes the tags: `reply_prefix = reply_suffix = ""`, and up to 6 new tokens a
+  turn (the reply is 3 tokens and EOS with the tiny tokenizer);
+- `untie_word_embeddings = True`: the tiny model ties its embedding to its output head, and
+  with the tie a decision token that follows a generated tag was not learned at all (the
+  bandit of scripts/analysis/probe_reply_format.py stayed at chance on every seed; untied it
+  learns: tests/test_reply_format_learning.py, docs/algorithms.md "Tied embeddings and
+  generated format tokens").
+"""
+
+import os
+
+from jaxrl_agentic.config import recipe_config
+
+
+def get_config():
+    c = recipe_config(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                   "frozen_lake.py"))
+    c.exp_name = "frozen_lake_full_reply"
+    c.reply_prefix = ""
+    c.reply_suffix = ""
+    c.untie_word_embeddings = True
+    c.custom_envs.frozen_lake.max_tokens_per_step = 6
+    return c
