@@ -217,9 +217,7 @@ class Pipeline:
     def _memory_plan(self, model_dir: str, max_total_len: int):
         """The run's ``memory_plan`` per device, from the model's config.json alone."""
         c = self.c
-        cfg = read_model_config(model_dir, c.dtype, c.param_dtype)
-        if c.untie_word_embeddings:  # the head that loading adds is planned for too
-            cfg = dataclasses.replace(cfg, tie_word_embeddings=False)
+        cfg = read_model_config(model_dir, c.dtype, c.param_dtype, c.untie_word_embeddings)
         learner = typed_configs.learner_config(c)
         cpu = jax.default_backend() == "cpu"
         return plans.memory_plan(

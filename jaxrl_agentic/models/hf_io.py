@@ -113,10 +113,17 @@ def _read_config(path: str, dtype: str, param_dtype: str | None) -> ModelConfig:
         raise CheckpointError(f"{config_file}: {e}") from None
 
 
-def read_model_config(path: str, dtype: str = "float32", param_dtype: str | None = None
-                      ) -> ModelConfig:
-    """The ModelConfig of an HF directory (its config.json), without reading any weight."""
-    return _read_config(path, dtype, param_dtype)
+def _untied(cfg: ModelConfig, untie_word_embeddings: bool) -> tuple[ModelConfig, bool]:
+    """(the config the model is loaded with, whether loading unties a tied head)."""
+    untie = untie_word_embeddings and cfg.tie_word_embeddings
+    return (dataclasses.replace(cfg, tie_word_embeddings=False) if untie else cfg), untie
+
+
+def read_model_config(path: str, dtype: str = "float32", param_dtype: str | None = None,
+                      untie_word_embeddings: bool = False) -> ModelConfig:
+    """The ModelConfig of an HF directory (its config.json), without reading any weight:
+    the one ``load_pretrained`` with the same arguments builds the model from."""
+    return _untied(_read_config(path, dtype, param_dtype), untie_word_embeddings)[0]
 
 
 def load_tokenizer(path: str):
@@ -218,10 +225,7 @@ def load_pretrained(path: str, dtype: str = "float32", param_dtype: str | None =
     may want it: `docs/algorithms.md` ("Tied embeddings and generated format tokens").
     """
     path = os.path.expanduser(str(path))
-    cfg = _read_config(path, dtype, param_dtype)
-    untie = untie_word_embeddings and cfg.tie_word_embeddings
-    if untie:
-        cfg = dataclasses.replace(cfg, tie_word_embeddings=False)
+    cfg, untie = _untied(_read_config(path, dtype, param_dtype), untie_word_embeddings)
     tokenizer = load_tokenizer(path)
     graphdef, state = load_params(path, cfg, shardings, untied_from_tied=untie)
     return nnx.merge(graphdef, state), tokenizer

@@ -10,6 +10,7 @@ import torch
 import transformers
 
 from jaxrl_agentic.models import CheckpointError, load_pretrained, save_pretrained
+from jaxrl_agentic.models.hf_io import read_model_config
 from jaxrl_agentic.models.tiny import build_tokenizer
 from pallas_kernels.segment_attention import BLOCK
 
@@ -134,6 +135,8 @@ def test_untie_word_embeddings_copies_the_head_and_saves_untied(tmp_path, tokeni
     tokens = np.random.default_rng(1).integers(0, VOCAB, size=(2, 40))
     model, tok = load_pretrained(str(tmp_path / "ckpt"), untie_word_embeddings=True)
     assert not model.cfg.tie_word_embeddings
+    # The memory plan's config (read without weights) is the one the model is built from.
+    assert read_model_config(str(tmp_path / "ckpt"), untie_word_embeddings=True) == model.cfg
     embedding = np.asarray(model.embed.embedding[...])
     np.testing.assert_array_equal(np.asarray(model.lm_head.kernel[...]), embedding.T)
     assert np.abs(_jax_logits(model, tokens) - _torch_logits(hf_model, tokens)).max() <= 1e-4
