@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 from jaxrl_agentic.config import ConfigError, output_paths, validate, validate_distributed
 
@@ -103,6 +104,7 @@ def write_episode(writer, pipeline, traj, step: int, kind: str, gif_path: str, *
 
 def run(c, *, log=print) -> dict[str, float]:
     """Trains according to `c`; returns the last step's metrics."""
+    started = time.perf_counter()  # time/elapsed counts the model build and warm-up too
     import jax
     from tqdm import tqdm
 
@@ -172,6 +174,9 @@ def run(c, *, log=print) -> dict[str, float]:
             if step % c.eval_steps == 0 or step == c.max_steps:
                 eval_metrics, eval_trajs = pipeline.evaluate()
                 metrics.update(eval_metrics)
+            # Wall seconds since this process started the run (a resumed run counts again from
+            # 0): "success by minute N" is read from here (scripts/analysis/seed_sweep.py).
+            metrics["time/elapsed"] = time.perf_counter() - started
             if writer and (step % c.logging_steps == 0 or step == c.max_steps):
                 with timing.span("logging"):
                     # Episodes first, so the metrics line of this step carries render/skipped.

@@ -62,6 +62,9 @@ def check_outputs(out: str, steps: int, gifs: bool = True) -> list[dict]:
                 "rollout/logprob_mismatch", "optim/estimated_chunks_per_traj"):
         assert key in records[-1], key
     assert "eval/success" in records[-1]
+    # Wall time since the run started: positive and increasing (the seed sweep reads it).
+    elapsed = [r["time/elapsed"] for r in records]
+    assert elapsed[0] > 0 and elapsed == sorted(elapsed), elapsed
     assert glob.glob(os.path.join(out, "tensorboard", "events.out.tfevents.*"))
     # Tool envs have no picture: no GIFs, counted in render/skipped.
     assert bool(glob.glob(os.path.join(out, "renders", "*.gif"))) == gifs

@@ -1,0 +1,162 @@
+"""Does a recipe learn on every seed? Trains it once per seed and prints one JSON line.
+
+    python scripts/analysis/seed_sweep.py --config configs/frozen_lake.py --seeds 0-4 \
+        [--budget-min 20] [--target 0.8] [--parallel 1] [--out /tmp/sweep] \
+        [--config.<key>=<value> ...]
+
+Each seed is one `python -m jaxrl_agentic.train` process (`--config.seed=S`, its own
+`output_dir`), so the runs are exactly what a user gets. Different seeds diverge the way
+different CPUs' rounding does (both change which tokens are sampled), which makes a sweep on
+one machine the test of "learns on any machine".
+
+Per seed, from the run's `metrics.jsonl` (`eval/success` every `eval_steps`; `time/elapsed`
+is the wall time since the run started, model build and format warm-up included):
+
+- `curve`: [step, minutes, eval success] at every eval within the budget;
+- `reached_step` / `reached_min`: the first eval at or above `--target` within the budget
+  (null if none); `success_at_budget`: the last eval within the budget; `best`;
+- `late_mean`: the mean of the last three evals within the budget (does it stay there?).
+
+A run is stopped when its wall time passes `--budget-min` (plus one minute for the eval in
+flight), so a sweep costs at most seeds × budget / parallel. `--parallel N` runs N seeds at
+once, each pinned to its own share of the cores (`os.sched_setaffinity`): with N = the core
+count every run has one core, a stricter test of "within the budget" than the whole machine.
+The summary line: `all_reached` (every seed hit the target in time), the min/median/max of
+`success_at_budget`, and the cores each run had.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def parse_seeds(text: str) -> list[int]:
+    """"0-4" → [0, 1, 2, 3, 4]; "0,3,7" → [0, 3, 7]."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        lo, sep, hi = part.partition("-")
+        seeds.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
+    return seeds
+
+
+def read_evals(path: str) -> list[tuple[int, float, float]]:
+    """[(step, elapsed seconds, eval/success)] from a run's metrics.jsonl, in step order."""
+    if not os.path.exists(path):
+        return []
+    evals = []
+    with open(path) as f:
+        for line in f:
+            record = json.loads(line)
+            if "eval/success" in record:
+                evals.append((int(record["step"]), float(record.get("time/elapsed", 0.0)),
+                              float(record["eval/success"])))
+    return sorted(evals)
+
+
+def summarize(evals: list[tuple[int, float, float]], budget_s: float,
+              target: float) -> dict:
+    """One seed's curve summary (module docstring), from `read_evals`'s list."""
+    within = [e for e in evals if e[1] <= budget_s]
+    reached = next((e for e in within if e[2] >= target), None)
+    values = [e[2] for e in within]
+    return {
+        "curve": [[step, round(sec / 60, 2), round(value, 4)] for step, sec, value in within],
+        "reached_step": reached[0] if reached else None,
+        "reached_min": round(reached[1] / 60, 2) if reached else None,
+        "success_at_budget": values[-1] if values else None,
+        "best": max(values) if values else None,
+        "late_mean": round(statistics.fmean(values[-3:]), 4) if values else None,
+        "last_step_in_budget": within[-1][0] if within else None,
+    }
+
+
+def core_sets(parallel: int) -> list[set[int]]:
+    """The available cores split into `parallel` disjoint sets (round robin)."""
+    cores = sorted(os.sched_getaffinity(0))
+    if parallel > len(cores):
+        raise SystemExit(f"error: --parallel {parallel} exceeds the {len(cores)} available cores")
+    return [set(cores[i::parallel]) for i in range(parallel)]
+
+
+def launch(config: str, seed: int, out: str, overrides: list[str], cores: set[int]):
+    run_dir = os.path.join(out, f"seed{seed}")
+    os.makedirs(run_dir, exist_ok=True)
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    if os.path.exists(metrics):  # a fresh curve, not one appended to an earlier sweep's
+        os.remove(metrics)
+    cmd = [sys.executable, "-m", "jaxrl_agentic.train", "--config", config,
+           f"--config.seed={seed}", f"--config.output_dir={run_dir}", *overrides]
+    log = open(os.path.join(run_dir, "train.log"), "w")  # noqa: SIM115 - closed in run_all
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                            preexec_fn=lambda: os.sched_setaffinity(0, cores))
+    return {"seed": seed, "proc": proc, "log": log, "start": time.monotonic(),
+            "metrics": metrics}
+
+
+def run_all(args, overrides: list[str]) -> dict[int, dict]:
+    """Runs every seed, `args.parallel` at a time; returns per-seed summaries."""
+    budget_s = args.budget_min * 60
+    pending = list(parse_seeds(args.seeds))
+    free = core_sets(args.parallel)
+    running: list[tuple[dict, set[int]]] = []
+    results: dict[int, dict] = {}
+    while pending or running:
+        while pending and free:
+            cores = free.pop(0)
+            running.append((launch(args.config, pending.pop(0), args.out, overrides, cores),
+                            cores))
+        time.sleep(5)  # a polling loop over minutes-long runs (script, not a test)
+        for job, cores in list(running):
+            proc, over = job["proc"], time.monotonic() - job["start"] > budget_s + 60
+            if proc.poll() is None and not over:
+                continue
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait()
+            job["log"].close()
+            summary = summarize(read_evals(job["metrics"]), budget_s, args.target)
+            summary["exit"] = "budget" if over else proc.returncode
+            results[job["seed"]] = summary
+            running.remove((job, cores))
+            free.append(cores)
+            print(f"seed {job['seed']}: {json.dumps(summary)}", file=sys.stderr, flush=True)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--seeds", default="0-4")
+    parser.add_argument("--budget-min", type=float, default=20.0)
+    parser.add_argument("--target", type=float, default=0.8)
+    parser.add_argument("--parallel", type=int, default=1)
+    parser.add_argument("--out", default="outputs/seed_sweep")
+    args, overrides = parser.parse_known_args()
+    bad = [o for o in overrides if not o.startswith("--config.")]
+    if bad:
+        parser.error(f"unrecognised argument {bad[0]} (recipe overrides are --config.<key>=v)")
+    started = time.monotonic()
+    results = run_all(args, overrides)
+    finals = [r["success_at_budget"] or 0.0 for r in results.values()]
+    print(json.dumps({
+        "config": args.config, "overrides": overrides, "budget_min": args.budget_min,
+        "target": args.target, "cores_per_run": len(core_sets(args.parallel)[0]),
+        "all_reached": all(r["reached_step"] is not None for r in results.values()),
+        "reached": sum(r["reached_step"] is not None for r in results.values()),
+        "success_at_budget": {"min": min(finals), "median": statistics.median(finals),
+                              "max": max(finals)},
+        "seeds": {str(s): results[s] for s in sorted(results)},
+        "total_min": round((time.monotonic() - started) / 60, 1),
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""scripts/analysis/seed_sweep.py: seed lists, and the per-seed curve summary it prints."""
+
+import importlib.util
+import json
+import pathlib
+
+import pytest
+
+_SCRIPT = pathlib.Path(__file__).parents[1] / "scripts" / "analysis" / "seed_sweep.py"
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    spec = importlib.util.spec_from_file_location("seed_sweep", _SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_seed_lists(sweep):
+    assert sweep.parse_seeds("0-4") == [0, 1, 2, 3, 4]
+    assert sweep.parse_seeds("3,7,1-2") == [3, 7, 1, 2]
+
+
+def _write_run(path, evals):
+    """metrics.jsonl with a train-only record between evals, as train.run writes it."""
+    with open(path, "w") as f:
+        for step, elapsed, success in evals:
+            f.write(json.dumps({"step": step - 1, "time/elapsed": elapsed - 5.0}) + "\n")
+            f.write(json.dumps({"step": step, "time/elapsed": elapsed,
+                                "eval/success": success}) + "\n")
+
+
+def test_summary_of_a_run_that_reaches_the_target_and_one_past_the_budget(sweep, tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    # Steps 10..50 at 2, 4, ... 10 minutes; 0.8 is first reached at step 40 (8 min).
+    _write_run(path, [(10, 120, 0.1), (20, 240, 0.5), (30, 360, 0.75), (40, 480, 0.8),
+                      (50, 600, 0.7)])
+    evals = sweep.read_evals(str(path))
+    assert [e[0] for e in evals] == [10, 20, 30, 40, 50]
+    summary = sweep.summarize(evals, budget_s=600, target=0.8)
+    assert summary["reached_step"] == 40 and summary["reached_min"] == 8.0
+    assert summary["success_at_budget"] == 0.7 and summary["best"] == 0.8
+    assert summary["late_mean"] == pytest.approx((0.75 + 0.8 + 0.7) / 3, abs=1e-4)
+    assert summary["curve"][0] == [10, 2.0, 0.1]
+    # With a 7-minute budget the step-40 eval (8 min) no longer counts.
+    late = sweep.summarize(evals, budget_s=420, target=0.8)
+    assert late["reached_step"] is None and late["success_at_budget"] == 0.75
+    assert late["last_step_in_budget"] == 30
+
+
+def test_summary_of_a_run_without_evals(sweep, tmp_path):
+    assert sweep.read_evals(str(tmp_path / "missing.jsonl")) == []
+    summary = sweep.summarize([], budget_s=60, target=0.8)
+    assert summary["reached_step"] is None and summary["success_at_budget"] is None
