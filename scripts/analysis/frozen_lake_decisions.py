@@ -12,7 +12,9 @@ turn's short hint (`hint_style="short"`: "Goal: Up Right. Holes: left.") to sort
 - `all_goal_dirs_holes`: every move towards the goal is a hole; right = any non-hole move.
 
 Prints one JSON line: the eval metrics and, per situation, the number of turns and the
-fractions right / into a hole / other (e.g. away from the goal, or into the edge). Under
+fractions right / into a hole / other (e.g. away from the goal, or into the edge);
+`safe_goal_dir_by_turn`: the `safe_goal_dir` turns and their hole fraction by turn number
+(does the policy read only the first hint, or the current one among earlier ones?). Under
 `moves_next_to_holes`, for each goal hint ("Down Left"), the moves chosen on the turns with
 a neighbouring hole: a policy that reads the holes spreads them, one that does not picks the
 same move whatever the holes (the failure this script was written to find).
@@ -65,8 +67,9 @@ def main() -> None:
     decode = pipeline.formatter.tokenizer.decode
     counts = collections.defaultdict(collections.Counter)
     moves_by_goal = collections.defaultdict(collections.Counter)
+    safe_goal_by_turn = collections.defaultdict(collections.Counter)
     for traj in trajs:
-        for turn in traj.turns:
+        for index, turn in enumerate(traj.turns):
             hints = re.findall(r"Goal:[^\n<]*", decode(traj.tokens[: turn.context_len]))
             if not hints:
                 raise SystemExit("no short hint in the prompt: needs hints=True, "
@@ -75,6 +78,8 @@ def main() -> None:
             goal, holes = read_hint(hints[-1])
             situation, outcome = classify(goal, holes, action)
             counts[situation][outcome] += 1
+            if situation == "safe_goal_dir":
+                safe_goal_by_turn[index + 1][outcome] += 1
             if holes:
                 moves_by_goal[" ".join(goal)][action] += 1
     by_situation = {
@@ -85,6 +90,10 @@ def main() -> None:
     print(json.dumps({"step": pipeline.step, "maps": args.maps,
                       **{k: round(v, 4) for k, v in metrics.items()},
                       "decisions": by_situation,
+                      "safe_goal_dir_by_turn": {
+                          turn: {"turns": sum(c.values()),
+                                 "hole": round(c["hole"] / sum(c.values()), 3)}
+                          for turn, c in sorted(safe_goal_by_turn.items())},
                       "moves_next_to_holes": {goal: dict(sorted(moves.items()))
                                               for goal, moves in sorted(moves_by_goal.items())}}))
 
