@@ -62,9 +62,8 @@ def check_outputs(out: str, steps: int, gifs: bool = True) -> list[dict]:
                 "rollout/logprob_mismatch", "optim/estimated_chunks_per_traj"):
         assert key in records[-1], key
     assert "eval/success" in records[-1]
-    # Wall time since the run started: positive and increasing (the seed sweep reads it).
-    elapsed = [r["time/elapsed"] for r in records]
-    assert elapsed[0] > 0 and elapsed == sorted(elapsed), elapsed
+    # Wall time since the run (or its resumption) started: the seed sweep reads it.
+    assert all(r["time/elapsed"] > 0 for r in records)
     assert glob.glob(os.path.join(out, "tensorboard", "events.out.tfevents.*"))
     # Tool envs have no picture: no GIFs, counted in render/skipped.
     assert bool(glob.glob(os.path.join(out, "renders", "*.gif"))) == gifs
@@ -77,6 +76,7 @@ def test_recipe_runs_at_tiny_size(recipe, tmp_path):
     assert train.main(["train", *tiny_overrides(recipe, out)]) == 0
     tools = "tool" in recipe
     records = check_outputs(out, 2, gifs=not tools)
+    assert records[1]["time/elapsed"] > records[0]["time/elapsed"]  # one uninterrupted run
     assert records[-1]["rollout/logprob_mismatch"] < 1e-2 or recipe.startswith("qwen")
     if tools:
         for key in ("env/tool/calls", "env/tool/calls_per_episode", "eval/tool/calls",
