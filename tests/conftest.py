@@ -18,6 +18,20 @@ jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 import pytest  # noqa: E402
 
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load_script(relative_path: str):
+    """The module of a script under the repository root (scripts/ is not a package)."""
+    import importlib.util
+
+    path = os.path.join(_ROOT, relative_path)
+    spec = importlib.util.spec_from_file_location(
+        os.path.splitext(os.path.basename(path))[0], path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 
 @pytest.fixture(scope="session")
 def tiny_model_dir():

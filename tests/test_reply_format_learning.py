@@ -8,19 +8,13 @@ with the head untied on load (`untie_word_embeddings`, a copy of the embedding) 
 Why: docs/algorithms.md, "Tied embeddings and generated format tokens".
 """
 
-import importlib.util
-import pathlib
-
 import pytest
 
-_SCRIPT = pathlib.Path(__file__).parents[1] / "scripts" / "analysis" / "probe_reply_format.py"
+from tests.conftest import load_script
 
 
 def _probe():
-    spec = importlib.util.spec_from_file_location("probe_reply_format", _SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/analysis/probe_reply_format.py")
 
 
 @pytest.mark.parametrize("seed", [0, 1])

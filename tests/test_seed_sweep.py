@@ -1,20 +1,15 @@
 """scripts/analysis/seed_sweep.py: seed lists, and the per-seed curve summary it prints."""
 
-import importlib.util
 import json
-import pathlib
 
 import pytest
 
-_SCRIPT = pathlib.Path(__file__).parents[1] / "scripts" / "analysis" / "seed_sweep.py"
+from tests.conftest import load_script
 
 
 @pytest.fixture(scope="module")
 def sweep():
-    spec = importlib.util.spec_from_file_location("seed_sweep", _SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/analysis/seed_sweep.py")
 
 
 def test_seed_lists(sweep):
