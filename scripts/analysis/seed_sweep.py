@@ -98,35 +98,33 @@ def launch(config: str, seed: int, out: str, overrides: list[str], cores: set[in
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
                             preexec_fn=lambda: os.sched_setaffinity(0, cores))
     return {"seed": seed, "proc": proc, "log": log, "start": time.monotonic(),
-            "metrics": metrics}
+            "metrics": metrics, "cores": cores}
 
 
-def run_all(args, overrides: list[str]) -> dict[int, dict]:
-    """Runs every seed, `args.parallel` at a time; returns per-seed summaries."""
+def run_all(args, overrides: list[str], free: list[set[int]]) -> dict[int, dict]:
+    """Runs every seed, one per core set of `free` at a time; returns per-seed summaries."""
     budget_s = args.budget_min * 60
     pending = list(parse_seeds(args.seeds))
-    free = core_sets(args.parallel)
-    running: list[tuple[dict, set[int]]] = []
+    running: list[dict] = []
     results: dict[int, dict] = {}
     while pending or running:
         while pending and free:
-            cores = free.pop(0)
-            running.append((launch(args.config, pending.pop(0), args.out, overrides, cores),
-                            cores))
+            running.append(launch(args.config, pending.pop(0), args.out, overrides,
+                                  free.pop(0)))
         time.sleep(5)  # a polling loop over minutes-long runs (script, not a test)
-        for job, cores in list(running):
+        for job in list(running):
             proc, over = job["proc"], time.monotonic() - job["start"] > budget_s + 60
-            if proc.poll() is None and not over:
-                continue
             if proc.poll() is None:
+                if not over:
+                    continue
                 proc.terminate()
                 proc.wait()
             job["log"].close()
             summary = summarize(read_evals(job["metrics"]), budget_s, args.target)
             summary["exit"] = "budget" if over else proc.returncode
             results[job["seed"]] = summary
-            running.remove((job, cores))
-            free.append(cores)
+            running.remove(job)
+            free.append(job["cores"])
             print(f"seed {job['seed']}: {json.dumps(summary)}", file=sys.stderr, flush=True)
     return results
 
@@ -144,11 +142,13 @@ def main() -> None:
     if bad:
         parser.error(f"unrecognised argument {bad[0]} (recipe overrides are --config.<key>=v)")
     started = time.monotonic()
-    results = run_all(args, overrides)
+    core_split = core_sets(args.parallel)
+    cores_per_run = len(core_split[0])
+    results = run_all(args, overrides, core_split)
     finals = [r["success_at_budget"] or 0.0 for r in results.values()]
     print(json.dumps({
         "config": args.config, "overrides": overrides, "budget_min": args.budget_min,
-        "target": args.target, "cores_per_run": len(core_sets(args.parallel)[0]),
+        "target": args.target, "cores_per_run": cores_per_run,
         "all_reached": all(r["reached_step"] is not None for r in results.values()),
         "reached": sum(r["reached_step"] is not None for r in results.values()),
         "success_at_budget": {"min": min(finals), "median": statistics.median(finals),
