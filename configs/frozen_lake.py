@@ -68,7 +68,14 @@ def get_config():
                                              hint_style="short", progress_reward=0.5,
                                              hole_penalty=2.0, bump_penalty=0.5,
                                              brief_instructions=True)}
-    c.train_env_manager = env_manager(num_env_groups=8, group_size=8, tags=("frozen_lake",))
+    # Training maps have more holes than the held-out ones (p_frozen 0.7 instead of 0.8), so
+    # more of the moves in a batch are the ones that decide success: a goal direction with a
+    # hole in it. On the standard maps seed 1 had learned "step aside when a hole is near"
+    # and plateaued at 0.73-0.77 (goal Down, hole beside: Left 28 of 35 times); on denser
+    # training maps it first reached 0.8 at step 70. Eval success is measured on the
+    # standard maps: the override is the train manager's, not the tag's.
+    c.train_env_manager = env_manager(num_env_groups=8, group_size=8, tags=("frozen_lake",),
+                                      env_config={"p_frozen": 0.7})
     # 64 held-out maps: the standard error of eval/success near 0.75 is 0.054 (0.077 at 32).
     c.val_env_manager = env_manager(num_env_groups=64, group_size=1, tags=("frozen_lake",))
     return c

@@ -55,13 +55,23 @@ def env_spec(env_type: str, max_turns: int = 10, max_tokens_per_step: int = 64,
 
 
 def env_manager(num_env_groups: int, group_size: int, tags=("frozen_lake",),
-                num_groups_partition=()) -> ml_collections.ConfigDict:
+                num_groups_partition=(), env_config=None) -> ml_collections.ConfigDict:
+    """`env_config`: environment parameters that this manager's episodes override on top of
+    each tag's `custom_envs[tag].env_config` (e.g. training maps with more holes than the
+    held-out ones), so one tag serves both splits and an override of the tag reaches both."""
     return ml_collections.ConfigDict(dict(
         num_env_groups=num_env_groups,
         group_size=group_size,
         tags=tuple(tags),
         num_groups_partition=tuple(num_groups_partition),
+        env_config=dict(env_config or {}),
     ))
+
+
+def manager_env_config(c, manager: str, tag: str) -> dict:
+    """The environment parameters of tag `tag`'s episodes under `c[manager]`
+    ("train_env_manager" / "val_env_manager"): the tag's own, then the manager's overrides."""
+    return {**dict(c.custom_envs[tag].env_config), **dict(c[manager].get("env_config", {}))}
 
 
 def recipe_config(path: str) -> ml_collections.ConfigDict:

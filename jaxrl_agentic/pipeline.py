@@ -26,7 +26,12 @@ from jaxrl_agentic.algos import advantages as adv
 from jaxrl_agentic.algos import diagnostics, filters
 from jaxrl_agentic.algos.kl import kl_estimate
 from jaxrl_agentic.algos.schedules import ChunkEstimator, LearningRatePlan
-from jaxrl_agentic.config import TOKEN_ESTIMATORS, ConfigError, resolve_model_path
+from jaxrl_agentic.config import (
+    TOKEN_ESTIMATORS,
+    ConfigError,
+    manager_env_config,
+    resolve_model_path,
+)
 from jaxrl_agentic.critic import Critic, gae_rollout_metrics
 from jaxrl_agentic.data import updates_per_step
 from jaxrl_agentic.data.samples import build_samples, trajectory_sample
@@ -181,23 +186,21 @@ class Pipeline:
         self.learner = Learner(self.sampler.graphdef, self.sampler.params, self.learner_cfg,
                                mesh)
         self.sampler.set_params(None)  # the learner owns the params from here on
-        self.runners = {}
-        for tag, spec in c.custom_envs.items():
-            common = dict(tag=tag, max_turns=spec.max_turns, max_input_length=c.max_input_length,
-                          generation=typed_configs.generation_config(c, spec), run_seed=c.seed,
-                          batching=c.rollout_batching, slots=c.rollout_slots,
-                          decode_chunk=c.decode_chunk_tokens)
-            if spec.get("env_backend", "jax") == "python":  # host-side envs, thread pool
-                factory = make_python_env(spec.env_type, format_penalty=spec.format_penalty,
-                                          **dict(spec.env_config))
-                self.runners[tag] = PythonRolloutRunner(
-                    factory, self.sampler, self.formatter, step_timeout_s=spec.step_timeout_s,
-                    max_workers=spec.env_max_workers, **common)
-            else:
-                env, env_params = make(spec.env_type, format_penalty=spec.format_penalty,
-                                       **dict(spec.env_config))
-                self.runners[tag] = RolloutRunner(env, env_params, self.sampler, self.formatter,
-                                                  **common)
+        # One runner per tag with the tag's own env_config; a manager that overrides env
+        # parameters (`env_manager(env_config=...)`) gets its own runners for its tags.
+        self.runners = {tag: self._runner(tag, dict(spec.env_config))
+                        for tag, spec in c.custom_envs.items()}
+        self.split_runners = {}
+        for split, name in (("train", "train_env_manager"), ("val", "val_env_manager")):
+            runners = self.split_runners[split] = {}
+            for tag in c[name].tags:
+                if not c[name].get("env_config"):
+                    runners[tag] = self.runners[tag]
+                    continue
+                try:
+                    runners[tag] = self._runner(tag, manager_env_config(c, name, tag))
+                except ValueError as e:  # an unknown or invalid parameter, named by make()
+                    raise ConfigError(f"config.{name}.env_config: {e}") from None
         max_turns = max(spec.max_turns for spec in c.custom_envs.values())
         self.lr_plan = LearningRatePlan(
             learning_rate=c.learning_rate, lr_scheduler_type=c.lr_scheduler_type,
@@ -213,6 +216,22 @@ class Pipeline:
             # Two threads issuing collectives in a different order on each host deadlock.
             raise ConfigError("config.async_generation_ratio: not supported with several "
                               "processes (distributed.enabled); use 0")
+
+    def _runner(self, tag: str, env_config: dict):
+        """The rollout runner of env tag `tag` with environment parameters `env_config`."""
+        c, spec = self.c, self.c.custom_envs[tag]
+        common = dict(tag=tag, max_turns=spec.max_turns, max_input_length=c.max_input_length,
+                      generation=typed_configs.generation_config(c, spec), run_seed=c.seed,
+                      batching=c.rollout_batching, slots=c.rollout_slots,
+                      decode_chunk=c.decode_chunk_tokens)
+        if spec.get("env_backend", "jax") == "python":  # host-side envs, thread pool
+            factory = make_python_env(spec.env_type, format_penalty=spec.format_penalty,
+                                      **env_config)
+            return PythonRolloutRunner(
+                factory, self.sampler, self.formatter, step_timeout_s=spec.step_timeout_s,
+                max_workers=spec.env_max_workers, **common)
+        env, env_params = make(spec.env_type, format_penalty=spec.format_penalty, **env_config)
+        return RolloutRunner(env, env_params, self.sampler, self.formatter, **common)
 
     def _memory_plan(self, model_dir: str, max_total_len: int):
         """The run's ``memory_plan`` per device, from the model's config.json alone."""
@@ -262,7 +281,7 @@ class Pipeline:
             seed = self.c.seed * 1_000_003 + step * 2 + (split == "val")
             start, stop = process_share(len(episodes))
             if stop > start:
-                trajs.extend(self.runners[tag].run(
+                trajs.extend(self.split_runners[split][tag].run(
                     episodes[start:stop], sample_seed=seed, traj_id_start=next_id + start,
                     params=params, greedy=greedy))
             next_id += len(episodes)

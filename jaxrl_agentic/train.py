@@ -89,7 +89,10 @@ def write_episode(writer, pipeline, traj, step: int, kind: str, gif_path: str, *
     from jaxrl_agentic.rollout.loop import replay_frames
 
     writer.write_text(step, f"episodes/{kind}", sample_episode_text(pipeline.formatter, traj))
-    frames = replay_frames(pipeline.runners[traj.tag], traj)
+    # The runner of the split the episode was played in: a manager's env_config overrides
+    # (e.g. denser training maps) change the map a seed draws.
+    split = "train" if kind == "train" else "val"
+    frames = replay_frames(pipeline.split_runners[split][traj.tag], traj)
     if not frames:
         if traj.tag not in unrendered:
             unrendered.add(traj.tag)

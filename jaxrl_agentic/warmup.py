@@ -97,6 +97,8 @@ def text_policy_replies(formatter, make_policy, seed: int):
 
 def warmup_cache_key(base_model_dir: str, c) -> str:
     envs = {tag: spec.to_dict() for tag, spec in c.custom_envs.items()}
+    if c.train_env_manager.get("env_config"):  # warm-up plays those maps too (warmup_envs)
+        envs["train_env_manager"] = dict(c.train_env_manager.env_config)
     payload = json.dumps({
         "model": os.path.abspath(base_model_dir),
         "envs": envs,
@@ -147,12 +149,12 @@ def format_warmup(base_model_dir: str, c, out_dir: str, *, log=print) -> dict[st
         seed=c.seed,
     ), make_mesh(devices=jax.local_devices()))  # per process: others wait on the cache lock
     runners = []
-    for i, (tag, spec) in enumerate(c.custom_envs.items()):
+    for i, (tag, env_config) in enumerate(warmup_envs(c)):
+        spec = c.custom_envs[tag]
         if spec.get("env_backend", "jax") == "python":
-            runners.append(_python_warmup_runner(c, i, tag, spec, formatter))
+            runners.append(_python_warmup_runner(c, i, tag, spec, env_config, formatter))
             continue
-        env, env_params = make(spec.env_type, format_penalty=spec.format_penalty,
-                               **dict(spec.env_config))
+        env, env_params = make(spec.env_type, format_penalty=spec.format_penalty, **env_config)
         scripted = ScriptedSampler(random_action_replies(formatter, env.action_names,
                                                          c.seed + 7919 * i),
                                    max_total_len=c.max_input_length + spec.max_tokens_per_step + 1)
@@ -184,7 +186,20 @@ def format_warmup(base_model_dir: str, c, out_dir: str, *, log=print) -> dict[st
     return metrics
 
 
-def _python_warmup_runner(c, i: int, tag: str, spec, formatter):
+def warmup_envs(c) -> list[tuple[str, dict]]:
+    """(tag, env_config) of every environment the run plays: each tag of `custom_envs` with
+    its own parameters, then each training tag with the train manager's `env_config`
+    overrides when it has any (the format is then seen on the maps RL trains on too)."""
+    from jaxrl_agentic.config import manager_env_config
+
+    envs = [(tag, dict(spec.env_config)) for tag, spec in c.custom_envs.items()]
+    if c.train_env_manager.get("env_config"):
+        envs += [(tag, manager_env_config(c, "train_env_manager", tag))
+                 for tag in c.train_env_manager.tags]
+    return envs
+
+
+def _python_warmup_runner(c, i: int, tag: str, spec, env_config: dict, formatter):
     """The warm-up runner of a Python environment: its format-only text policy, played
     through the real `PythonRolloutRunner` (same token streams as in RL)."""
     from jaxrl_agentic.config import ConfigError
@@ -197,8 +212,7 @@ def _python_warmup_runner(c, i: int, tag: str, spec, formatter):
         raise ConfigError(f"config.format_warmup.steps: no format warm-up policy for the python "
                           f"environment {spec.env_type!r} (have: {', '.join(policies)}); "
                           "set format_warmup.steps=0")
-    factory = make_python_env(spec.env_type, format_penalty=spec.format_penalty,
-                              **dict(spec.env_config))
+    factory = make_python_env(spec.env_type, format_penalty=spec.format_penalty, **env_config)
     scripted = ScriptedSampler(
         text_policy_replies(formatter, policies[spec.env_type], c.seed + 7919 * i),
         max_total_len=c.max_input_length + spec.max_tokens_per_step + 1)

@@ -249,7 +249,7 @@ def test_episode_replays_compile_nothing_after_the_first(warm_pipeline):
     from jaxrl_agentic.rollout.loop import replay_frames
 
     pipeline, trajs = warm_pipeline
-    runner = pipeline.runners[trajs[0].tag]
+    runner = pipeline.split_runners["train"][trajs[0].tag]
     replay_frames(runner, trajs[0])
     with CompileEvents() as counter:
         for traj in trajs[:3]:

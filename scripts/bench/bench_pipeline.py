@@ -240,8 +240,8 @@ def main(argv=None) -> dict:
                     if trajs and trajs[0].turns:
                         writer.write_text(step, "episodes/train", train.sample_episode_text(
                             pipeline.formatter, trajs[0]))
-                        frames = loop_module.replay_frames(pipeline.runners[trajs[0].tag],
-                                                           trajs[0])
+                        frames = loop_module.replay_frames(
+                            pipeline.split_runners["train"][trajs[0].tag], trajs[0])
                         save_gif(os.path.join(paths["render_save_dir"], f"step_{step}.gif"),
                                  frames)
                         writer.write_frames(step, "episodes/frames", frames)
