@@ -55,7 +55,11 @@ def bandit_model(seed: int, untie: bool):
 
 
 def run_pattern(pattern: str, *, updates: int, warmup_steps: int, lr: float, seed: int,
-                report_every: int, untie: bool = False) -> list[float]:
+                report_every: int, untie: bool = False, loss_reduction: str = "token_mean",
+                format_in_loss: bool = True, valid_out: list | None = None) -> list[float]:
+    """Fraction of right replies every `report_every` PPO updates. `format_in_loss=False`
+    keeps the format tokens out of the RL loss (the warm-up still trains them);
+    `valid_out` collects the fraction of well-formed replies at the same points."""
     graphdef, params = bandit_model(seed, untie)
     mesh = make_mesh(devices=jax.local_devices())
     # All 64 samples (≤ 12 tokens each) in one packed row.
@@ -74,10 +78,13 @@ def run_pattern(pattern: str, *, updates: int, warmup_steps: int, lr: float, see
         return x, np.concatenate([np.ones((BATCH, 1), int), x[:, None],
                                   rng.integers(23, VOCAB, (BATCH, 6))], axis=1)
 
-    def sample(prompt, reply, logprobs, advantage):
+    def sample(prompt, reply, logprobs, advantage, only_decision=False):
         tokens = np.concatenate([prompt, reply]).astype(np.int32)
         mask = np.zeros(len(tokens), np.float32)
-        mask[len(prompt):] = 1.0
+        if only_decision:
+            mask[len(prompt) + pattern.index("y")] = 1.0
+        else:
+            mask[len(prompt):] = 1.0
         old = np.zeros(len(tokens), np.float32)
         old[len(prompt):] = logprobs
         return Sample(tokens=tokens, loss_mask=mask, old_logprobs=old,
@@ -90,7 +97,8 @@ def run_pattern(pattern: str, *, updates: int, warmup_steps: int, lr: float, see
         ys = rng.integers(6, 10, BATCH)
         warm.step([sample(p[i], [FORMAT.get(ch, ys[i]) for ch in pattern],
                           np.zeros(len(pattern)), 1.0) for i in range(BATCH)], [2e-3])
-    learner = Learner(graphdef, warm.params, LearnerConfig(learning_rate=lr, **common), mesh)
+    learner = Learner(graphdef, warm.params, LearnerConfig(
+        learning_rate=lr, loss_reduction=loss_reduction, **common), mesh)
     right_fraction = []
     for update in range(updates):
         x, seq = prompts()
@@ -109,10 +117,12 @@ def run_pattern(pattern: str, *, updates: int, warmup_steps: int, lr: float, see
         right = valid & (reply[:, pattern.index("y")] == x + 4)
         reward = np.where(valid, right.astype(np.float64), -1.0)
         advantage = (reward - reward.mean()) / (reward.std() + 1e-6)
-        learner.step([sample(seq[i, :-len(pattern)], reply[i], logprobs[i], advantage[i])
-                      for i in range(BATCH)], [lr])
+        learner.step([sample(seq[i, :-len(pattern)], reply[i], logprobs[i], advantage[i],
+                             only_decision=not format_in_loss) for i in range(BATCH)], [lr])
         if (update + 1) % report_every == 0:
             right_fraction.append(round(float(right.mean()), 3))
+            if valid_out is not None:
+                valid_out.append(round(float(valid.mean()), 3))
     return right_fraction
 
 
@@ -127,17 +137,25 @@ def main():
     parser.add_argument("--report-every", type=int, default=30)
     parser.add_argument("--untie", action="store_true",
                         help="give the model its own output head (a copy of the embedding)")
+    parser.add_argument("--loss-reduction", default="token_mean",
+                        help="LearnerConfig.loss_reduction of the RL updates")
+    parser.add_argument("--format-out-of-loss", action="store_true",
+                        help="RL loss on the decision token only (format tokens masked)")
     args = parser.parse_args()
     start = time.perf_counter()
-    out = {}
+    out, valid = {}, {}
     for pattern in args.patterns.split(","):
         if pattern.count("y") != 1 or set(pattern) - set("yoce"):
             parser.error(f"pattern {pattern!r}: one 'y' and any of 'o', 'c', 'e'")
         out[pattern] = run_pattern(pattern, updates=args.updates,
                                    warmup_steps=args.warmup_steps, lr=args.lr,
                                    seed=args.seed, report_every=args.report_every,
-                                   untie=args.untie)
+                                   untie=args.untie, loss_reduction=args.loss_reduction,
+                                   format_in_loss=not args.format_out_of_loss,
+                                   valid_out=valid.setdefault(pattern, []))
     print(json.dumps({f"right_fraction_every_{args.report_every}_updates": out,
+                      "valid_fraction": valid, "loss_reduction": args.loss_reduction,
+                      "format_in_loss": not args.format_out_of_loss,
                       "updates": args.updates, "warmup_steps": args.warmup_steps,
                       "lr": args.lr, "seed": args.seed, "untie": args.untie,
                       "seconds": round(time.perf_counter() - start, 1)}))
