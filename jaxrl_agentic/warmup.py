@@ -121,6 +121,7 @@ def format_warmup(base_model_dir: str, c, out_dir: str, *, log=print) -> dict[st
     import jax
     from flax import nnx
 
+    from jaxrl_agentic.config import ConfigError
     from jaxrl_agentic.data import PackingConfig
     from jaxrl_agentic.data.samples import trajectory_sample
     from jaxrl_agentic.envs import make
@@ -151,10 +152,16 @@ def format_warmup(base_model_dir: str, c, out_dir: str, *, log=print) -> dict[st
     runners = []
     for i, (tag, env_config) in enumerate(warmup_envs(c)):
         spec = c.custom_envs[tag]
-        if spec.get("env_backend", "jax") == "python":
-            runners.append(_python_warmup_runner(c, i, tag, spec, env_config, formatter))
-            continue
-        env, env_params = make(spec.env_type, format_penalty=spec.format_penalty, **env_config)
+        try:
+            if spec.get("env_backend", "jax") == "python":
+                runners.append(_python_warmup_runner(c, i, tag, spec, env_config, formatter))
+                continue
+            env, env_params = make(spec.env_type, format_penalty=spec.format_penalty,
+                                   **env_config)
+        except ValueError as e:  # past the tags: the train manager's overrides (warmup_envs)
+            if i < len(c.custom_envs):
+                raise
+            raise ConfigError(f"config.train_env_manager.env_config: {e}") from None
         scripted = ScriptedSampler(random_action_replies(formatter, env.action_names,
                                                          c.seed + 7919 * i),
                                    max_total_len=c.max_input_length + spec.max_tokens_per_step + 1)

@@ -7,7 +7,12 @@ import re
 import pytest
 
 from jaxrl_agentic import train
-from jaxrl_agentic.config import ConfigError, env_manager, manager_env_config
+from jaxrl_agentic.config import (
+    ConfigError,
+    env_manager,
+    manager_env_config,
+    resolve_model_path,
+)
 from jaxrl_agentic.warmup import warmup_cache_key, warmup_envs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -80,3 +85,14 @@ def test_an_unknown_override_names_the_manager_field(tmp_path):
     with pytest.raises(ConfigError, match=r"config\.train_env_manager\.env_config: frozen_lake: "
                                           r"unknown parameter 'p_frozn'"):
         Pipeline(c)
+
+
+def test_an_unknown_override_fails_before_the_format_warmup_trains(tmp_path):
+    from jaxrl_agentic.warmup import format_warmup
+
+    c = small_config(str(tmp_path), "--config.format_warmup.steps=1")
+    c.train_env_manager.env_config = {"p_frozn": 0.7}
+    with pytest.raises(ConfigError, match=r"config\.train_env_manager\.env_config: frozen_lake: "
+                                          r"unknown parameter 'p_frozn'"):
+        format_warmup(resolve_model_path(c), c, str(tmp_path / "warm"),
+                      log=lambda *_: None)
