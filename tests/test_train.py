@@ -263,15 +263,18 @@ def gif_frames(path: str) -> list:
         return [np.asarray(f.convert("RGB")) for f in ImageSequence.Iterator(image)]
 
 
-def first_map_frame(seed: int, episode_seed: int):
-    """The reset state of map `episode_seed` as the rollout keys it, drawn by the env."""
+def first_map_frame(seed: int, episode_seed: int, manager: str):
+    """The reset state of map `episode_seed` as the rollout keys it, drawn by the env with
+    the parameters of `manager`'s episodes (the recipe trains on denser maps)."""
     import jax
 
+    from jaxrl_agentic.config import manager_env_config
     from jaxrl_agentic.envs import make
 
     recipe = os.path.join(ROOT, "configs", "frozen_lake.py")
-    spec = train.parse_config(["train", f"--config={recipe}"]).custom_envs.frozen_lake
-    env, params = make(spec.env_type, **dict(spec.env_config))
+    c = train.parse_config(["train", f"--config={recipe}"])
+    env, params = make(c.custom_envs.frozen_lake.env_type,
+                       **manager_env_config(c, manager, "frozen_lake"))
     _, state = env.reset_env(jax.random.fold_in(jax.random.PRNGKey(seed), episode_seed), params)
     return env.render_rgb(state, params)
 
@@ -290,7 +293,8 @@ def test_train_cli_renders_the_train_and_an_eval_episode(backend, tmp_path):
     # each GIF starts on its own episode's map (groups.plan_episodes).
     train_frames = gif_frames(os.path.join(renders, "step_1.gif"))
     eval_frames = gif_frames(os.path.join(renders, "eval_step_1.gif"))
-    want_train, want_eval = first_map_frame(0, 0), first_map_frame(0, 1)
+    want_train = first_map_frame(0, 0, "train_env_manager")
+    want_eval = first_map_frame(0, 1, "val_env_manager")
     assert not np.array_equal(want_train, want_eval)  # the maps tell the episodes apart
     np.testing.assert_array_equal(train_frames[0], want_train)
     np.testing.assert_array_equal(eval_frames[0], want_eval)
