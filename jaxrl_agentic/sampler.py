@@ -210,9 +210,10 @@ class Sampler:
         self._pool = None  # a ThreadPoolExecutor, made on first use
         self.logprob_under_filter = logprob_under_filter
         self._decode_chunk = None  # continuous batching's program (`slot_decoder`), on demand
+        self.warmed: set[tuple] = set()  # shapes `SlotDecoder.precompile` has compiled
         # jit once per Sampler; the graphdef is static, everything else is an argument.
         self._prefill = jax.jit(functools.partial(_prefill, self.graphdef), donate_argnums=(1,),
-                                static_argnames=("key_len",))
+                                static_argnames=("key_len", "extents"))
         self._decode = jax.jit(
             functools.partial(_decode, self.graphdef, self.eos_token_id,
                               logprob_under_filter=logprob_under_filter),
@@ -227,6 +228,15 @@ class Sampler:
     def cache_bucket(self, end: int) -> int:
         """Cache length for streams whose tokens all lie below slot `end`."""
         return min(self.max_total_len, next_power_of_two(end, self.min_cache_bucket))
+
+    def key_extents(self, max_len: int) -> tuple[int, ...]:
+        """The read lengths a cache of `max_len` slots offers a run-time choice among
+        (`CacheExtent`): the cache buckets below it, and `max_len` itself."""
+        extents, end = [], self.min_cache_bucket
+        while end < max_len:
+            extents.append(end)
+            end *= 2
+        return (*extents, max_len)
 
     def set_params(self, params) -> None:
         """Uses a new policy from now on (a reference, not a copy)."""
@@ -346,7 +356,7 @@ class Session:
         ([capacity, V]; other rows' entries are not meaningful).
 
         By default the program runs every row of the session (turn lockstep prefills most of
-        them at once). `compact` runs only `rows`, padded to a power-of-four fraction of the
+        them at once). `compact` runs only `rows`, padded to a power-of-two fraction of the
         capacity (`compact_rows`): continuous batching starts a few slots at a time, and a
         full-width prefill for each of them cost it more than its decoding (bench_rollout).
         """
@@ -357,8 +367,9 @@ class Session:
             if self.cached[row] == len(self.streams[row]):
                 self.cached[row] -= 1  # re-feed the last token to get its logits
             tails[row] = self.streams[row][self.cached[row] :]
-        t_bucket = next_power_of_two(max(len(t) for t in tails.values()),
-                                     self.sampler.min_prefill_bucket)
+        longest = max(len(t) for t in tails.values())
+        t_bucket = (compact_length if compact else next_power_of_two)(
+            longest, self.sampler.min_prefill_bucket)
         batch = compact_rows(len(tails), self.capacity) if compact else self.capacity
         tokens = np.zeros((batch, t_bucket), np.int32)
         valid = np.zeros((batch, t_bucket), bool)
@@ -376,15 +387,20 @@ class Session:
         self.sampler._count(prefill_tokens=sum(len(t) for t in tails.values()), prefill_calls=1)
         end = max(int(self.cached[row]) for row in tails)
         self.reserve(end)
-        place = self._rows if not compact else jnp.asarray
-        self.cache, logits = self.sampler._prefill(
-            params, self.cache, place(tokens), place(positions), place(valid),
-            None if index is None else jnp.asarray(index),
-            # A compact prefill reads the whole cache: one shape fewer to compile, and its
-            # few rows make the longer read cheap.
-            key_len=self.cache.max_len if compact else min(
-                self.cache.max_len, next_power_of_two(end, self.sampler.min_prefill_bucket)),
-        )
+        if compact:
+            # The read length is chosen at run time (one program for every stream length of
+            # a slot pool's fixed cache; see `key_extents`).
+            extents = self.sampler.key_extents(self.cache.max_len)
+            self.cache, logits = self.sampler._prefill(
+                params, self.cache, jnp.asarray(tokens), jnp.asarray(positions),
+                jnp.asarray(valid), jnp.asarray(index), extent_index(extents, end),
+                extents=extents)
+        else:
+            self.cache, logits = self.sampler._prefill(
+                params, self.cache, self._rows(tokens), self._rows(positions),
+                self._rows(valid), None, key_len=min(
+                    self.cache.max_len,
+                    next_power_of_two(end, self.sampler.min_prefill_bucket)))
         return timing.ready(logits)
 
     @timing.spanned("rollout/decode")
@@ -544,11 +560,14 @@ class ShardedSession:
         return result
 
 
-def _prefill(graphdef, params, cache, tokens, positions, valid, rows, *, key_len):
+def _prefill(graphdef, params, cache, tokens, positions, valid, rows, key_index=None, *,
+             key_len=None, extents=None):
     """Runs each input row's tail (cache row `rows[i]`, or row i when `rows` is None);
-    → (cache, logits [cache rows, V] at each row's last valid token)."""
+    → (cache, logits [cache rows, V] at each row's last valid token). Attention reads the
+    first `key_len` slots, or `extents[key_index]` (`Transformer.forward_with_cache`)."""
     model = nnx.merge(graphdef, params)
-    hidden, cache = model.forward_with_cache(tokens, positions, cache, valid, key_len, rows)
+    hidden, cache = model.forward_with_cache(tokens, positions, cache, valid, key_len, rows,
+                                             extents, key_index)
     last = jnp.maximum(jnp.sum(valid, axis=1) - 1, 0)
     last_hidden = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
     logits = model.logits(last_hidden)
@@ -558,12 +577,26 @@ def _prefill(graphdef, params, cache, tokens, positions, valid, rows, *, key_len
     return cache, full.at[rows].set(logits, mode="drop")
 
 
+def extent_index(extents: tuple[int, ...], end: int) -> jax.Array:
+    """Index of the shortest extent holding slots below `end`."""
+    return jnp.int32(min(int(np.searchsorted(extents, end)), len(extents) - 1))
+
+
+def compact_length(n: int, minimum: int) -> int:
+    """Tokens per row of a compact prefill of tails up to `n` long: a multiple of `minimum`
+    up to 4·minimum, a power of two above. Continuous batching prefills one observation
+    at a time (bench_rollout: 38–40 tokens), which a power of two pads to 64."""
+    if n <= 4 * minimum:
+        return minimum * max(1, -(-n // minimum))
+    return next_power_of_two(n)
+
+
 def compact_rows(n: int, capacity: int) -> int:
-    """Rows of a compact prefill of `n` rows: the smallest capacity / 4^j ≥ n (a few
-    compiled shapes per session size)."""
+    """Rows of a compact prefill of `n` rows: the smallest capacity / 2^j ≥ n (a few
+    compiled shapes per session size, compiled up front by `SlotDecoder.precompile`)."""
     rows = capacity
-    while rows % 4 == 0 and rows // 4 >= n:
-        rows //= 4
+    while rows % 2 == 0 and rows // 2 >= n:
+        rows //= 2
     return rows
 
 

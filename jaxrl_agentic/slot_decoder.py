@@ -19,9 +19,17 @@ chunking or on which rows shared its steps; logprobs agree to float rounding.
 
 The first token of a reply is drawn from the prefill's logits (`fresh` rows, at the
 chunk's first step), every later one after feeding its predecessor; a reply's last token
-is not fed back (the next prefill feeds it), as in `generate`. Programs are compiled per
-(rows, cache length, chunk, reply bucket): a few per run. With a `ShardedSession` each row
-block has its own decoder state and its chunks run side by side on the sampler's pool.
+is not fed back (the next prefill feeds it), as in `generate`. With a `ShardedSession`
+each row block has its own decoder state and its chunks run side by side on the sampler's
+pool.
+
+Cost follows the live rows, not the pool: a chunk runs only the live rows' power-of-two
+bucket of its block (on a CPU a step costs in proportion to its rows, and most slots wait
+for their environment), a start prefills only the rows being started, and attention reads
+only the cache slots the rows can reach, chosen at run time among a few extents
+(`CacheExtent`). Every shape is therefore from a fixed grid — chunk widths, prefill rows ×
+tail lengths — which `precompile` compiles once per sampler: a run compiles nothing after
+its first rollout whatever its prompt and reply lengths.
 """
 
 from __future__ import annotations
@@ -42,6 +50,9 @@ from jaxrl_agentic.sampler import (
     Session,
     ShardedSession,
     _draw,
+    compact_length,
+    compact_rows,
+    extent_index,
     next_power_of_two,
     output_weight,
     row_uniforms,
@@ -82,7 +93,8 @@ class SlotDecoder:
 
     def __init__(self, session: Session | ShardedSession, *, max_new_tokens: int,
                  chunk: int = 8, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-                 greedy: bool = False, stop_token_ids: Sequence[int] | None = None):
+                 greedy: bool = False, stop_token_ids: Sequence[int] | None = None,
+                 compact: bool = True, min_rows: int = 1):
         stops = stop_ids_array(temperature, top_p, stop_token_ids)
         if chunk < 1 or max_new_tokens < 1:
             raise ValueError(f"chunk ({chunk}) and max_new_tokens ({max_new_tokens}) must "
@@ -91,6 +103,7 @@ class SlotDecoder:
         self.max_new_tokens = int(max_new_tokens)
         self.chunk = int(chunk)
         self.max_new_bucket = next_power_of_two(self.max_new_tokens)
+        self.compact, self.min_rows = compact, int(min_rows)
         self._sampling = (jnp.float32(temperature), jnp.int32(top_k), jnp.float32(top_p),
                           jnp.bool_(greedy), jnp.asarray(stops))
         self._session = session
@@ -158,6 +171,60 @@ class SlotDecoder:
             finished.update({lo + r: reply for r, reply in done.items()})
         return finished
 
+    def precompile(self, *, max_prompt: int | None = None, params=None) -> int:
+        """Compiles every program this decoder's rollouts can call, once per sampler: the
+        chunk at each row width (`_width`) and the compact prefill at each row count
+        (`compact_rows`) × tail length (`compact_length`, up to `max_prompt`, default
+        `max_total_len`: a prefill feeds a suffix of the prompt). With a cache of fixed size,
+        whose read length attention picks at run time (`CacheExtent`), no stream length
+        compiles anything later. The calls run on no row (nothing is live, every prefill row
+        is padding) and change no state. → programs compiled."""
+        params = self.sampler.params if params is None else params
+        sampler, done = self.sampler, 0
+        lengths = sorted({compact_length(n, sampler.min_prefill_bucket)
+                          for n in range(1, (max_prompt or sampler.max_total_len) + 1)})
+        for block in self._blocks:
+            session = block.session
+            cap, max_len = session.capacity, session.cache.max_len
+            extents = sampler.key_extents(max_len)
+            logits = jnp.zeros((cap, sampler.cfg.vocab_size), jnp.float32)
+            for width in sorted({self._width(n, cap) for n in range(1, cap + 1)}):
+                key = ("chunk", cap, width, max_len, self.chunk, self.max_new_bucket)
+                if key in sampler.warmed:
+                    continue
+                place = session._rows if width == cap else jnp.asarray
+                zeros = [place(np.zeros((width, *shape), dtype)) for dtype, shape in
+                         [(bool, ()), *[(np.int32, ())] * 2, (bool, ()),
+                          *[(np.int32, ())] * 2, (np.uint32, (2,)), (np.int32, ())]]
+                rows = None if width == cap else jnp.full((width,), cap, jnp.int32)
+                session.cache = self._program(
+                    params, session.cache, logits, *zeros, *self._sampling, rows, jnp.int32(0),
+                    chunk=self.chunk, max_new_bucket=self.max_new_bucket, extents=extents)[0]
+                sampler.warmed.add(key)
+                done += 1
+            for length in lengths:
+                for batch in sorted({compact_rows(n, cap) for n in range(1, cap + 1)}):
+                    key = ("prefill", cap, batch, length, max_len)
+                    if key in sampler.warmed:
+                        continue
+                    tokens = jnp.zeros((batch, length), jnp.int32)
+                    session.cache = sampler._prefill(
+                        params, session.cache, tokens, tokens, tokens.astype(bool),
+                        jnp.full((batch,), cap, jnp.int32), jnp.int32(0), extents=extents)[0]
+                    sampler.warmed.add(key)
+                    done += 1
+        jax.block_until_ready([b.session.cache for b in self._blocks])
+        return done
+
+    def _width(self, live: int, capacity: int) -> int:
+        """Rows a chunk computes: the live rows' power-of-two bucket (≥ `min_rows`), or the
+        whole block. On a CPU a decode step costs in proportion to the rows it computes, and
+        most slots are waiting for their environment (bench_rollout: 7 of 16 live on
+        average); a mesh shards the full block's rows, so it always runs them all."""
+        if not self.compact or self.sampler.mesh is not None:
+            return capacity
+        return min(capacity, next_power_of_two(live, self.min_rows))
+
     def _run(self, blocks: list[_BlockState], fn) -> list:
         if len(blocks) > 1:
             return self.sampler._map(fn, blocks)
@@ -169,23 +236,41 @@ class SlotDecoder:
         if block.logits is None:  # no row was ever started: nothing is fresh
             block.logits = jnp.zeros((session.capacity, self.sampler.cfg.vocab_size),
                                      jnp.float32)
-        rows = session._rows
+        live = np.flatnonzero(block.live)
+        # Attention reads only the cache slots the chunk can reach (a run-time choice among
+        # `key_extents`: one program for every stream length).
+        extents = self.sampler.key_extents(session.cache.max_len)
+        width = self._width(len(live), session.capacity)
+        if width < session.capacity:
+            # Compact: input i runs live row live[i]; the padding inputs are not live and
+            # name a row past the cache (never written).
+            def rows(array: np.ndarray) -> jax.Array:
+                out = np.zeros((width, *array.shape[1:]), array.dtype)
+                out[: len(live)] = array[live]
+                return jnp.asarray(out)
+
+            cache_rows = np.full(width, session.capacity, np.int32)
+            cache_rows[: len(live)] = live
+            cache_rows, at = jnp.asarray(cache_rows), {int(r): i for i, r in enumerate(live)}
+        else:
+            rows, cache_rows, at = session._rows, None, {int(r): int(r) for r in live}
         session.cache, toks, lps, steps, token, pos, n_gen, reasons = self._program(
             params, session.cache, block.logits, rows(block.fresh), rows(block.token),
             rows(block.pos), rows(block.live), rows(block.n_gen), rows(block.budget),
-            rows(block.base_keys), rows(block.row_ids), *self._sampling,
-            chunk=self.chunk, max_new_bucket=self.max_new_bucket)
+            rows(block.base_keys), rows(block.row_ids), *self._sampling, cache_rows,
+            extent_index(extents, int(block.pos[live].max(initial=0)) + self.chunk),
+            chunk=self.chunk, max_new_bucket=self.max_new_bucket, extents=extents)
         toks, lps, steps, token, pos, n_gen, reasons = jax.device_get(
             (toks, lps, steps, token, pos, n_gen, reasons))
         self.sampler._count(decode_steps=int(steps))
         finished = {}
-        for r in np.flatnonzero(block.live):
-            drawn = int(n_gen[r] - block.n_gen[r])
-            block.tokens[r].extend(toks[r, :drawn].tolist())
-            block.logprobs[r].append(np.asarray(lps[r, :drawn], np.float32))
-            block.token[r], block.pos[r], block.n_gen[r] = token[r], pos[r], n_gen[r]
+        for r, i in at.items():
+            drawn = int(n_gen[i] - block.n_gen[r])
+            block.tokens[r].extend(toks[i, :drawn].tolist())
+            block.logprobs[r].append(np.asarray(lps[i, :drawn], np.float32))
+            block.token[r], block.pos[r], block.n_gen[r] = token[i], pos[i], n_gen[i]
             block.fresh[r] = False
-            if reasons[r] == 0:
+            if reasons[i] == 0:
                 continue  # still mid-reply
             block.live[r] = False
             ids = block.tokens.pop(r)
@@ -193,7 +278,7 @@ class SlotDecoder:
             session.cached[r] += max(0, len(ids) - 1)
             session.streams[r].extend(ids)
             finished[int(r)] = SlotReply(ids, np.concatenate(block.logprobs.pop(r)),
-                                         STOP_REASONS[max(int(reasons[r]), _LENGTH * (not ids))])
+                                         STOP_REASONS[max(int(reasons[i]), _LENGTH * (not ids))])
         return finished
 
 
@@ -204,22 +289,28 @@ def _chunk_program(sampler):
         program = jax.jit(
             functools.partial(_decode_chunk, sampler.graphdef, sampler.eos_token_id,
                               logprob_under_filter=sampler.logprob_under_filter),
-            static_argnames=("chunk", "max_new_bucket"), donate_argnums=(1,))
+            static_argnames=("chunk", "max_new_bucket", "extents"), donate_argnums=(1,))
         sampler._decode_chunk = program
     return program
 
 
 def _decode_chunk(graphdef, eos_id, params, cache, fresh_logits, fresh, token, pos, live, n_gen,
-                  budget, base_keys, row_ids, temperature, top_k, top_p, greedy, stop_ids, *,
-                  chunk, max_new_bucket, logprob_under_filter=False):
+                  budget, base_keys, row_ids, temperature, top_k, top_p, greedy, stop_ids,
+                  cache_rows=None, key_index=None, *, chunk, max_new_bucket, extents=None,
+                  logprob_under_filter=False):
     """Up to `chunk` decode steps for the `live` rows; → (cache, tokens [B, chunk],
     logprobs [B, chunk], steps run, last token, position, n_gen, reason).
 
     Per step every live row draws one token: a `fresh` row's first from `fresh_logits`, any
     other after feeding its last token at `pos`. The draw uses the row's uniform pair for its
     reply token `n_gen`. A row that ends stops (reason ≠ 0); the loop stops when all have.
+    Input row b is cache row b, or `cache_rows[b]` when given (a compact chunk of a few rows
+    of a bigger cache; indices past the cache are padding, never written). Attention reads
+    the first `extents[key_index]` cache slots (`CacheExtent`).
     """
     model = nnx.merge(graphdef, params)
+    if cache_rows is not None:
+        fresh_logits = jnp.take(fresh_logits, cache_rows, axis=0, mode="clip")
     w_out = output_weight(model)
     batch = token.shape[0]
     row_keys = jax.vmap(jax.random.fold_in)(base_keys, row_ids)
@@ -230,7 +321,8 @@ def _decode_chunk(graphdef, eos_id, params, cache, fresh_logits, fresh, token, p
         first = fresh & (step == 0)
         feed = ~done & ~first
         hidden, cache = model.forward_with_cache(token[:, None], pos[:, None], cache,
-                                                 feed[:, None])
+                                                 feed[:, None], rows=cache_rows,
+                                                 extents=extents, key_index=key_index)
         logits = jnp.dot(hidden[:, 0], w_out, preferred_element_type=jnp.float32)
         logits = jnp.where(first[:, None], fresh_logits, logits)
         index = jnp.minimum(n_gen, max_new_bucket - 1)

@@ -28,11 +28,24 @@ def reference(sampler, prompts, max_new):
                             row_seeds=ROW_IDS, stop_token_ids=STOPS)
 
 
-def staggered(sampler, prompts, max_new, *, slots, chunk):
+def staggered(sampler, prompts, max_new, *, slots, chunk, fixed=False, precompile=False,
+              on_chunk=None):
     """The prompts through `slots` slots, each started when a slot is free (reversed order),
-    its slot reset first; → {prompt index: reply}."""
-    session = sampler.new_session(slots)
+    its slot reset first; → {prompt index: reply}. `fixed`: the cache is the whole slot pool
+    from the start (as continuous rollouts make it); `on_chunk(block, width)` sees the rows
+    each chunk computes."""
+    session = sampler.new_session(slots, sampler.max_total_len if fixed else 0)
     decoder = SlotDecoder(session, max_new_tokens=max_new, chunk=chunk, stop_token_ids=STOPS)
+    if precompile:
+        decoder.precompile(max_prompt=max(LENGTHS))
+    if on_chunk is not None:
+        program = decoder._program
+
+        def spy(params, cache, logits, fresh, *args, **kwargs):
+            on_chunk(args[2], fresh.shape[0])  # the live flags, as the chunk sees them
+            return program(params, cache, logits, fresh, *args, **kwargs)
+
+        decoder._program = spy
     todo, free, owner, replies = list(range(len(prompts)))[::-1], list(range(slots)), {}, {}
     while todo or decoder.live_rows:
         starting = []
@@ -102,3 +115,40 @@ def test_start_refuses_a_row_that_is_mid_reply(model):
     assert decoder.live_rows == [0]
     with pytest.raises(ValueError, match="row 0 is mid-reply"):
         decoder.start([0], [0], [0])
+
+
+def test_chunks_compute_only_the_live_rows_and_compile_nothing_after_precompile(model):
+    """A chunk runs the live rows' power-of-two bucket of the block, not the block: the
+    replies stay those of one `generate` call. After `precompile`, a run over a fixed-size
+    cache (every stream length, every start count) compiles no program."""
+    # Cache buckets from 16: attention picks its read length among 16, 32, 64 at run time.
+    sampler = Sampler(model, max_total_len=64, eos_token_id=EOS, decode_threads=1,
+                      min_cache_bucket=16)
+    assert sampler.key_extents(64) == (16, 32, 64)
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(0, 96, n).tolist() for n in LENGTHS]
+    ref = reference(sampler, prompts, 24)
+    widths = []
+
+    def on_chunk(live, width):
+        widths.append((int(np.asarray(live).sum()), width))
+
+    session_rows = 8  # capacity 8: chunks of 1-6 live rows must run 1, 2, 4 or 8 rows
+    before = sampler.compilation_count()
+    got = staggered(sampler, prompts, 24, slots=session_rows, chunk=3, fixed=True,
+                    precompile=True, on_chunk=on_chunk)
+    compiled = sampler.compilation_count() - before
+    for i in range(len(prompts)):
+        assert got[i].tokens == ref.tokens[i], i
+        np.testing.assert_allclose(got[i].logprobs, ref.logprobs[i], atol=1e-5)
+    # The compact chunk's inputs hold the live rows then padding: live count ≤ width.
+    assert all(live <= width for live, width in widths)
+    assert {w for _, w in widths} - {1, 2, 4}, widths  # the full block ran too …
+    assert min(w for _, w in widths) < session_rows  # … and so did compact chunks
+    # Everything that ran was compiled by precompile: widths 1, 2, 4 and the full block,
+    # and a compact prefill of 1, 2, 4, 8 rows × tails of 16, 32 tokens.
+    assert compiled == 4 + 4 * 2, compiled
+    again = sampler.compilation_count()
+    staggered(sampler, prompts[::-1], 24, slots=session_rows, chunk=3, fixed=True,
+              precompile=True)
+    assert sampler.compilation_count() == again

@@ -155,12 +155,18 @@ class Attention(nnx.Module):
             k_cache = k_cache.at[rows, :, :, write_slots].set(k.astype(k_cache.dtype),
                                                               mode="drop")
             v_cache = v_cache.at[rows, :, write_slots].set(v.astype(v_cache.dtype), mode="drop")
+            def attend(seen: int) -> jax.Array:
+                k_seen, v_seen = k_cache[..., :seen], v_cache[:, :, :seen]
+                if cache_rows is not None:  # only these rows' keys (padding rows: the last)
+                    k_seen, v_seen = k_seen[cache_rows], v_seen[cache_rows]
+                return _cached_attention(q, k_seen, v_seen, mask[..., :seen])
+
             # The mask says how many leading slots can be seen at all (see forward_with_cache).
-            seen = mask.shape[-1]
-            k_seen, v_seen = k_cache[..., :seen], v_cache[:, :, :seen]
-            if cache_rows is not None:  # only these rows' keys (padding rows read the last)
-                k_seen, v_seen = k_seen[cache_rows], v_seen[cache_rows]
-            out = _cached_attention(q, k_seen, v_seen, mask)
+            if isinstance(mask, CacheExtent):
+                mask, extents, index = mask.mask, mask.extents, mask.index
+                out = jax.lax.switch(index, [functools.partial(attend, e) for e in extents])
+            else:
+                out = attend(mask.shape[-1])
             return self.o_proj(out.reshape(b, t, -1)), (k_cache, v_cache)
         out = segment_attention(q, k, v, mask.segment_ids, impl=mask.attention_impl)
         return self.o_proj(out.reshape(b, t, -1)), (k, v)
@@ -213,6 +219,20 @@ class Block(nnx.Module):
                                  cache_rows)
         x = x + attn_out
         return x + self.mlp(self.post_attn_norm(x)), kv
+
+
+@flax.struct.dataclass
+class CacheExtent:
+    """The sampler forward's mask [B, 1, T, S] over cache slots, read only up to a run-time
+    choice among static extents: attention reads slots < `extents[index]` (`extents`
+    ascending, every valid key below the chosen one). One program then serves every
+    stream length of a fixed-size cache at the cost of the length it needs, where a
+    static `key_len` compiles one program per length (continuous batching's fixed slot
+    pool: `slot_decoder`)."""
+
+    mask: jax.Array
+    index: jax.Array
+    extents: tuple[int, ...] = flax.struct.field(pytree_node=False, default=())
 
 
 @flax.struct.dataclass
@@ -344,7 +364,8 @@ class Transformer(nnx.Module):
 
     # ---- sampler forward -----------------------------------------------------------------
     def forward_with_cache(self, tokens, positions, cache: KVCache, valid,
-                           key_len: int | None = None, rows=None) -> tuple:
+                           key_len: int | None = None, rows=None, extents=None,
+                           key_index=None) -> tuple:
         """Runs `tokens` [B, T] at `positions` [B, T] against `cache`.
 
         Tokens with `valid` False (padding of ragged rows) are not written to the cache.
@@ -353,9 +374,15 @@ class Transformer(nnx.Module):
         ahead (a 64-token prompt in a 128-slot cache: half the prefill attention).
         `rows` [B] (optional) names the cache row of each input row, so a few rows of a big
         cache are run without computing the others (continuous batching's prefill).
+        `extents` (static, ascending) with `key_index` (traced) choose the read length at run
+        time instead (`CacheExtent`).
         Returns (hidden [B, T, D], updated cache).
         """
         slots = jnp.where(valid, positions, cache.max_len)  # out-of-range slots are dropped
+        if extents is not None:  # key_len: extents[key_index] (see CacheExtent)
+            key_len = extents[-1]
         key_slots = jnp.arange(cache.max_len if key_len is None else key_len)
         mask = (key_slots[None, None, None, :] <= positions[:, None, :, None])
+        if extents is not None:
+            mask = CacheExtent(mask, key_index, tuple(extents))
         return self._run_layers(tokens, positions, mask, cache, slots, rows)

@@ -18,6 +18,11 @@ prompt, the EOS a reply is closed with and exact logprobs are those of lockstep,
 the tokens: a reply's noise is keyed by (sample seed, turn, episode id) only
 (`loop.turn_seed`, `slot_decoder`), so for the same seeds both schedules produce the same
 trajectories token for token, whatever the slot count or chunk size.
+
+The slots' KV cache is allocated for `max_total_len` at the start, as a serving engine's
+slot pool is: attention reads only the slots in use (`CacheExtent`), so a fixed cache
+costs no more per step than a growing one and its programs are compiled once, up front
+(`SlotDecoder.precompile`), not whenever a stream first reaches a new length.
 """
 
 from __future__ import annotations
@@ -45,10 +50,12 @@ def play_continuous(envs, trajs: list[Trajectory], pending: dict[int, list[int]]
     num_slots = min(len(waiting), slots or len(waiting))
     if not num_slots:
         return
-    session = sampler.new_session(num_slots)
+    session = sampler.new_session(num_slots, sampler.max_total_len)
     decoder = SlotDecoder(session, max_new_tokens=gen.max_tokens_per_step, chunk=decode_chunk,
                           temperature=gen.temperature, top_p=gen.top_p, top_k=gen.top_k,
                           greedy=gen.greedy, stop_token_ids=gen.stop_token_ids)
+    # Once per sampler: no prompt or stream length compiles anything later.
+    decoder.precompile(max_prompt=max_input_length, params=params)
     free = list(range(num_slots))[::-1]
     episode_of: dict[int, int] = {}  # slot -> its episode
     slot_of: dict[int, int] = {}  # episode -> its slot

@@ -26,10 +26,13 @@ alternating the schedules so both see the same background load; medians are repo
     episodes/s           = episodes / wall time of one rollout
     generated tokens/s   = generated tokens / wall time
     ratio                = continuous episodes/s ÷ turn episodes/s
-    new_compilations_after_warmup = sampler programs compiled during the timed rollouts
+    new_compilations_after_warmup = sampler programs compiled during the timed continuous
+                                    rollouts (turn_new_compilations_after_warmup: turn's)
 
 The timed rollouts use new sampling seeds (other reply lengths, other prompt lengths), so a
-compilation count of 0 says the shape buckets hold, not that nothing changed.
+compilation count of 0 says the shape buckets hold, not that nothing changed. Continuous
+batching compiles its whole bucket grid at its first rollout (`SlotDecoder.precompile`);
+turn lockstep compiles a (prompt, cache length) bucket when a rollout first reaches it.
 
     python scripts/bench/bench_rollout.py
     python scripts/bench/bench_rollout.py --episodes 64 --slots 32 --repeats 5
@@ -148,15 +151,17 @@ def main() -> None:
     runners = {"turn": runner("turn"), "continuous": runner("continuous")}
     warm = {name: r.run(plan, sample_seed=0) for name, r in runners.items()}
     same = fingerprint(warm["turn"]) == fingerprint(warm["continuous"])
-    compiled = sampler.compilation_count()
     times = {name: [] for name in runners}
     tokens = {name: [] for name in runners}
     lengths = []
+    new_compiles = {name: 0 for name in runners}
     for repeat in range(args.repeats):
         for name, r in runners.items():
+            before = sampler.compilation_count()
             start = time.perf_counter()
             trajs = r.run(plan, sample_seed=1 + repeat)
             times[name].append(time.perf_counter() - start)
+            new_compiles[name] += sampler.compilation_count() - before
             tokens[name].append(sum(len(u.generated) for t in trajs for u in t.turns))
             if name == "turn":
                 lengths.extend(len(u.generated) for t in trajs for u in t.turns)
@@ -186,7 +191,8 @@ def main() -> None:
         "continuous_tokens_per_s": round(tps["continuous"], 1),
         "ratio": round(eps["continuous"] / eps["turn"], 3),
         "same_trajectories": same,
-        "new_compilations_after_warmup": sampler.compilation_count() - compiled,
+        "new_compilations_after_warmup": new_compiles["continuous"],
+        "turn_new_compilations_after_warmup": new_compiles["turn"],
         "repeats": args.repeats,
     }))
 
