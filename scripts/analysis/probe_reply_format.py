@@ -56,14 +56,15 @@ def bandit_model(seed: int, untie: bool):
 
 def run_pattern(pattern: str, *, updates: int, warmup_steps: int, lr: float, seed: int,
                 report_every: int, untie: bool = False, loss_reduction: str = "token_mean",
-                format_in_loss: bool = True, valid_out: list | None = None) -> list[float]:
+                format_in_loss: bool = True, valid_out: list | None = None,
+                max_grad_norm: float = 1.0, broken_reward: float = -1.0) -> list[float]:
     """Fraction of right replies every `report_every` PPO updates. `format_in_loss=False`
     keeps the format tokens out of the RL loss (the warm-up still trains them);
     `valid_out` collects the fraction of well-formed replies at the same points."""
     graphdef, params = bandit_model(seed, untie)
     mesh = make_mesh(devices=jax.local_devices())
     # All 64 samples (≤ 12 tokens each) in one packed row.
-    common = dict(mini_batch_size=BATCH, max_grad_norm=1.0, seed=seed,
+    common = dict(mini_batch_size=BATCH, max_grad_norm=max_grad_norm, seed=seed,
                   packing=PackingConfig(micro_batch_max_tokens=1024, sequence_length=16))
     rng = np.random.default_rng(seed)
 
@@ -115,7 +116,7 @@ def run_pattern(pattern: str, *, updates: int, warmup_steps: int, lr: float, see
             if ch in FORMAT:
                 valid &= reply[:, k] == FORMAT[ch]
         right = valid & (reply[:, pattern.index("y")] == x + 4)
-        reward = np.where(valid, right.astype(np.float64), -1.0)
+        reward = np.where(valid, right.astype(np.float64), broken_reward)
         advantage = (reward - reward.mean()) / (reward.std() + 1e-6)
         learner.step([sample(seq[i, :-len(pattern)], reply[i], logprobs[i], advantage[i],
                              only_decision=not format_in_loss) for i in range(BATCH)], [lr])
@@ -141,6 +142,9 @@ def main():
                         help="LearnerConfig.loss_reduction of the RL updates")
     parser.add_argument("--format-out-of-loss", action="store_true",
                         help="RL loss on the decision token only (format tokens masked)")
+    parser.add_argument("--max-grad-norm", type=float, default=1.0)
+    parser.add_argument("--broken-reward", type=float, default=-1.0,
+                        help="reward of a reply whose format tokens are wrong")
     args = parser.parse_args()
     start = time.perf_counter()
     out, valid = {}, {}
@@ -152,10 +156,13 @@ def main():
                                    seed=args.seed, report_every=args.report_every,
                                    untie=args.untie, loss_reduction=args.loss_reduction,
                                    format_in_loss=not args.format_out_of_loss,
-                                   valid_out=valid.setdefault(pattern, []))
+                                   valid_out=valid.setdefault(pattern, []),
+                                   max_grad_norm=args.max_grad_norm,
+                                   broken_reward=args.broken_reward)
     print(json.dumps({f"right_fraction_every_{args.report_every}_updates": out,
                       "valid_fraction": valid, "loss_reduction": args.loss_reduction,
                       "format_in_loss": not args.format_out_of_loss,
+                      "max_grad_norm": args.max_grad_norm, "broken_reward": args.broken_reward,
                       "updates": args.updates, "warmup_steps": args.warmup_steps,
                       "lr": args.lr, "seed": args.seed, "untie": args.untie,
                       "seconds": round(time.perf_counter() - start, 1)}))
