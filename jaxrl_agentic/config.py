@@ -142,6 +142,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.rollout_batching = "turn"
     c.rollout_slots = 0  # continuous: sampler slots (KV-cache rows); 0 = one per episode
     c.decode_chunk_tokens = 8  # continuous: decode steps between hand-overs to environments
+    # continuous: compile every slot-pool program (chunk widths, prefill rows × tail lengths)
+    # at the first rollout, so none compiles later (False: each on first use, fewer in all)
+    c.rollout_precompile = True
     # truncated importance weight min(π_old/π_behaviour, cap) on the policy loss (0 = off);
     # needs recompute_old_logprobs (else π_old is the behaviour policy and the weight is 1)
     c.tis_imp_ratio_cap = 0.0
@@ -363,6 +366,8 @@ def validate(c) -> None:
     for field, least in (("rollout_slots", 0), ("decode_chunk_tokens", 1)):
         if not isinstance(c[field], int) or c[field] < least:
             _fail(field, f"must be an integer >= {least}, got {c[field]!r}")
+    if not isinstance(c.rollout_precompile, bool):
+        _fail("rollout_precompile", f"must be True or False, got {c.rollout_precompile!r}")
     if not isinstance(c.async_generation_ratio, int):
         _fail("async_generation_ratio", f"must be an integer, got {c.async_generation_ratio!r}")
     _positive(c, "tis_imp_ratio_cap", allow_zero=True)

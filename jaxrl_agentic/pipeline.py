@@ -176,7 +176,8 @@ class Pipeline:
                                        reply_suffix=c.reply_suffix)
         self.sampler = Sampler(model, tokenizer, max_total_len=max_total_len,
                                mesh=mesh if self.placement.colocated else self.placement.mesh,
-                               logprob_under_filter=c.logprob_under_sampling_filter)
+                               logprob_under_filter=c.logprob_under_sampling_filter,
+                               precompile_slots=c.rollout_precompile)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.learner_cfg = typed_configs.learner_config(c, pad_id)
         self.critic = None

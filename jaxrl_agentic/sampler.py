@@ -178,6 +178,7 @@ class Sampler:
         decode_threads: int | None = None,
         min_rows_per_thread: int = 8,
         logprob_under_filter: bool = False,
+        precompile_slots: bool = True,
     ):
         self.graphdef, self.params = nnx.split(model)
         # With a mesh, session caches and inputs are placed on it: streams split over the
@@ -210,6 +211,9 @@ class Sampler:
         self._pool = None  # a ThreadPoolExecutor, made on first use
         self.logprob_under_filter = logprob_under_filter
         self._decode_chunk = None  # continuous batching's program (`slot_decoder`), on demand
+        # Continuous batching compiles its whole shape grid at its first rollout
+        # (`SlotDecoder.precompile`), or each program on first use when False.
+        self.precompile_slots = precompile_slots
         self.warmed: set[tuple] = set()  # shapes `SlotDecoder.precompile` has compiled
         # jit once per Sampler; the graphdef is static, everything else is an argument.
         self._prefill = jax.jit(functools.partial(_prefill, self.graphdef), donate_argnums=(1,),

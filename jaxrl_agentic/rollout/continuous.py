@@ -55,7 +55,8 @@ def play_continuous(envs, trajs: list[Trajectory], pending: dict[int, list[int]]
                           temperature=gen.temperature, top_p=gen.top_p, top_k=gen.top_k,
                           greedy=gen.greedy, stop_token_ids=gen.stop_token_ids)
     # Once per sampler: no prompt or stream length compiles anything later.
-    decoder.precompile(max_prompt=max_input_length, params=params)
+    if sampler.precompile_slots:
+        decoder.precompile(max_prompt=max_input_length, params=params)
     free = list(range(num_slots))[::-1]
     episode_of: dict[int, int] = {}  # slot -> its episode
     slot_of: dict[int, int] = {}  # episode -> its slot

@@ -100,3 +100,30 @@ def test_environment_steps_overlap_decoding(setup):  # noqa: F811
     assert event.is_set()
     assert [len(t.turns) for t in trajs] == [3, 3] and all(t.terminated for t in trajs)
     assert runner.stats["timeouts"] == 0 and runner.stats["env_steps"] == 6
+
+
+def test_without_precompile_the_same_trajectories_compile_on_first_use(setup, generation):  # noqa: F811
+    """`rollout_precompile=False` (`Sampler(precompile_slots=False)`): nothing is compiled
+    up front, only what the rollout reaches, and the trajectories are those of the
+    precompiled sampler."""
+    from flax import nnx
+
+    from jaxrl_agentic.sampler import Sampler
+
+    env, params, sampler, formatter, max_input_length = setup
+    lazy = Sampler(nnx.merge(sampler.graphdef, sampler.params), sampler.tokenizer,
+                   max_total_len=sampler.max_total_len, precompile_slots=False)
+    plan = episodes(2)
+    eager = runner(setup, "jax", generation, batching="continuous", slots=3,
+                   decode_chunk=3).run(plan, sample_seed=5)
+    common = dict(tag="lake", max_turns=6, max_input_length=max_input_length,
+                  run_seed=RUN_SEED, generation=generation, batching="continuous", slots=3,
+                  decode_chunk=3)
+    got = RolloutRunner(env, params, lazy, formatter, **common).run(plan, sample_seed=5)
+    for a, b in zip(eager, got, strict=True):
+        assert_same_trajectory(a, b, exact=True)
+    assert not lazy.warmed and sampler.warmed
+    # The precompiled sampler holds every chunk width and prefill shape of 3 slots; the lazy
+    # one only those this rollout used.
+    grid = {key for key in sampler.warmed if key[1] == 4}  # capacity of 3 slots
+    assert 0 < lazy.compilation_count() < len(grid)
