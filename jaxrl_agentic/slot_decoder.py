@@ -93,8 +93,7 @@ class SlotDecoder:
 
     def __init__(self, session: Session | ShardedSession, *, max_new_tokens: int,
                  chunk: int = 8, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-                 greedy: bool = False, stop_token_ids: Sequence[int] | None = None,
-                 compact: bool = True, min_rows: int = 1):
+                 greedy: bool = False, stop_token_ids: Sequence[int] | None = None):
         stops = stop_ids_array(temperature, top_p, stop_token_ids)
         if chunk < 1 or max_new_tokens < 1:
             raise ValueError(f"chunk ({chunk}) and max_new_tokens ({max_new_tokens}) must "
@@ -103,7 +102,6 @@ class SlotDecoder:
         self.max_new_tokens = int(max_new_tokens)
         self.chunk = int(chunk)
         self.max_new_bucket = next_power_of_two(self.max_new_tokens)
-        self.compact, self.min_rows = compact, int(min_rows)
         self._sampling = (jnp.float32(temperature), jnp.int32(top_k), jnp.float32(top_p),
                           jnp.bool_(greedy), jnp.asarray(stops))
         self._session = session
@@ -187,60 +185,51 @@ class SlotDecoder:
             session = block.session
             cap, max_len = session.capacity, session.cache.max_len
             extents = sampler.key_extents(max_len)
-            logits = jnp.zeros((cap, sampler.cfg.vocab_size), jnp.float32)
+            idle = _BlockState(session)  # nothing live: each call runs no decode step
             for width in sorted({self._width(n, cap) for n in range(1, cap + 1)}):
                 key = ("chunk", cap, width, max_len, self.chunk, self.max_new_bucket)
-                if key in sampler.warmed:
-                    continue
-                place = session._rows if width == cap else jnp.asarray
-                zeros = [place(np.zeros((width, *shape), dtype)) for dtype, shape in
-                         [(bool, ()), *[(np.int32, ())] * 2, (bool, ()),
-                          *[(np.int32, ())] * 2, (np.uint32, (2,)), (np.int32, ())]]
-                rows = None if width == cap else jnp.full((width,), cap, jnp.int32)
-                session.cache = self._program(
-                    params, session.cache, logits, *zeros, *self._sampling, rows, jnp.int32(0),
-                    chunk=self.chunk, max_new_bucket=self.max_new_bucket, extents=extents)[0]
-                sampler.warmed.add(key)
-                done += 1
+                if key not in sampler.warmed:
+                    self._launch(params, idle, np.zeros(0, np.int64), width)
+                    sampler.warmed.add(key)
+                    done += 1
             for length in lengths:
                 for batch in sorted({compact_rows(n, cap) for n in range(1, cap + 1)}):
                     key = ("prefill", cap, batch, length, max_len)
-                    if key in sampler.warmed:
-                        continue
-                    tokens = jnp.zeros((batch, length), jnp.int32)
-                    session.cache = sampler._prefill(
-                        params, session.cache, tokens, tokens, tokens.astype(bool),
-                        jnp.full((batch,), cap, jnp.int32), jnp.int32(0), extents=extents)[0]
-                    sampler.warmed.add(key)
-                    done += 1
+                    if key not in sampler.warmed:
+                        tokens = jnp.zeros((batch, length), jnp.int32)
+                        session.cache = sampler._prefill(
+                            params, session.cache, tokens, tokens, tokens.astype(bool),
+                            jnp.full((batch,), cap, jnp.int32), jnp.int32(0),
+                            extents=extents)[0]
+                        sampler.warmed.add(key)
+                        done += 1
         jax.block_until_ready([b.session.cache for b in self._blocks])
         return done
 
     def _width(self, live: int, capacity: int) -> int:
-        """Rows a chunk computes: the live rows' power-of-two bucket (≥ `min_rows`), or the
-        whole block. On a CPU a decode step costs in proportion to the rows it computes, and
-        most slots are waiting for their environment (bench_rollout: 7 of 16 live on
-        average); a mesh shards the full block's rows, so it always runs them all."""
-        if not self.compact or self.sampler.mesh is not None:
+        """Rows a chunk computes: the live rows' power-of-two bucket, or the whole block.
+        On a CPU a decode step costs in proportion to the rows it computes, and most slots
+        are waiting for their environment (bench_rollout: 7 of 16 live on average); a mesh
+        shards the full block's rows, so it always runs them all."""
+        if self.sampler.mesh is not None:
             return capacity
-        return min(capacity, next_power_of_two(live, self.min_rows))
+        return min(capacity, next_power_of_two(live))
 
     def _run(self, blocks: list[_BlockState], fn) -> list:
         if len(blocks) > 1:
             return self.sampler._map(fn, blocks)
         return [fn(block) for block in blocks]
 
-    @timing.spanned("rollout/decode")
-    def _chunk(self, params, block: _BlockState) -> dict[int, SlotReply]:
+    def _launch(self, params, block: _BlockState, live: np.ndarray, width: int):
+        """Runs the chunk program on the `live` rows of `block` as `width` input rows;
+        → (program outputs less the cache, {row: its input index})."""
         session = block.session
         if block.logits is None:  # no row was ever started: nothing is fresh
             block.logits = jnp.zeros((session.capacity, self.sampler.cfg.vocab_size),
                                      jnp.float32)
-        live = np.flatnonzero(block.live)
         # Attention reads only the cache slots the chunk can reach (a run-time choice among
         # `key_extents`: one program for every stream length).
         extents = self.sampler.key_extents(session.cache.max_len)
-        width = self._width(len(live), session.capacity)
         if width < session.capacity:
             # Compact: input i runs live row live[i]; the padding inputs are not live and
             # name a row past the cache (never written).
@@ -254,14 +243,20 @@ class SlotDecoder:
             cache_rows, at = jnp.asarray(cache_rows), {int(r): i for i, r in enumerate(live)}
         else:
             rows, cache_rows, at = session._rows, None, {int(r): int(r) for r in live}
-        session.cache, toks, lps, steps, token, pos, n_gen, reasons = self._program(
+        session.cache, *out = self._program(
             params, session.cache, block.logits, rows(block.fresh), rows(block.token),
             rows(block.pos), rows(block.live), rows(block.n_gen), rows(block.budget),
             rows(block.base_keys), rows(block.row_ids), *self._sampling, cache_rows,
             extent_index(extents, int(block.pos[live].max(initial=0)) + self.chunk),
             chunk=self.chunk, max_new_bucket=self.max_new_bucket, extents=extents)
-        toks, lps, steps, token, pos, n_gen, reasons = jax.device_get(
-            (toks, lps, steps, token, pos, n_gen, reasons))
+        return out, at
+
+    @timing.spanned("rollout/decode")
+    def _chunk(self, params, block: _BlockState) -> dict[int, SlotReply]:
+        session = block.session
+        live = np.flatnonzero(block.live)
+        out, at = self._launch(params, block, live, self._width(len(live), session.capacity))
+        toks, lps, steps, token, pos, n_gen, reasons = jax.device_get(out)
         self.sampler._count(decode_steps=int(steps))
         finished = {}
         for r, i in at.items():
