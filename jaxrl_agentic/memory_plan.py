@@ -167,6 +167,32 @@ def check_memory_plan(plan: MemoryPlan, warn=print) -> None:
              + ("; ".join(advice) or "see the plan above") + ".")
 
 
+# glibc's malloc raises its mmap threshold after every large free (up to 32 MiB), so the
+# blocks of a few MiB a real model frees by the thousand (a 0.5B layer's 17 MiB matrices,
+# their gradients, activations) land in its heaps, whose freed pages stay resident. With
+# fixed thresholds they are mapped and unmapped on their own: peak RSS of one pipeline step
+# at Qwen2.5-0.5B's shape 15.8 → 14.4 GiB (docs/benchmarks.md, "Real shape").
+_MMAP_THRESHOLD = 1 << 20
+_TRIM_THRESHOLD = 8 << 20
+
+
+def return_freed_memory_to_os() -> bool:
+    """Makes glibc's malloc give freed blocks of ≥ 1 MiB back to the OS (fixed mmap and
+    trim thresholds instead of its adaptive ones). Process-wide; False where the C
+    library has no ``mallopt`` (not glibc) or refuses."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
+    return bool(mallopt(m_mmap_threshold, _MMAP_THRESHOLD)
+                and mallopt(m_trim_threshold, _TRIM_THRESHOLD))
+
+
 def peak_rss_bytes() -> float:
     """This process's peak resident set size (Linux ``ru_maxrss`` is in KiB)."""
     import resource
@@ -175,4 +201,5 @@ def peak_rss_bytes() -> float:
 
 
 __all__ = ["MemoryPlan", "activation_bytes", "check_memory_plan", "device_budget",
-           "layer_activation_bytes", "memory_plan", "peak_rss_bytes", "GIB"]
+           "layer_activation_bytes", "memory_plan", "peak_rss_bytes",
+           "return_freed_memory_to_os", "GIB"]

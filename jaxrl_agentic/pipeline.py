@@ -136,6 +136,7 @@ class Pipeline:
 
     def __init__(self, c, *, model_dir: str | None = None, devices=None, log=print):
         self.c = c
+        plans.return_freed_memory_to_os()  # before any weight is read (memory_plan.py)
         try:  # the device count is only known now: a mismatch is still a config error
             self.placement = SamplerPlacement(c.mesh.sampler_devices, learner_devices=devices)
             self.mesh = mesh = make_mesh(data=c.mesh.data, fsdp=c.mesh.fsdp,
