@@ -5,7 +5,9 @@
     parameters      P · b_param / (fsdp · tensor)         (P parameters, b = bytes per value)
     reference       P · min(b_param, b_compute) / (fsdp · tensor) when a KL reference is kept
                     (init_kl_coef or target_kl; its matrices are stored in the compute dtype)
-    gradients       P · 4 / (fsdp · tensor)               (accumulated in fp32)
+    gradients       P · 4 / (fsdp · tensor)               (one group of rows' fp32 gradient)
+    accumulator     P · 4 / (fsdp · tensor) when a mini-batch may span several groups of
+                    rows (``accumulates``): the fp32 sum beside the group's own gradient
     optimizer       2 · P · b_param / (fsdp · tensor)     (AdamW's first and second moments)
     activations     one group of rows of the train step's scan, one row per device:
                       remat "none"   L · a_layer(T)
@@ -114,9 +116,10 @@ def device_budget() -> float:
 def memory_plan(cfg: ModelConfig, *, row_len: int, loss_slots: int, remat: str,
                 kernel_impl: str, reference: bool, shards: int = 1, sampler_rows: int = 0,
                 sampler_len: int = 0, budget: float = 0.0, host_devices: int = 1,
-                attention_impl: str = "auto") -> MemoryPlan:
+                attention_impl: str = "auto", accumulates: bool = True) -> MemoryPlan:
     """The plan (module doc). ``shards`` = fsdp · tensor; ``host_devices``: devices sharing
-    one host's RAM when the budget is the host's (CPU), whose states all count."""
+    one host's RAM when the budget is the host's (CPU), whose states all count;
+    ``accumulates``: whether a mini-batch may need more than one group of rows."""
     p = cfg.num_params()
     pb = _BYTES[cfg.param_dtype]
     per = p / shards
@@ -127,6 +130,7 @@ def memory_plan(cfg: ModelConfig, *, row_len: int, loss_slots: int, remat: str,
         ("parameters", per * pb),
         ("reference", per * min(pb, _BYTES[cfg.dtype]) if reference else 0.0),
         ("gradients", per * 4),
+        ("accumulator", per * 4 if accumulates else 0.0),
         ("optimizer", 2 * per * pb),
         ("activations", activation_bytes(cfg, row_len, remat, attention_impl)
          + (0.0 if remat == "none"

@@ -248,7 +248,12 @@ class Pipeline:
             shards=self.mesh.shape["fsdp"] * self.mesh.shape["tensor"],
             sampler_rows=self.train_manager.num_episodes, sampler_len=max_total_len,
             budget=plans.device_budget(),
-            host_devices=jax.local_device_count() if cpu else 1)
+            host_devices=jax.local_device_count() if cpu else 1,
+            # A mini-batch fits one scan step (one row per batch shard) when its longest
+            # possible samples do; otherwise the update accumulates over groups of rows.
+            accumulates=(c.mini_batch_size * min(c.sequence_length, c.micro_batch_max_tokens)
+                         > c.micro_batch_max_tokens * self.mesh.shape["data"]
+                         * self.mesh.shape["fsdp"]))
 
     # ---- rollouts ---------------------------------------------------------------------------
     def sampler_params(self):

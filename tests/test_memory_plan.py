@@ -62,6 +62,19 @@ def test_activation_estimate_bounds_what_jax_keeps_for_the_backward(remat, row_l
     assert estimate - transient <= 4 * kept + 4 * plan["parameters"], (kept, plan)
 
 
+def test_the_accumulator_is_counted_only_when_a_mini_batch_can_span_groups():
+    """One fp32 gradient copy more when the update accumulates over groups of rows
+    (`tests/test_update_memory.py` measures both cases); the pipeline decides from the
+    mini-batch size and the longest sample a row can take."""
+    cfg = qwen25_config()
+    args = dict(row_len=2048, loss_slots=512, remat="layer", kernel_impl="auto",
+                reference=False)
+    many = dict(memory_plan(cfg, **args).items)
+    one = dict(memory_plan(cfg, accumulates=False, **args).items)
+    assert many["accumulator"] == 4 * cfg.num_params() and one["accumulator"] == 0
+    assert many["gradients"] == one["gradients"] == 4 * cfg.num_params()
+
+
 def test_over_budget_plans_say_what_to_change():
     seven_b = ModelConfig(vocab_size=152_064, hidden_size=3584, intermediate_size=18_944,
                           num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
