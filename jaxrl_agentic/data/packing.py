@@ -53,6 +53,8 @@ class PackingConfig:
     so 8 short samples do not fill one 8,192-token row's worth of work; at most k shapes per
     row count, each compiled once (1 = fixed). With r = 2 a batch that fits one row may
     still compute up to 2× its tokens; r = 2^(1/4) bounds that at 1.19× (more shapes).
+    With k > 1 and a ``loss_slots`` cap, each batch's loss slots are likewise the fewest of
+    ``loss_slots / 2^j`` that hold its fullest row (:func:`loss_slots_bucket`).
 
     A rule that fails raises ``ValueError("<field>: <why>")``; ``config.validate`` reports it
     as ``config.<field>: <why>``.
@@ -125,7 +127,7 @@ class PackingConfig:
              rows_bucket: int | None = None) -> PackedBatch:
         """:func:`pack_samples` with these settings, at :meth:`row_len_for` ``samples``."""
         row = self.row_len_for(samples)
-        return pack_samples(
+        batch = pack_samples(
             samples,
             micro_batch_max_tokens=row,
             # A row shorter than sequence_length is only chosen when every sample fits it:
@@ -136,6 +138,26 @@ class PackingConfig:
             pad_token_id=self.pad_token_id,
             loss_slots=self.loss_slots_for(row) if self.loss_slots else 0,
         )
+        if self.loss_slots and self.row_len_buckets > 1:
+            # Rows sized to the batch, and their loss slots too: the LM head runs at every
+            # slot, so 768 loss tokens in a row capped at 2,048 slots would pay for 2,048.
+            load = loss_positions(batch.loss_mask, batch.segment_ids).sum(axis=1).max(
+                initial=0)
+            batch = dataclasses.replace(batch, loss_slots=loss_slots_bucket(
+                int(load), batch.loss_slots))
+        return batch
+
+
+def loss_slots_bucket(load: int, cap: int) -> int:
+    """The fewest of ``cap, cap/2, cap/4, …`` loss slots (each rounded up to a multiple of
+    64, at least 64) that hold ``load`` loss positions: a handful of shapes per row length."""
+    slots = cap
+    while slots > 64:
+        half = max(64, -(-(slots // 2) // 64) * 64)
+        if half < load or half >= slots:
+            break
+        slots = half
+    return slots
 
 
 def loss_loads(samples: Sequence[Sample], lengths: Sequence[int], loss_slots: int) -> list[int]:

@@ -9,6 +9,7 @@ from jaxrl_agentic.data.packing import (
     PackedBatch,
     PackingConfig,
     bucket_rows,
+    loss_slots_bucket,
     pack_samples,
     pad_rows,
     round_up_to_bucket,
@@ -271,3 +272,32 @@ def test_row_length_bucket_is_the_cheapest_that_fits(seed, ratio):
             for r in range(batch.num_micro_batches) for k in range(batch.sample_index.shape[1])
             if batch.sample_index[r, k] >= 0]
     assert sorted(map(len, kept)) == sorted(lengths)  # nothing cut
+
+
+@pytest.mark.parametrize("load,cap,expected", [
+    (768, 2048, 1024), (1024, 2048, 1024), (1025, 2048, 2048), (0, 2048, 64), (65, 512, 128),
+    (100, 64, 64), (200, 448, 256), (225, 448, 256), (257, 448, 448),
+])
+def test_loss_slots_bucket_table(load, cap, expected):
+    """cap, cap/2, cap/4, … rounded up to multiples of 64 (hand-listed): 448 → 256 (224
+    rounded up), 128 (112 rounded up), 64; the fewest that hold the load."""
+    assert loss_slots_bucket(load, cap) == expected
+
+
+def test_bucketed_rows_get_loss_slots_sized_to_their_fullest_row():
+    """With row buckets, a batch whose fullest row holds 303 loss positions gets fewer than
+    twice that many slots (the LM head runs at every slot), not the 2,048-slot cap that one
+    fixed row shape keeps."""
+    samples = []
+    for k in range(3):
+        mask = np.r_[np.zeros(300), np.ones(101)]  # 101 loss positions
+        samples.append(Sample(tokens=np.arange(401) % 50 + 1, loss_mask=mask,
+                              old_logprobs=-mask, advantages=mask, prompt_len=300,
+                              traj_id=k))
+    bucketed = PackingConfig(micro_batch_max_tokens=8192, sequence_length=2048,
+                             loss_slots=2048, row_len_buckets=13, row_len_ratio=2 ** 0.25)
+    batch = bucketed.pack(samples)
+    assert 303 <= batch.loss_slots < 606
+    assert (batch.loss_index() >= 0).sum() == 303
+    fixed = PackingConfig(micro_batch_max_tokens=8192, sequence_length=2048, loss_slots=2048)
+    assert fixed.pack(samples).loss_slots == 2048
