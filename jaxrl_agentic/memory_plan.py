@@ -175,7 +175,11 @@ def check_memory_plan(plan: MemoryPlan, warn=print) -> None:
 # blocks of a few MiB a real model frees by the thousand (a 0.5B layer's 17 MiB matrices,
 # their gradients, activations) land in its heaps, whose freed pages stay resident. With
 # fixed thresholds they are mapped and unmapped on their own: peak RSS of one pipeline step
-# at Qwen2.5-0.5B's shape 15.8 → 14.4 GiB (docs/benchmarks.md, "Real shape").
+# at Qwen2.5-0.5B's shape 15.8 → 14.4 GiB (docs/benchmarks.md, "Real shape"). Mapping each
+# block costs page faults (the tiny default's pipeline step measured 0–4% slower, within
+# noise), so the pipeline sets it only for runs whose plan takes more than this share of
+# the device.
+MALLOC_RELEASE_SHARE = 0.25
 _MMAP_THRESHOLD = 1 << 20
 _TRIM_THRESHOLD = 8 << 20
 
@@ -206,4 +210,4 @@ def peak_rss_bytes() -> float:
 
 __all__ = ["MemoryPlan", "activation_bytes", "check_memory_plan", "device_budget",
            "layer_activation_bytes", "memory_plan", "peak_rss_bytes",
-           "return_freed_memory_to_os", "GIB"]
+           "return_freed_memory_to_os", "GIB", "MALLOC_RELEASE_SHARE"]

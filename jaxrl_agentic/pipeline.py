@@ -136,7 +136,6 @@ class Pipeline:
 
     def __init__(self, c, *, model_dir: str | None = None, devices=None, log=print):
         self.c = c
-        plans.return_freed_memory_to_os()  # before any weight is read (memory_plan.py)
         try:  # the device count is only known now: a mismatch is still a config error
             self.placement = SamplerPlacement(c.mesh.sampler_devices, learner_devices=devices)
             self.mesh = mesh = make_mesh(data=c.mesh.data, fsdp=c.mesh.fsdp,
@@ -151,6 +150,8 @@ class Pipeline:
         max_total_len = -(-(c.max_input_length + max_new + 1) // 64) * 64
         self.memory_plan = self._memory_plan(model_dir or resolve_model_path(c), max_total_len)
         log(self.memory_plan.table())
+        if self.memory_plan.total > plans.MALLOC_RELEASE_SHARE * self.memory_plan.budget:
+            plans.return_freed_memory_to_os()  # before any weight is read (memory_plan.py)
         try:  # before any weight is read or warmed up: a state that cannot fit fails now
             plans.check_memory_plan(self.memory_plan, warn=log)
         except ValueError as e:

@@ -56,7 +56,10 @@ Machine limit and model FLOP utilisation:
     mfu                = model_flops / update time / matmul_flops_per_s
 
 `*_computed_flops` count what a layout computes: every slot of every computed row through
-the matmuls and its full row_len² query-key square (dense masked attention).
+the matmuls and its full row_len² query-key square (dense masked attention). Ours is an
+upper bound: our LM head runs only at each row's `--loss-slots` (a quarter of the row by
+default, as the trainer's automatic `micro_batch_max_loss_tokens`); torch's runs at every
+slot, as an HF user's cross-entropy over the logits does.
 Prints ONE JSON line per size.
 
 `--device gpu` runs both sides on one NVIDIA GPU instead (default `--device cpu`: everything
@@ -133,6 +136,10 @@ def _parse_args():
     parser.add_argument("--max-len", type=int, default=700)
     parser.add_argument("--row-len", type=int, default=1024,
                         help="our packed row length: micro_batch_max_tokens = sequence_length")
+    parser.add_argument("--loss-slots", type=int, default=None,
+                        help="PackingConfig.loss_slots: the LM head's positions per row "
+                             "(default: a quarter of the row, the trainer's automatic "
+                             "micro_batch_max_loss_tokens; 0 = every slot)")
     parser.add_argument("--rows-bucket", type=int, default=4,
                         help="PackingConfig.rows_bucket (the trainer's default: 4)")
     parser.add_argument("--no-fixed-rows", action="store_true",
@@ -156,6 +163,8 @@ def _parse_args():
     common.check_flag(parser, args.device, DEVICE)
     if args.max_len > args.row_len:
         parser.error("--max-len must not exceed --row-len (samples would be truncated)")
+    if args.loss_slots is None:  # typed_configs.loss_slots: a quarter of the row
+        args.loss_slots = min(args.row_len, -(-(args.row_len // 4) // 64) * 64)
     if args.matmul_n is None:
         args.matmul_n = 8192 if args.device == "gpu" else 2048
     return args
@@ -226,7 +235,8 @@ def _learner_config(args) -> LearnerConfig:
         mini_batch_size=args.samples, ppo_epochs=1, loss_reduction="token_mean",
         pg_clip=CLIP, init_kl_coef=0.0, entropy_loss_coef=0.0,
         packing=PackingConfig(micro_batch_max_tokens=args.row_len, sequence_length=args.row_len,
-                              rows_bucket=args.rows_bucket, fixed_rows=not args.no_fixed_rows),
+                              rows_bucket=args.rows_bucket, fixed_rows=not args.no_fixed_rows,
+                              loss_slots=args.loss_slots),
         seed=args.seed)
 
 
@@ -561,7 +571,8 @@ def bench_size(size, args, threads, matmul, device_keys):
                                       int(lengths.max())],
         "ours_layout": {"rows": rows, "computed_rows": busy_rows, "row_len": row_len,
                         "efficiency": round(real / (busy_rows * row_len), 4),
-                        "rows_bucket": args.rows_bucket, "fixed_rows": not args.no_fixed_rows},
+                        "rows_bucket": args.rows_bucket, "fixed_rows": not args.no_fixed_rows,
+                        "loss_slots": args.loss_slots},
         "torch_layout": torch_layout,
         "model": {"model_type": cfg.model_type, "hidden": cfg.hidden_size,
                   "layers": cfg.num_hidden_layers, "heads": cfg.num_attention_heads,
