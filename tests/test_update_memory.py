@@ -13,6 +13,7 @@ A model whose parameters dominate (embedding 8,192 × 256 of its 4.2 M parameter
 """
 
 import dataclasses
+import functools
 import os
 import subprocess
 import sys
@@ -37,6 +38,7 @@ CFG = ModelConfig(vocab_size=8192, hidden_size=256, intermediate_size=1024,
                   head_dim=64, param_dtype="float32")
 
 
+@functools.cache  # one compile per shape for the whole module
 def step_memory(dtype: str, remat: str, rows: int):
     """(memory_analysis, parameter bytes) of the train step on ``rows`` rows of 64 tokens,
     compiled from abstract shapes (nothing is allocated)."""
