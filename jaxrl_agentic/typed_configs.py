@@ -26,7 +26,12 @@ def loss_slots(c) -> int:
     if c.micro_batch_max_loss_tokens:
         return min(c.micro_batch_max_loss_tokens, row)
     # A whole episode's replies in any sample mode: merged step samples can hold them all.
-    budget = generation_budget(c, "trajectory")
+    return auto_loss_slots(row, generation_budget(c, "trajectory"))
+
+
+def auto_loss_slots(row: int, budget: int = 0) -> int:
+    """The automatic loss slots of a ``row``-token row: a quarter of it, at least
+    ``budget``, rounded up to a multiple of 64 and at most the row."""
     return min(row, -(-max(row // 4, budget) // 64) * 64)
 
 

@@ -108,6 +108,7 @@ sys.path.insert(0, common.ROOT)
 from jaxrl_agentic.data import PackingConfig, Sample  # noqa: E402
 from jaxrl_agentic.learner import Learner, LearnerConfig  # noqa: E402
 from jaxrl_agentic.models import load_pretrained  # noqa: E402
+from jaxrl_agentic.typed_configs import auto_loss_slots  # noqa: E402
 
 # Qwen2-architecture configs (tied embeddings, q/k/v biases, as the tiny default model).
 SIZES = {
@@ -163,8 +164,8 @@ def _parse_args():
     common.check_flag(parser, args.device, DEVICE)
     if args.max_len > args.row_len:
         parser.error("--max-len must not exceed --row-len (samples would be truncated)")
-    if args.loss_slots is None:  # typed_configs.loss_slots: a quarter of the row
-        args.loss_slots = min(args.row_len, -(-(args.row_len // 4) // 64) * 64)
+    if args.loss_slots is None:  # the trainer's automatic micro_batch_max_loss_tokens
+        args.loss_slots = auto_loss_slots(args.row_len)
     if args.matmul_n is None:
         args.matmul_n = 8192 if args.device == "gpu" else 2048
     return args
