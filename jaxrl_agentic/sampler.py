@@ -266,11 +266,15 @@ class Sampler:
 
     def _map(self, fn, items: list) -> list:
         """[fn(x) for x in items], run side by side on the sampler's thread pool."""
+        return [f.result() for f in [self._submit(fn, x) for x in items]]
+
+    def _submit(self, fn, *args) -> concurrent.futures.Future:
+        """fn(*args) on the sampler's thread pool (`decode_threads` workers)."""
         with self._stats_lock:  # two threads (e.g. an async producer and eval) may get here
             if self._pool is None:
                 self._pool = concurrent.futures.ThreadPoolExecutor(
                     self.decode_threads, thread_name_prefix="sampler")
-        return [f.result() for f in [self._pool.submit(fn, x) for x in items]]
+        return self._pool.submit(fn, *args)
 
     def generate(
         self,

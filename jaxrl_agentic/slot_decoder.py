@@ -23,6 +23,12 @@ is not fed back (the next prefill feeds it), as in `generate`. With a `ShardedSe
 each row block has its own decoder state and its chunks run side by side on the sampler's
 pool.
 
+`decode` waits for every block. `launch` and `collect` let blocks run on their own: `launch`
+starts a chunk on each block that has live rows and is not decoding already, `collect`
+returns the replies of the chunks that are done, so a block whose rows ended can hand them
+to their environments and be `start`ed again (only rows of a block that is not decoding
+can be: its chunk owns its cache) while the other blocks keep decoding.
+
 Cost follows the live rows, not the pool: a chunk runs only the live rows' power-of-two
 bucket of its block (on a CPU a step costs in proportion to its rows, and most slots wait
 for their environment), a start prefills only the rows being started, and attention reads
@@ -34,6 +40,7 @@ its first rollout whatever its prompt and reply lengths.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 from collections.abc import Sequence
@@ -84,6 +91,8 @@ class _BlockState:
         self.base_keys = np.zeros((rows, 2), np.uint32)
         self.row_ids = np.zeros(rows, np.int32)
         self.logits = None  # the last prefill's logits [rows, V] (fresh rows read theirs)
+        self.to_prefill: list[int] = []  # rows `start`ed, their prompts not prefilled yet
+        self.prefill_params = None
         self.tokens: dict[int, list[int]] = {}
         self.logprobs: dict[int, list[np.ndarray]] = {}
 
@@ -112,6 +121,7 @@ class SlotDecoder:
             self._starts = [0, session.num_rows]
             self._blocks = [_BlockState(session)]
         self._program = _chunk_program(self.sampler)
+        self._inflight: dict[int, concurrent.futures.Future] = {}  # block -> its chunk
 
     def _locate(self, row: int) -> tuple[_BlockState, int]:
         if isinstance(self._session, ShardedSession):
@@ -126,47 +136,101 @@ class SlotDecoder:
         return [lo + int(r) for lo, block in zip(self._starts, self._blocks, strict=False)
                 for r in np.flatnonzero(block.live)]
 
+    @property
+    def decoding(self) -> bool:
+        """Whether a chunk `launch`ed on some block has not been `collect`ed yet."""
+        return bool(self._inflight)
+
+    def idle(self, row: int) -> bool:
+        """Whether `row`'s block has no chunk in flight (so `row` may be `start`ed)."""
+        return self._index(row) not in self._inflight
+
+    def all_decoding(self) -> bool:
+        """Whether every block has a chunk in flight."""
+        return len(self._inflight) == len(self._blocks)
+
+    def launch(self, *, params=None) -> None:
+        """Starts a chunk (≤ `chunk` tokens, after the prefill of the rows `start`ed since the
+        last) on every block with live rows that has none in flight: on the sampler's pool
+        when there are several blocks, at once when one."""
+        params = self.sampler.params if params is None else params
+        for index, block in enumerate(self._blocks):
+            if index in self._inflight or not (block.live.any() or block.to_prefill):
+                continue
+            if len(self._blocks) > 1:
+                self._inflight[index] = self.sampler._submit(self._work, params, block)
+            else:  # nothing to run beside it: no thread hop
+                done = concurrent.futures.Future()
+                done.set_result(self._work(params, block))
+                self._inflight[index] = done
+
+    def collect(self, *, timeout: float | None = None) -> dict[int, SlotReply]:
+        """{row: reply} of the rows whose reply ended in the chunks that are done; waits for
+        the first chunk to end (at most `timeout` seconds; None: no limit) if none has."""
+        if not self._inflight:
+            return {}
+        concurrent.futures.wait(list(self._inflight.values()), timeout=timeout,
+                                return_when=concurrent.futures.FIRST_COMPLETED)
+        finished: dict[int, SlotReply] = {}
+        for index, future in list(self._inflight.items()):
+            if future.done():
+                del self._inflight[index]
+                lo = self._starts[index]
+                finished.update({lo + r: reply for r, reply in future.result().items()})
+        return finished
+
+    def _index(self, row: int) -> int:
+        block, _ = self._locate(row)
+        return self._blocks.index(block)
+
     def start(self, rows: Sequence[int], seeds: Sequence[int], row_ids: Sequence[int], *,
               params=None) -> None:
-        """Starts a reply in each of `rows` (not live) from the end of its stream: prefills
-        what is not cached yet. Row r draws its noise from ``fold_in(PRNGKey(seeds[r]),
-        row_ids[r])``, as ``Session.generate(seed=…, row_seeds=…)`` does."""
+        """Starts a reply in each of `rows` (not live, of blocks not decoding) from the end
+        of its stream: what is not cached yet is prefilled by the next `launch` / `decode`,
+        on the block's thread before its chunk. Row r draws its noise from
+        ``fold_in(PRNGKey(seeds[r]), row_ids[r])``, as ``Session.generate(seed=…,
+        row_seeds=…)`` does."""
         params = self.sampler.params if params is None else params
-        todo: dict[int, list[tuple[int, int, int]]] = {}
         keys = {seed: np.asarray(jax.random.PRNGKey(seed)) for seed in set(seeds)}
         for row, seed, row_id in zip(rows, seeds, row_ids, strict=True):
-            block, local = self._locate(row)
-            if block.live[local]:
+            block, r = self._locate(row)
+            if not self.idle(row):  # its chunk may be writing the block's state
+                raise ValueError(f"row {row}'s block is decoding (collect its chunk first)")
+            if block.live[r]:
                 raise ValueError(f"row {row} is mid-reply")
-            todo.setdefault(id(block), []).append((local, seed, row_id))
-            block.base_keys[local] = keys[seed]
-            block.row_ids[local] = row_id
+            block.base_keys[r], block.row_ids[r] = keys[seed], row_id
+            length = len(block.session.streams[r])
+            budget = min(self.max_new_tokens, self.sampler.max_total_len - length)
+            block.pos[r], block.budget[r], block.n_gen[r] = length, budget, 0
+            block.live[r] = block.fresh[r] = budget > 0
+            block.tokens[r], block.logprobs[r] = [], []
+            # The prefill runs with the block's next chunk, on the block's own thread.
+            block.to_prefill.append(r)
+            block.prefill_params = params
 
-        def prefill(block: _BlockState):
-            local = [r for r, _, _ in todo[id(block)]]
-            session = block.session
-            block.logits = session._prefill(local, params, compact=True)
-            for r in local:
-                length = len(session.streams[r])
-                budget = min(self.max_new_tokens, self.sampler.max_total_len - length)
-                block.pos[r], block.budget[r], block.n_gen[r] = length, budget, 0
-                block.live[r] = block.fresh[r] = budget > 0
-                block.tokens[r], block.logprobs[r] = [], []
-            # Fed tokens land below len(stream) + budget − 1 (the last one is not fed).
-            session.reserve(max(int(block.pos[r] + block.budget[r]) for r in local))
+    def _prefill(self, block: _BlockState) -> None:
+        """Prefills the prompts of the rows `start`ed since the block's last chunk."""
+        rows, block.to_prefill = block.to_prefill, []
+        session = block.session
+        block.logits = session._prefill(rows, block.prefill_params, compact=True)
+        # Fed tokens land below len(stream) + budget − 1 (the last one is not fed).
+        session.reserve(max(int(block.pos[r] + block.budget[r]) for r in rows))
 
-        self._run([block for block in self._blocks if id(block) in todo], prefill)
+    def _work(self, params, block: _BlockState) -> dict[int, SlotReply]:
+        """A block's turn: the prefill of its new prompts, then a chunk of its live rows."""
+        if block.to_prefill:
+            self._prefill(block)
+        return self._chunk(params, block) if block.live.any() else {}
 
     def decode(self, *, params=None) -> dict[int, SlotReply]:
-        """Advances every live row by ≤ `chunk` tokens; → {row: reply} of those that ended."""
-        params = self.sampler.params if params is None else params
-        busy = [(lo, block) for lo, block in zip(self._starts, self._blocks, strict=False)
-                if block.live.any()]
+        """Advances every live row by ≤ `chunk` tokens (the blocks side by side, waiting for
+        all); → {row: reply} of those that ended."""
+        if self._inflight:
+            raise ValueError("chunks are in flight: collect them before decode")
+        self.launch(params=params)
         finished: dict[int, SlotReply] = {}
-        for (lo, _), done in zip(busy, self._run([b for _, b in busy],
-                                                 functools.partial(self._chunk, params)),
-                                 strict=True):
-            finished.update({lo + r: reply for r, reply in done.items()})
+        while self._inflight:
+            finished.update(self.collect())
         return finished
 
     def precompile(self, *, max_prompt: int | None = None, params=None) -> int:
@@ -214,11 +278,6 @@ class SlotDecoder:
         if self.sampler.mesh is not None:
             return capacity
         return min(capacity, next_power_of_two(live))
-
-    def _run(self, blocks: list[_BlockState], fn) -> list:
-        if len(blocks) > 1:
-            return self.sampler._map(fn, blocks)
-        return [fn(block) for block in blocks]
 
     def _launch(self, params, block: _BlockState, live: np.ndarray, width: int):
         """Runs the chunk program on the `live` rows of `block` as `width` input rows;

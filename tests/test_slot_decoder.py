@@ -20,12 +20,12 @@ def model():
     return Transformer(CFG, rngs=nnx.Rngs(3))
 
 
-def reference(sampler, prompts, max_new):
+def reference(sampler, prompts, max_new, row_ids=ROW_IDS):
     """One `Session.generate` call for every prompt (the lockstep sampler)."""
     session = sampler.new_session(len(prompts))
     session.extend(range(len(prompts)), prompts)
     return session.generate(range(len(prompts)), max_new_tokens=max_new, seed=SEED,
-                            row_seeds=ROW_IDS, stop_token_ids=STOPS)
+                            row_seeds=row_ids, stop_token_ids=STOPS)
 
 
 def staggered(sampler, prompts, max_new, *, slots, chunk, fixed=False, precompile=False,
@@ -80,6 +80,71 @@ def test_slot_replies_equal_one_generate_call(model, chunk, slots, threads):
         np.testing.assert_allclose(got[i].logprobs, ref.logprobs[i], atol=1e-5)
         reasons.add(ref.stop_reasons[i])
     assert reasons == {"eos", "stop", "length"}  # every way a reply ends is exercised
+
+
+def independent_blocks(sampler, prompts, max_new, row_ids, *, slots, chunk):
+    """`staggered` with the row blocks on their own (`launch` / `collect`): a block whose
+    chunk is done hands over its ended replies and takes new prompts while the others
+    decode; → {prompt index: reply}."""
+    session = sampler.new_session(slots)
+    decoder = SlotDecoder(session, max_new_tokens=max_new, chunk=chunk, stop_token_ids=STOPS)
+    todo, free, owner, replies = list(range(len(prompts))), list(range(slots)), {}, {}
+    while todo or decoder.decoding or decoder.live_rows:
+        idle = [slot for slot in free if decoder.idle(slot)]
+        starting = []
+        while idle and todo:
+            slot, i = idle.pop(), todo.pop(0)
+            free.remove(slot)
+            session.reset_row(slot)
+            session.extend([slot], [prompts[i]])
+            owner[slot] = i
+            starting.append(slot)
+        if starting:
+            decoder.start(starting, [SEED] * len(starting), [row_ids[owner[s]] for s in starting])
+        decoder.launch()
+        for slot, reply in decoder.collect().items():
+            replies[owner[slot]] = reply
+            free.append(slot)
+    return replies
+
+
+@pytest.mark.parametrize("chunk,slots,threads", [(2, 4, 2), (3, 6, 3)])
+def test_blocks_decoding_on_their_own_give_the_replies_of_one_generate_call(
+        model, chunk, slots, threads):
+    sampler = Sampler(model, max_total_len=64, eos_token_id=EOS, decode_threads=threads,
+                      min_rows_per_thread=2)
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(0, 96, n).tolist() for n in LENGTHS * 2]
+    row_ids = ROW_IDS + [i + 1000 for i in ROW_IDS]
+    ref = reference(sampler, prompts, 24, row_ids)
+    got = independent_blocks(sampler, prompts, 24, row_ids, slots=slots, chunk=chunk)
+    assert sorted(got) == list(range(len(prompts)))
+    for i in range(len(prompts)):
+        assert got[i].tokens == ref.tokens[i], i
+        assert got[i].stop_reason == ref.stop_reasons[i], i
+        np.testing.assert_allclose(got[i].logprobs, ref.logprobs[i], atol=1e-5)
+
+
+def test_start_refuses_a_row_whose_block_is_decoding(model):
+    """A launched chunk owns its block's cache until it is collected, done or not."""
+    sampler = Sampler(model, max_total_len=64, eos_token_id=-1, decode_threads=2,
+                      min_rows_per_thread=2)
+    session = sampler.new_session(4)  # rows 0, 1: block 0; rows 2, 3: block 1
+    session.extend(range(4), [[1, 2], [3], [4, 5, 6], [7]])
+    decoder = SlotDecoder(session, max_new_tokens=8, chunk=2)
+    decoder.start([0], [0], [0])
+    decoder.launch()
+    assert decoder.decoding and not decoder.idle(1) and decoder.idle(2)
+    with pytest.raises(ValueError, match="row 1's block is decoding"):
+        decoder.start([1], [0], [1])
+    with pytest.raises(ValueError, match="in flight"):
+        decoder.decode()
+    decoder.start([2], [0], [2])  # the other block is free
+    replies = {}
+    while decoder.decoding or decoder.live_rows:
+        decoder.launch()
+        replies.update(decoder.collect())
+    assert sorted(replies) == [0, 2] and all(len(r.tokens) == 8 for r in replies.values())
 
 
 def test_a_slot_continues_its_stream_like_generate(model):

@@ -41,11 +41,28 @@ def generation(setup):  # noqa: F811
     return GenerationConfig(max_tokens_per_step=MAX_NEW, stop_token_ids=stops)
 
 
-@pytest.mark.parametrize("backend,slots,chunk", [("jax", 3, 3), ("python", 0, 2)])
+def with_row_blocks(setup, blocks: int):  # noqa: F811
+    """`setup` with a sampler whose sessions split into `blocks` row blocks (each decodes on
+    its own thread, `SlotDecoder.launch`) from 2 rows a block."""
+    from flax import nnx
+
+    from jaxrl_agentic.sampler import Sampler
+
+    env, params, sampler, formatter, max_input_length = setup
+    split = Sampler(nnx.merge(sampler.graphdef, sampler.params), sampler.tokenizer,
+                    max_total_len=sampler.max_total_len, decode_threads=blocks,
+                    min_rows_per_thread=2, precompile_slots=False)  # compiles what it runs
+    return env, params, split, formatter, max_input_length
+
+
+@pytest.mark.parametrize("backend,slots,chunk,blocks", [("jax", 3, 3, 1), ("python", 0, 2, 2)])
 def test_continuous_equals_turn_lockstep_token_for_token(setup, generation, backend, slots,  # noqa: F811
-                                                         chunk):
+                                                         chunk, blocks):
     """The strongest check of the slot bookkeeping: each episode's noise is keyed by its id
-    and turn, so any schedule must give the lockstep's trajectories."""
+    and turn, so any schedule must give the lockstep's trajectories. With several row
+    blocks, each block's chunks, hand-overs and prefills run apart from the others'."""
+    if blocks > 1:
+        setup = with_row_blocks(setup, blocks)
     plan, stats = episodes(5), setup[2].stats
     before = stats["prefill_tokens"]
     turn = runner(setup, backend, generation).run(plan, sample_seed=11, traj_id_start=40)
