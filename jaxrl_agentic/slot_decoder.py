@@ -253,7 +253,7 @@ class SlotDecoder:
             for width in sorted({self._width(n, cap) for n in range(1, cap + 1)}):
                 key = ("chunk", cap, width, max_len, self.chunk, self.max_new_bucket)
                 if key not in sampler.warmed:
-                    self._launch(params, idle, np.zeros(0, np.int64), width)
+                    self._run_chunk_program(params, idle, np.zeros(0, np.int64), width)
                     sampler.warmed.add(key)
                     done += 1
             for length in lengths:
@@ -279,7 +279,7 @@ class SlotDecoder:
             return capacity
         return min(capacity, next_power_of_two(live))
 
-    def _launch(self, params, block: _BlockState, live: np.ndarray, width: int):
+    def _run_chunk_program(self, params, block: _BlockState, live: np.ndarray, width: int):
         """Runs the chunk program on the `live` rows of `block` as `width` input rows;
         → (program outputs less the cache, {row: its input index})."""
         session = block.session
@@ -314,7 +314,8 @@ class SlotDecoder:
     def _chunk(self, params, block: _BlockState) -> dict[int, SlotReply]:
         session = block.session
         live = np.flatnonzero(block.live)
-        out, at = self._launch(params, block, live, self._width(len(live), session.capacity))
+        width = self._width(len(live), session.capacity)
+        out, at = self._run_chunk_program(params, block, live, width)
         toks, lps, steps, token, pos, n_gen, reasons = jax.device_get(out)
         self.sampler._count(decode_steps=int(steps))
         finished = {}
