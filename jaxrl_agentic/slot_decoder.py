@@ -145,6 +145,7 @@ class SlotDecoder:
         """Whether `row`'s block has no chunk in flight (so `row` may be `start`ed)."""
         return self._index(row) not in self._inflight
 
+    @property
     def all_decoding(self) -> bool:
         """Whether every block has a chunk in flight."""
         return len(self._inflight) == len(self._blocks)

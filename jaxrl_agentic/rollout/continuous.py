@@ -100,7 +100,7 @@ def play_continuous(envs, trajs: list[Trajectory], pending: dict[int, list[int]]
             ready = []
         starting = [slot for slot in prompted if decoder.idle(slot)]
         if starting:
-            prompted = [slot for slot in prompted if not decoder.idle(slot)]
+            prompted = [slot for slot in prompted if slot not in starting]
             episodes = [episode_of[slot] for slot in starting]
             decoder.start(starting,
                           [turn_seed(sample_seed, len(trajs[e].turns)) for e in episodes],
@@ -111,7 +111,7 @@ def play_continuous(envs, trajs: list[Trajectory], pending: dict[int, list[int]]
         #    briefly, and look for answers in between.
         decoder.launch(params=params)
         if decoder.decoding:
-            poll = in_env and not decoder.all_decoding()
+            poll = in_env and not decoder.all_decoding
             for slot, out in decoder.collect(timeout=POLL_S if poll else None).items():
                 episode = episode_of[slot]
                 reply = close_reply(session, slot, trajs[episode], out.tokens, out.logprobs,
