@@ -8,6 +8,20 @@ effective). Rewards per step:
     +1 / -1                       a box pushed onto / off a target
     +10                           every box is on a target (the episode terminates)
 
+Optional help for small models (off by default; the rules and levels are unchanged):
+
+    + progress_reward · (Φ(s') − Φ(s)),  Φ = −(Σ_boxes d(box, nearest target)
+                                              + ½ d(player, nearest box off a target))
+    − bump_penalty                a move that changed nothing (wall, or a blocked box)
+
+d is the Manhattan distance. The progress term is potential-based shaping (Ng et al. 1999):
+summed over an episode it telescopes to Φ(end) − Φ(start), so it rewards each move by how
+much closer it brings the level to solved without changing which policies are optimal
+for the undiscounted return. `hints` add a line after the board naming the directions from
+the player to the nearest box off a target and from that box to its nearest free target
+("Box: Up Right. Target: Down."), so each fact a move depends on is a token of its own, as
+FrozenLake's short hints do.
+
 Level generation (`generate_level`), all inside JAX so `reset` stays jittable and vmappable:
   1. Room: border walls; the interior starts as wall and a random walk of `num_carve_steps`
      moves carves floor (so the floor is connected and inner walls vary per level).
@@ -27,6 +41,7 @@ Level generation (`generate_level`), all inside JAX so `reset` stays jittable an
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from jaxrl_agentic.envs.base import (
@@ -73,12 +88,22 @@ class SokobanParams(TextEnvParams):
     num_reverse_steps: random moves of reverse play; None = 16 * (dim_room - 2) * num_boxes.
     num_carve_steps: random-walk moves that carve the floor; None = 2 * (dim_room - 2) ** 2.
     All four are static (they set shapes and loop lengths); changing one recompiles.
+
+    progress_reward: weight of the potential-based shaping term (module doc); 0 = off.
+    bump_penalty: reward −= bump_penalty for a valid move that changed nothing.
+    hints: a line after the board, "Box: <dirs>. Target: <dirs>." (module doc).
+    brief_instructions: a two-line instruction text (~40 tokens instead of ~200), for a
+        small model trained from scratch that reads no English.
     """
 
     dim_room: int = struct.field(pytree_node=False, default=6)
     num_boxes: int = struct.field(pytree_node=False, default=1)
     num_reverse_steps: int | None = struct.field(pytree_node=False, default=None)
     num_carve_steps: int | None = struct.field(pytree_node=False, default=None)
+    progress_reward: float = 0.0
+    bump_penalty: float = 0.0
+    hints: bool = struct.field(pytree_node=False, default=False)
+    brief_instructions: bool = struct.field(pytree_node=False, default=False)
 
 
 def resolved_steps(params: SokobanParams) -> tuple[int, int]:
@@ -112,6 +137,27 @@ def distance_to_nearest(targets: jax.Array) -> jax.Array:
     far = rows + cols  # more than any distance on the grid
     nearest = jnp.min(jnp.where(targets.reshape(-1)[None, :], distance, far), axis=1)
     return nearest.reshape(rows, cols).astype(jnp.int32)
+
+
+def potential(state: SokobanState) -> jax.Array:
+    """Φ of the module doc: −(Σ_boxes d(box, nearest target) + ½ d(player, nearest box off a
+    target)); the player term is 0 once every box is on a target."""
+    to_target = distance_to_nearest(state.targets)
+    boxes_term = jnp.sum(jnp.where(state.boxes, to_target, 0))
+    rows, cols = jnp.indices(state.boxes.shape)
+    from_player = jnp.abs(rows - state.player[0]) + jnp.abs(cols - state.player[1])
+    loose = state.boxes & ~state.targets
+    walk = jnp.where(jnp.any(loose), jnp.min(jnp.where(loose, from_player, sum(rows.shape))), 0)
+    return -(boxes_term + 0.5 * walk).astype(jnp.float32)
+
+
+def directions(source: tuple[int, int], dest: tuple[int, int]) -> str:
+    """The action names that lead from `source` towards `dest`, vertical first ("Up Right");
+    "here" when they are the same cell."""
+    (r0, c0), (r1, c1) = source, dest
+    names = (["Down" if r1 > r0 else "Up"] if r1 != r0 else []) + \
+        (["Right" if c1 > c0 else "Left"] if c1 != c0 else [])
+    return " ".join(names) or "here"
 
 
 def reverse_play(floor: jax.Array, targets: jax.Array, player: jax.Array, moves: jax.Array):
@@ -215,6 +261,9 @@ class Sokoban(TextEnvironment):
                 f"num_boxes={params.num_boxes} does not fit a {params.dim_room}x"
                 f"{params.dim_room} room (at most {(params.dim_room - 2) ** 2 - 2})"
             )
+        for name in ("progress_reward", "bump_penalty"):
+            if not float(getattr(params, name)) >= 0.0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(params, name)}")
         if reverse < 1 or carve < params.num_boxes + 1:
             raise ValueError(
                 f"num_reverse_steps must be >= 1 and num_carve_steps >= num_boxes + 1, "
@@ -240,7 +289,10 @@ class Sokoban(TextEnvironment):
         onto = state.targets[two_c].astype(jnp.float32) - state.targets[one_c].astype(jnp.float32)
         solved = ~jnp.any(boxes & ~state.targets)
         reward = STEP_REWARD + push * BOX_ON_TARGET_REWARD * onto + solved * SOLVED_REWARD
-        return state.replace(boxes=boxes, player=player), reward, solved, solved
+        moved = state.replace(boxes=boxes, player=player)
+        reward = (reward + params.progress_reward * (potential(moved) - potential(state))
+                  - params.bump_penalty * ~(walk | push))
+        return moved, reward, solved, solved
 
     def symbol_grid(self, state: SokobanState, params) -> jax.Array:
         grid = jnp.where(state.walls, WALL, jnp.where(state.targets, TARGET, FLOOR))
@@ -249,7 +301,24 @@ class Sokoban(TextEnvironment):
         on_target = state.targets[row, col]
         return grid.at[row, col].set(jnp.where(on_target, PLAYER_ON_TARGET, PLAYER))
 
+    def render_text(self, state: SokobanState, params: SokobanParams) -> str:
+        board = super().render_text(state, params)
+        boxes, targets = np.asarray(state.boxes), np.asarray(state.targets)
+        loose = np.argwhere(boxes & ~targets)
+        if not params.hints or len(loose) == 0:  # solved: the game is over
+            return board
+        player = tuple(int(x) for x in state.player)
+        # Nearest box off a target (ties: the first in row-major order), then its nearest
+        # target without a box.
+        box = min(map(tuple, loose), key=lambda b: abs(b[0] - player[0]) + abs(b[1] - player[1]))
+        free = np.argwhere(targets & ~boxes)
+        target = min(map(tuple, free), key=lambda t: abs(t[0] - box[0]) + abs(t[1] - box[1]))
+        return f"{board}\nBox: {directions(player, box)}. Target: {directions(box, target)}."
+
     def instructions(self, params: SokobanParams) -> str:
+        if params.brief_instructions:
+            return ("Push the box X onto the target O; you are P, # is a wall. "
+                    f"Reply <answer>ACTION</answer>, ACTION one of {', '.join(self.action_names)}.")
         rules = (
             "You are playing Sokoban in a room seen from above, top row first. Push every box "
             "onto a target. You can push a box by walking into it if the cell behind it is "

@@ -226,3 +226,55 @@ def test_vmapped_step_of_4096_envs_matches_a_reference(env_and_params):
         assert rewards[i] == pytest.approx(reward) and bool(term[i]) == solved
         assert bool(info["action_is_effective"][i]) == (expected != board)
     assert not trunc.any()
+
+
+def test_hints_shaping_and_bump_penalty_on_a_hand_made_level():
+    """`hints`, `progress_reward` and `bump_penalty` on a one-box level, written out by hand.
+
+    Φ = −(box-to-target distance + ½ player-to-box distance); a move is paid
+    progress_reward · (Φ' − Φ) on top of the game's rewards."""
+    env, params = make("sokoban", cell_separator=" ", hints=True, progress_reward=1.0,
+                       bump_penalty=0.5)
+    board = "\n".join(["######", "#P___#", "#____#", "#_X_O#", "#____#", "######"])
+    state = state_from_board(board)
+    # Box (3, 2) is 2 down and 1 right of the player (1, 1); the target (3, 4) is right of it.
+    assert env.render_text(state, params) == (
+        "# # # # # #\n# P _ _ _ #\n# _ _ _ _ #\n# _ X _ O #\n# _ _ _ _ #\n# # # # # #\n"
+        "Box: Down Right. Target: Right.")
+    step = jax.jit(env.step_env)
+    key = jax.random.key(0)
+    # Φ = −(2 + ½·3) = −3.5. Down or Right: player 2 from the box, Φ' = −3, +0.5 − 0.1.
+    # Up and Left walk into the wall: nothing changes, −0.1 − 0.5.
+    for action, reward in {DOWN: 0.4, RIGHT: 0.4, UP: -0.6, LEFT: -0.6}.items():
+        assert float(step(key, state, action, params)[2]) == pytest.approx(reward), NAMES[action]
+    # Pushing the box right from (3, 1): box 1 from the target (+1), player still 1 from it.
+    pusher = state_from_board(board.replace("#P___#", "#____#").replace("#_X_O#", "#PX_O#"))
+    assert env.render_text(pusher, params).endswith("Box: Right. Target: Right.")
+    assert float(step(key, pusher, RIGHT, params)[2]) == pytest.approx(1.0 - 0.1)
+    # Pushing it onto the target: Φ goes from −(1 + ½) to 0 (the player term is 0 once no
+    # box is off a target), +1 box on target, +10 solved, −0.1 a step.
+    last = state_from_board(board.replace("#P___#", "#____#").replace("#_X_O#", "#_PXO#"))
+    assert float(step(key, last, RIGHT, params)[2]) == pytest.approx(1.5 + 1 + 10 - 0.1)
+    # A box against the wall does not move: a bump. The target is left of the box.
+    stuck = state_from_board(board.replace("#P___#", "#____#").replace("#_X_O#", "#_OPX#"))
+    assert float(step(key, stuck, RIGHT, params)[2]) == pytest.approx(-0.6)
+    assert env.render_text(stuck, params).endswith("Box: Right. Target: Left.")
+    # Solved: the game is over, no hint line.
+    solved = state_from_board(board.replace("#_X_O#", "#___√#"))
+    assert env.render_text(solved, params) == env.render_text(solved, params.replace(hints=False))
+    # Shaping telescopes over a walk: Down, Down, Right (push: box to (3, 3)), Up, Right,
+    # Right ends with the box 1 from its target and the player at (2, 4), 2 from the box:
+    # Φ(end) − Φ(start) = −(1 + 1) + 3.5 = 1.5.
+    game = params.replace(progress_reward=0.0, bump_penalty=0.0)
+    shaping, s = 0.0, state
+    for action in (DOWN, DOWN, RIGHT, UP, RIGHT, RIGHT):
+        _, after, r, _, _ = step(key, s, action, params)
+        shaping, s = shaping + float(r) - float(step(key, s, action, game)[2]), after
+    assert shaping == pytest.approx(1.5)
+    assert env.render_text(s, params).split("\n")[2:4] == ["# _ _ _ P #", "# _ _ X O #"]
+    with pytest.raises(ValueError, match="bump_penalty must be >= 0"):
+        make("sokoban", bump_penalty=-1.0)
+    # Off by default: the game's own rewards and a board without hints.
+    plain_env, default = make("sokoban")
+    assert plain_env.render_text(state, default) == board
+    assert float(step(key, state, UP, default)[2]) == pytest.approx(-0.1)
