@@ -175,6 +175,8 @@ def default_config() -> ml_collections.ConfigDict:
     c.min_lr_ratio = 0.0
     c.weight_decay = 0.0
     c.max_grad_norm = 1.0
+    # also clip to this multiple of the typical recent gradient norm (0 = off; update.py)
+    c.relative_grad_clip = 0.0
     c.mini_batch_size = 32  # samples per optimizer update
     c.estimated_chunks_per_traj = 0  # 0 = automatic (from env limits, corrected as observed)
     # lengths and batching

@@ -51,6 +51,8 @@ def packing_config(c, pad_token_id: int = 0) -> PackingConfig:
 def _update_fields(c, pad_token_id: int) -> dict:
     return dict(
         max_grad_norm=c.max_grad_norm,
+        # 0 means off in the run config, None in the typed one.
+        relative_grad_clip=c.relative_grad_clip or None,
         weight_decay=c.weight_decay,
         mini_batch_size=c.mini_batch_size,
         ppo_epochs=c.ppo_epochs,

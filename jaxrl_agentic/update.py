@@ -8,7 +8,7 @@ takes a loss function). This module is that shared way:
         objective_m, (sums_m, D_m) = micro_objective(θ, rows)   # weighted sums (Tunix)
         G += ∇_θ objective_m;   O += objective_m;   S += sums_m;   D += D_m
     g = G / max(D, 1);   loss = O / max(D, 1)                   # the one division
-    if loss and |g| are finite:  g = clip_by_global_norm(g);  θ ← AdamW(θ, g, lr)
+    if loss and |g| are finite:  g = clip(g);  θ ← AdamW(θ, g, lr)
 
 so the update equals the one computed on the whole mini-batch at once, however the packer
 split it into micro-batches (dividing per micro-batch is the bug peers shipped). A scan step
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -65,7 +65,9 @@ class UpdateConfig:
     """Settings every trained model shares: optimizer, mini-batching and packing.
 
     ``learning_rate`` is the peak LR (the host passes each update's LR; see
-    ``algos/schedules.py``); ``max_grad_norm`` None = no clipping; AdamW's decoupled
+    ``algos/schedules.py``); ``max_grad_norm`` None = no clipping;
+    ``relative_grad_clip`` (None = off) also clips to that multiple of the typical recent
+    gradient norm (:func:`clip_by_relative_global_norm`); AdamW's decoupled
     ``weight_decay`` applies to matrices only. Each pipeline step makes
     ``ppo_epochs · ceil(n / mini_batch_size)`` updates. ``seed`` seeds the mini-batch
     shuffle. Defaults equal the run defaults (``config.default_config``).
@@ -76,6 +78,7 @@ class UpdateConfig:
 
     learning_rate: float = 1e-5
     max_grad_norm: float | None = 1.0
+    relative_grad_clip: float | None = None
     weight_decay: float = 0.0
     adam_b1: float = 0.9
     adam_b2: float = 0.999
@@ -90,6 +93,8 @@ class UpdateConfig:
             (self.learning_rate >= 0, "learning_rate", "must be >= 0"),
             (self.max_grad_norm is None or self.max_grad_norm > 0, "max_grad_norm",
              "must be > 0"),
+            (self.relative_grad_clip is None or self.relative_grad_clip > 0,
+             "relative_grad_clip", "must be > 0 (0 or None: off)"),
             (self.weight_decay >= 0, "weight_decay", "must be >= 0"),
             (self.mini_batch_size >= 1, "mini_batch_size", "must be >= 1"),
             (self.ppo_epochs >= 1, "ppo_epochs", "must be >= 1"),
@@ -114,8 +119,52 @@ def _decay_mask(params):
     return jax.tree.map(lambda p: jnp.ndim(p) >= 2, params)
 
 
+class RelativeClipState(NamedTuple):
+    log_norm_ema: jax.Array  # fp32: EMA of log |g| over the updates so far
+    count: jax.Array  # int32: updates so far
+
+
+def clip_by_relative_global_norm(factor: float, decay: float = 0.95
+                                 ) -> optax.GradientTransformation:
+    """Clip each gradient to ``factor`` times the typical norm of the gradients before it:
+
+        ḡ_t = exp(m_{t-1} / (1 − decay^{t-1}))        (bias-corrected geometric mean)
+        g_t ← g_t · min(1, factor · ḡ_t / |g_t|);   m_t = decay · m_{t-1} + (1 − decay) · log|g_t|
+
+    The first gradient passes unclipped. The threshold follows the gradient's own scale, so
+    it means the same thing whatever sets that scale: the loss reduction and the number of
+    loss tokens per reply (a token mean over a four-token reply is a quarter of the
+    one-token reply's), the reward scale, the model. A fixed ``max_grad_norm`` does not:
+    it clipped every update of the one-token FrozenLake recipe (norms 1.5–3) and none of
+    the full-reply one's (0.45–0.7), whose rare spikes from broken replies (up to 20× the
+    median in the bandit of scripts/analysis/probe_reply_format.py) then steered Adam's
+    moments (docs/algorithms.md, "Generated format tokens and the gradient clip"). The
+    EMA is of log norms, so one spike moves the threshold by a factor, not by its size.
+    """
+
+    def init(params):
+        del params
+        return RelativeClipState(jnp.zeros((), _F32), jnp.zeros((), jnp.int32))
+
+    def update(grads, state, params=None):
+        del params
+        norm = optax.tree.norm(grads).astype(_F32)
+        seen = state.count.astype(_F32)
+        typical = jnp.exp(state.log_norm_ema / jnp.maximum(1.0 - decay ** seen, 1e-12))
+        threshold = jnp.where(state.count > 0, factor * typical, jnp.inf)
+        scale = jnp.where(norm > threshold, threshold / norm, 1.0)
+        grads = jax.tree.map(lambda g: (g * scale).astype(g.dtype), grads)
+        log_norm = jnp.log(jnp.maximum(norm, jnp.finfo(_F32).tiny))
+        ema = decay * state.log_norm_ema + (1.0 - decay) * log_norm
+        return grads, RelativeClipState(ema, state.count + 1)
+
+    return optax.GradientTransformation(init, update)
+
+
 def make_optimizer(config: UpdateConfig) -> optax.GradientTransformation:
-    """``clip_by_global_norm(max_grad_norm) ∘ AdamW`` with an injectable learning rate.
+    """``clip ∘ AdamW`` with an injectable learning rate; ``clip`` is
+    ``clip_by_global_norm(max_grad_norm)``, after :func:`clip_by_relative_global_norm`
+    when ``relative_grad_clip`` is set (either may be off).
 
     ``inject_hyperparams`` keeps the LR in the optimizer state, so the host sets it per
     update (:func:`set_learning_rate`) without recompiling.
@@ -125,6 +174,8 @@ def make_optimizer(config: UpdateConfig) -> optax.GradientTransformation:
         if config.max_grad_norm is None
         else optax.clip_by_global_norm(config.max_grad_norm)
     )
+    if config.relative_grad_clip is not None:
+        clip = optax.chain(clip_by_relative_global_norm(config.relative_grad_clip), clip)
     adamw = optax.inject_hyperparams(optax.adamw, static_args=("mask",))(
         learning_rate=config.learning_rate,
         b1=config.adam_b1,

@@ -57,10 +57,13 @@ def bandit_model(seed: int, untie: bool):
 def run_pattern(pattern: str, *, updates: int, warmup_steps: int, lr: float, seed: int,
                 report_every: int, untie: bool = False, loss_reduction: str = "token_mean",
                 format_in_loss: bool = True, valid_out: list | None = None,
-                max_grad_norm: float = 1.0, broken_reward: float = -1.0) -> list[float]:
+                max_grad_norm: float = 1.0, broken_reward: float = -1.0,
+                grad_norms_out: list | None = None,
+                relative_grad_clip: float | None = None) -> list[float]:
     """Fraction of right replies every `report_every` PPO updates. `format_in_loss=False`
     keeps the format tokens out of the RL loss (the warm-up still trains them);
-    `valid_out` collects the fraction of well-formed replies at the same points."""
+    `valid_out` collects the fraction of well-formed replies at the same points;
+    `grad_norms_out` every update's gradient norm before clipping."""
     graphdef, params = bandit_model(seed, untie)
     mesh = make_mesh(devices=jax.local_devices())
     # All 64 samples (≤ 12 tokens each) in one packed row.
@@ -99,7 +102,8 @@ def run_pattern(pattern: str, *, updates: int, warmup_steps: int, lr: float, see
         warm.step([sample(p[i], [FORMAT.get(ch, ys[i]) for ch in pattern],
                           np.zeros(len(pattern)), 1.0) for i in range(BATCH)], [2e-3])
     learner = Learner(graphdef, warm.params, LearnerConfig(
-        learning_rate=lr, loss_reduction=loss_reduction, **common), mesh)
+        learning_rate=lr, loss_reduction=loss_reduction,
+        relative_grad_clip=relative_grad_clip, **common), mesh)
     right_fraction = []
     for update in range(updates):
         x, seq = prompts()
@@ -118,8 +122,11 @@ def run_pattern(pattern: str, *, updates: int, warmup_steps: int, lr: float, see
         right = valid & (reply[:, pattern.index("y")] == x + 4)
         reward = np.where(valid, right.astype(np.float64), broken_reward)
         advantage = (reward - reward.mean()) / (reward.std() + 1e-6)
-        learner.step([sample(seq[i, :-len(pattern)], reply[i], logprobs[i], advantage[i],
-                             only_decision=not format_in_loss) for i in range(BATCH)], [lr])
+        metrics = learner.step([sample(seq[i, :-len(pattern)], reply[i], logprobs[i],
+                                       advantage[i], only_decision=not format_in_loss)
+                                for i in range(BATCH)], [lr])
+        if grad_norms_out is not None:
+            grad_norms_out.append(metrics["actor/grad_norm"])
         if (update + 1) % report_every == 0:
             right_fraction.append(round(float(right.mean()), 3))
             if valid_out is not None:
@@ -143,6 +150,8 @@ def main():
     parser.add_argument("--format-out-of-loss", action="store_true",
                         help="RL loss on the decision token only (format tokens masked)")
     parser.add_argument("--max-grad-norm", type=float, default=1.0)
+    parser.add_argument("--relative-grad-clip", type=float, default=None,
+                        help="LearnerConfig.relative_grad_clip of the RL updates (off by default)")
     parser.add_argument("--broken-reward", type=float, default=-1.0,
                         help="reward of a reply whose format tokens are wrong")
     args = parser.parse_args()
@@ -158,11 +167,14 @@ def main():
                                    format_in_loss=not args.format_out_of_loss,
                                    valid_out=valid.setdefault(pattern, []),
                                    max_grad_norm=args.max_grad_norm,
-                                   broken_reward=args.broken_reward)
+                                   broken_reward=args.broken_reward,
+                                   relative_grad_clip=args.relative_grad_clip)
     print(json.dumps({f"right_fraction_every_{args.report_every}_updates": out,
                       "valid_fraction": valid, "loss_reduction": args.loss_reduction,
                       "format_in_loss": not args.format_out_of_loss,
-                      "max_grad_norm": args.max_grad_norm, "broken_reward": args.broken_reward,
+                      "max_grad_norm": args.max_grad_norm,
+                      "relative_grad_clip": args.relative_grad_clip,
+                      "broken_reward": args.broken_reward,
                       "updates": args.updates, "warmup_steps": args.warmup_steps,
                       "lr": args.lr, "seed": args.seed, "untie": args.untie,
                       "seconds": round(time.perf_counter() - start, 1)}))
