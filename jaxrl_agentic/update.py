@@ -137,8 +137,9 @@ def clip_by_relative_global_norm(factor: float, decay: float = 0.95
     one-token reply's), the reward scale, the model. A fixed ``max_grad_norm`` does not:
     it clipped every update of the one-token FrozenLake recipe (norms 1.5–3) and none of
     the full-reply one's (0.45–0.7), whose rare spikes from broken replies (up to 20× the
-    median in the bandit of scripts/analysis/probe_reply_format.py) then steered Adam's
-    moments (docs/algorithms.md, "Generated format tokens and the gradient clip"). The
+    median in the bandit of scripts/analysis/probe_reply_format.py) then passed into Adam's
+    moments at full size (docs/algorithms.md, "Generated format tokens and the gradient
+    clip"; measured in docs/benchmarks.md, "Full replies"). The
     EMA is of log norms, so one spike moves the threshold by a factor, not by its size.
     """
 
