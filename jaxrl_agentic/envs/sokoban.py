@@ -139,15 +139,21 @@ def distance_to_nearest(targets: jax.Array) -> jax.Array:
     return nearest.reshape(rows, cols).astype(jnp.int32)
 
 
+def walk_to_nearest(position: jax.Array, cells: jax.Array) -> jax.Array:
+    """Manhattan distance from `position` (row, col) to the nearest True cell of `cells`;
+    rows + cols (more than any distance on the grid) when there is none."""
+    rows, cols = jnp.indices(cells.shape)
+    from_position = jnp.abs(rows - position[0]) + jnp.abs(cols - position[1])
+    return jnp.min(jnp.where(cells, from_position, sum(cells.shape)))
+
+
 def potential(state: SokobanState) -> jax.Array:
     """Φ of the module doc: −(Σ_boxes d(box, nearest target) + ½ d(player, nearest box off a
     target)); the player term is 0 once every box is on a target."""
     to_target = distance_to_nearest(state.targets)
     boxes_term = jnp.sum(jnp.where(state.boxes, to_target, 0))
-    rows, cols = jnp.indices(state.boxes.shape)
-    from_player = jnp.abs(rows - state.player[0]) + jnp.abs(cols - state.player[1])
     loose = state.boxes & ~state.targets
-    walk = jnp.where(jnp.any(loose), jnp.min(jnp.where(loose, from_player, sum(rows.shape))), 0)
+    walk = jnp.where(jnp.any(loose), walk_to_nearest(state.player, loose), 0)
     return -(boxes_term + 0.5 * walk).astype(jnp.float32)
 
 
@@ -168,8 +174,6 @@ def reverse_play(floor: jax.Array, targets: jax.Array, player: jax.Array, moves:
     player's neighbours stay in bounds).
     """
     distance = distance_to_nearest(targets)
-    rows, cols = jnp.indices(targets.shape)
-    far = sum(targets.shape)
 
     def pull_step(carry, move):
         boxes, player, best = carry
@@ -180,8 +184,7 @@ def reverse_play(floor: jax.Array, targets: jax.Array, player: jax.Array, moves:
         boxes = jnp.where(pull, pulled, boxes)
         player = jnp.where(can_move, ahead, player)
         box_distance = jnp.sum(jnp.where(boxes, distance, 0))
-        from_player = jnp.abs(rows - player[0]) + jnp.abs(cols - player[1])
-        walk_to_box = jnp.min(jnp.where(boxes, from_player, far))
+        walk_to_box = walk_to_nearest(player, boxes)
         # Boxes off target are >= 1 from one, so a valid position scores >= num_boxes > 0.
         score = jnp.where(jnp.any(boxes & targets), 0, box_distance + walk_to_box)
         better = score >= best[2]  # ties: the later position, after more walking
