@@ -70,12 +70,23 @@ class Checkpointer:
         if step not in self.manager.all_steps():
             raise CheckpointError(f"no checkpoint for step {step} in {self.directory}")
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _saveable(train_states_like))
-        restored = self.manager.restore(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
-            ),
-        )
+        try:
+            restored = self.manager.restore(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
+                ),
+            )
+        except ValueError as e:
+            # Orbax names the first differing path over several lines: keep them on one.
+            where = " ".join(" ".join(str(e).split("\n")[1:3]).split())
+            raise CheckpointError(
+                f"{self.directory} step {step}: the saved state does not fit this run's "
+                f"model and optimizer ({where or str(e).splitlines()[0]}); a checkpoint "
+                "written before the decoder blocks were stored stacked (parameters "
+                "layers.<i>.*) cannot be resumed: export it with the version that wrote it "
+                "(python -m jaxrl_agentic.export) and start from that model with "
+                "pretrain=<dir>") from None
         return _restored(restored["state"]), restored["meta"]
 
 

@@ -57,7 +57,7 @@ from jaxrl_agentic.algos.losses import (
 from jaxrl_agentic.algos.reductions import REDUCTIONS, loss_denominator, loss_weights
 from jaxrl_agentic.data import Sample, token_stats, updates_per_step
 from jaxrl_agentic.models.transformer import REMAT_POLICIES, in_compute_dtype
-from jaxrl_agentic.parallel import make_mesh, place, train_state_shardings
+from jaxrl_agentic.parallel import make_mesh, place, stacked_layer_dims, train_state_shardings
 from jaxrl_agentic.update import (
     EngineDriver,
     UpdateConfig,
@@ -255,11 +255,12 @@ def init_train_state(
     if config.uses_reference:
         source = params if ref_params is None else ref_params
 
-        def stored(x):
-            cast = x if ref_dtype is None else in_compute_dtype(x, ref_dtype)
+        def stored(path, x):
+            cast = x if ref_dtype is None else in_compute_dtype(x, ref_dtype,
+                                                                stacked_layer_dims(path))
             return jnp.copy(x) if cast is x else cast  # never share a donated buffer
 
-        ref_params = jax.tree.map(stored, source)
+        ref_params = jax.tree_util.tree_map_with_path(stored, source)
     else:
         ref_params = None
     return TrainState(
@@ -292,13 +293,12 @@ def next_token_valid(segment_ids: jax.Array) -> jax.Array:
 
 def _hidden_and_head(graphdef, params, micro, remat: str = "none",
                      attention_impl: str = "auto"):
-    model = nnx.merge(graphdef, params)
-    hidden = model.hidden_states(micro["tokens"], micro["positions"], micro["segment_ids"],
-                                 remat=remat, attention_impl=attention_impl)
     # The head in the compute dtype, as the sampler (and `Transformer.logits`) use it: with
     # bf16 compute and fp32 params, an fp32 head here made the learner's logprobs differ from
     # the sampler's by the head's bf16 rounding (5e-3 mean at the Qwen2.5-0.5B shape).
-    return hidden, model.lm_head_weight().astype(hidden.dtype)
+    return nnx.merge(graphdef, params).hidden_and_head(
+        micro["tokens"], micro["positions"], micro["segment_ids"], remat=remat,
+        attention_impl=attention_impl)
 
 
 def gather_loss_positions(micro: dict[str, jax.Array]):
@@ -430,8 +430,11 @@ def make_compute_logprobs(graphdef, config: LearnerConfig, mesh, param_shardings
     """
 
     def rows_logprobs(params, micro):
-        hidden, head = _hidden_and_head(graphdef, params, micro,
-                                        attention_impl=config.attention_impl)
+        # With remat the train step's forward is a scan over the stacked blocks; so is this
+        # one (the same program structure, and each block's weights are cast to the compute
+        # dtype inside the loop instead of all of them up front).
+        hidden, head = _hidden_and_head(graphdef, params, micro, config.remat,
+                                        config.attention_impl)
         b, t, _ = hidden.shape
         take, valid = gather_loss_positions(micro)
         args = (take(hidden), head, take(_shift_left(micro["tokens"])), config.temperature)

@@ -11,14 +11,14 @@
     optimizer       2 · P · b_param / (fsdp · tensor)     (AdamW's first and second moments)
     activations     one group of rows of the train step's scan, one row per device:
                       remat "none"   L · a_layer(T)
-                      remat "layer"  2L · T · D · b + a_layer(T) + 2 · P_L · b
-                      remat "dots"   L · T · (2D + 2K·h + 3F) · b + a_layer(T) + 2 · P_L · b
+                      remat "layer"  2L · T · D · b + a_layer(T)
+                      remat "dots"   L · T · (2D + 2K·h + 3F) · b + a_layer(T)
                       a_layer(T) = T·(15D + 7F)·b + H·s(T)·(9 + b) + 4·H·T
                       s(T) = T² with dense attention (``attention_impl="reference"``, or
                              T ≤ 256), else 0: segment attention keeps only its inputs,
                              output and the log-sum-exp (4·H·T), never scores
-                    (with remat the blocks run as a scan over their weights stacked in the
-                    compute dtype: a copy of the P_L block parameters and of their gradient)
+                    (with remat the blocks run as a scan over their weights, which are
+                    stored stacked: no copy of them or of their gradient)
     lm head         S · min(V, 8192) · 4 · 3 (fp32 logits of a vocabulary chunk at the S loss
                     slots, their softmax and gradient; the full vocabulary with
                     ``kernel_impl="reference"``)
@@ -93,12 +93,6 @@ def activation_bytes(cfg: ModelConfig, row_len: int, remat: str, attention_impl:
     return layers * t * (2 * cfg.hidden_size + 2 * kv + 3 * cfg.intermediate_size) * b + one
 
 
-def layer_params(cfg: ModelConfig) -> int:
-    """Parameters of the decoder blocks (all but embeddings, head and final norm)."""
-    head = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size
-    return cfg.num_params() - cfg.vocab_size * cfg.hidden_size - head - cfg.hidden_size
-
-
 def device_budget() -> float:
     """Bytes one device may use: the accelerator's limit, or the host's RAM on CPU."""
     import jax
@@ -132,9 +126,7 @@ def memory_plan(cfg: ModelConfig, *, row_len: int, loss_slots: int, remat: str,
         ("gradients", per * 4),
         ("accumulator", per * 4 if accumulates else 0.0),
         ("optimizer", 2 * per * pb),
-        ("activations", activation_bytes(cfg, row_len, remat, attention_impl)
-         + (0.0 if remat == "none"
-            else 2 * layer_params(cfg) * min(pb, _BYTES[cfg.dtype]) / shards)),
+        ("activations", activation_bytes(cfg, row_len, remat, attention_impl)),
         ("lm head", loss_slots * vocab * 4 * 3),
         ("kv cache", cache / max(host_devices, 1)),
         ("sampler logits", sampler_rows * cfg.vocab_size * 4 / max(host_devices, 1)),

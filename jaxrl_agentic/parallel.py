@@ -17,7 +17,9 @@ it only costs memory). Everything else (norm scales, counters, scalars) is repli
 
 The rules look at the last module/parameter names in a pytree path, so the same function
 places the parameters, the reference parameters and the optimizer moments (whose paths end
-in the parameter's path) — see :func:`train_state_shardings`.
+in the parameter's path) — see :func:`train_state_shardings`. The decoder blocks' weights
+are stored stacked (``Transformer.layers``: a leading layer axis ``[L, ...]``), which stays
+unsharded: every device holds its share of every layer.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 MESH_AXES = ("data", "fsdp", "tensor")
+STACKED_LAYERS = "layers"  # the module whose weights carry a leading layer axis
 BATCH_AXES = ("data", "fsdp")
 
 # (module name, parameter name) → mesh axis of each dimension. Kernels are [in, out]
@@ -89,6 +92,13 @@ def _path_names(path: Sequence[Any]) -> list[str]:
     return names
 
 
+def stacked_layer_dims(path: Sequence[Any]) -> int:
+    """1 if the array at ``path`` (a pytree key path or a tuple of names) is a decoder-block
+    weight, stored with a leading layer axis (``Transformer.layers``), else 0."""
+    names = [p for p in path if isinstance(p, str)] or _path_names(path)
+    return int(STACKED_LAYERS in names)
+
+
 def param_partition_spec(
     path: Sequence[Any], shape: Sequence[int], mesh_shape: Mapping[str, int] | None = None
 ) -> P:
@@ -101,6 +111,8 @@ def param_partition_spec(
     names = [p for p in path if isinstance(p, str)] or _path_names(path)
     names = [n for n in names if n != "value"]  # nnx.Variable's own attribute
     rule = _PARAM_RULES.get(tuple(names[-2:])) if len(names) >= 2 else None
+    if rule is not None and STACKED_LAYERS in names:
+        rule = (None, *rule)
     if rule is None or len(rule) != len(shape):
         return P()
     spec = []

@@ -54,6 +54,7 @@ from jaxrl_agentic.parallel import (
     place,
     put_rows,
     replicated,
+    stacked_layer_dims,
     to_host,
 )
 
@@ -115,8 +116,10 @@ def fail_first(checks, config) -> None:
 
 def _decay_mask(params):
     # Decoupled weight decay on matrices only: decaying norm scales towards 0 and biases
-    # has no regularising meaning and hurts (as in GPT-2/Llama recipes).
-    return jax.tree.map(lambda p: jnp.ndim(p) >= 2, params)
+    # has no regularising meaning and hurts (as in GPT-2/Llama recipes). A decoder block's
+    # weights carry a leading layer axis, which does not make a vector a matrix.
+    return jax.tree_util.tree_map_with_path(
+        lambda path, p: jnp.ndim(p) - stacked_layer_dims(path) >= 2, params)
 
 
 class RelativeClipState(NamedTuple):
@@ -124,12 +127,18 @@ class RelativeClipState(NamedTuple):
     count: jax.Array  # int32: updates so far
 
 
-def clip_by_relative_global_norm(factor: float, decay: float = 0.95
-                                 ) -> optax.GradientTransformation:
-    """Clip each gradient to ``factor`` times the typical norm of the gradients before it:
+def clip_gradients(max_norm: float | None = None, relative: float | None = None,
+                   decay: float = 0.95) -> optax.GradientTransformationExtraArgs:
+    """The gradient clips, each off when None, as one multiply of the gradient by a scalar:
+
+        g ← g · s_rel · s_fix,    s_fix = min(1, max_norm / (s_rel · |g|))
+
+    **Fixed** (``max_norm``): optax's ``clip_by_global_norm``.
+    **Relative** (``relative`` = F): clip to F times the typical norm of the gradients
+    before it,
 
         ḡ_t = exp(m_{t-1} / (1 − decay^{t-1}))        (bias-corrected geometric mean)
-        g_t ← g_t · min(1, factor · ḡ_t / |g_t|);   m_t = decay · m_{t-1} + (1 − decay) · log|g_t|
+        s_rel = min(1, F · ḡ_t / |g_t|);   m_t = decay · m_{t-1} + (1 − decay) · log|g_t|
 
     The first gradient passes unclipped. The threshold follows the gradient's own scale, so
     it means the same thing whatever sets that scale: the loss reduction and the number of
@@ -139,44 +148,58 @@ def clip_by_relative_global_norm(factor: float, decay: float = 0.95
     the full-reply one's (0.45–0.7), whose rare spikes from broken replies (up to 20× the
     median in the bandit of scripts/analysis/probe_reply_format.py) then passed into Adam's
     moments at full size (docs/algorithms.md, "Generated format tokens and the gradient
-    clip"; measured in docs/benchmarks.md, "Full replies"). The
-    EMA is of log norms, so one spike moves the threshold by a factor, not by its size.
+    clip"; measured in docs/benchmarks.md, "Full replies"). The EMA is of log norms, so one
+    spike moves the threshold by a factor, not by its size.
+
+    ``update(grads, state, params, global_norm=|g|)`` takes the norm the caller already has
+    (the train step's non-finite guard), so the gradient is not read again for it. And the
+    clip is a multiply by one scalar, which XLA fuses into Adam's moments: optax's clip
+    divides every element by |g|, and XLA:CPU kept that clipped copy of the whole gradient
+    as a buffer (``tests/test_update_memory.py``).
     """
 
     def init(params):
         del params
+        if relative is None:
+            return optax.EmptyState()
         return RelativeClipState(jnp.zeros((), _F32), jnp.zeros((), jnp.int32))
 
-    def update(grads, state, params=None):
-        del params
-        norm = optax.tree.norm(grads).astype(_F32)
-        seen = state.count.astype(_F32)
-        typical = jnp.exp(state.log_norm_ema / jnp.maximum(1.0 - decay ** seen, 1e-12))
-        threshold = jnp.where(state.count > 0, factor * typical, jnp.inf)
-        scale = jnp.where(norm > threshold, threshold / norm, 1.0)
-        grads = jax.tree.map(lambda g: (g * scale).astype(g.dtype), grads)
-        log_norm = jnp.log(jnp.maximum(norm, jnp.finfo(_F32).tiny))
-        ema = decay * state.log_norm_ema + (1.0 - decay) * log_norm
-        return grads, RelativeClipState(ema, state.count + 1)
+    def update(grads, state, params=None, *, global_norm=None, **extra_args):
+        del params, extra_args
+        norm = optax.tree.norm(grads) if global_norm is None else global_norm
+        norm = jnp.asarray(norm, _F32)
+        factor = jnp.ones((), _F32)
+        if relative is not None:
+            seen = state.count.astype(_F32)
+            typical = jnp.exp(state.log_norm_ema / jnp.maximum(1.0 - decay ** seen, 1e-12))
+            threshold = jnp.where(state.count > 0, relative * typical, jnp.inf)
+            factor = jnp.where(norm > threshold, threshold / norm, 1.0)
+            log_norm = jnp.log(jnp.maximum(norm, jnp.finfo(_F32).tiny))
+            ema = decay * state.log_norm_ema + (1.0 - decay) * log_norm
+            state = RelativeClipState(ema, state.count + 1)
+        if max_norm is not None:
+            clipped = norm * factor
+            factor = factor * jnp.where(clipped < max_norm, 1.0, max_norm / clipped)
+        return jax.tree.map(lambda g: (g * factor).astype(g.dtype), grads), state
 
-    return optax.GradientTransformation(init, update)
+    return optax.GradientTransformationExtraArgs(init, update)
 
 
-def make_optimizer(config: UpdateConfig) -> optax.GradientTransformation:
+def clip_by_relative_global_norm(factor: float, decay: float = 0.95
+                                 ) -> optax.GradientTransformationExtraArgs:
+    """The relative clip alone (:func:`clip_gradients`)."""
+    return clip_gradients(relative=factor, decay=decay)
+
+
+def make_optimizer(config: UpdateConfig) -> optax.GradientTransformationExtraArgs:
     """``clip ∘ AdamW`` with an injectable learning rate; ``clip`` is
-    ``clip_by_global_norm(max_grad_norm)``, after :func:`clip_by_relative_global_norm`
-    when ``relative_grad_clip`` is set (either may be off).
+    :func:`clip_gradients` (``max_grad_norm``, ``relative_grad_clip``; either may be off),
+    whose ``update`` takes ``global_norm=`` (the norm of the gradient it is given).
 
     ``inject_hyperparams`` keeps the LR in the optimizer state, so the host sets it per
     update (:func:`set_learning_rate`) without recompiling.
     """
-    clip = (
-        optax.identity()
-        if config.max_grad_norm is None
-        else optax.clip_by_global_norm(config.max_grad_norm)
-    )
-    if config.relative_grad_clip is not None:
-        clip = optax.chain(clip_by_relative_global_norm(config.relative_grad_clip), clip)
+    clip = clip_gradients(config.max_grad_norm, config.relative_grad_clip)
     adamw = optax.inject_hyperparams(optax.adamw, static_args=("mask",))(
         learning_rate=config.learning_rate,
         b1=config.adam_b1,
@@ -252,12 +275,26 @@ def scan_row_groups(fn, batch: dict[str, jax.Array], mesh) -> jax.Array:
 
 
 def accumulate_gradients(micro_objective, params, batch, zero_sums, mesh=None):
-    """Gradient of ``Σ_micro objective / max(Σ_micro D, 1)`` over a mini-batch, in one scan.
+    """Gradient of ``Σ_micro objective / max(Σ_micro D, 1)`` over a mini-batch, in one scan:
+    :func:`accumulate_gradient_sums` divided *once* by the global denominator, in fp32.
+    Returns ``(grads, sums, denominator)``."""
+    grad_sum, sums, denominator = accumulate_gradient_sums(micro_objective, params, batch,
+                                                           zero_sums, mesh)
+    return scale_gradients(grad_sum, 1.0 / jnp.maximum(denominator, 1.0)), sums, denominator
+
+
+def scale_gradients(grads, scale):
+    """``grads · scale`` in fp32."""
+    return jax.tree.map(lambda g: g.astype(_F32) * scale, grads)
+
+
+def accumulate_gradient_sums(micro_objective, params, batch, zero_sums, mesh=None):
+    """``(Σ_micro ∇objective, sums, denominator)`` over a mini-batch, in one scan.
 
     ``micro_objective(params, micro) -> (objective_sum, (sums, denominator))`` is evaluated
     on groups of ``data · fsdp`` rows; gradient sums, loss sums and denominators accumulate
-    in fp32 and the gradient is divided *once* by the global denominator.
-    Returns ``(grads, sums, denominator)``.
+    in fp32. The caller divides by the denominator where the gradient is used
+    (:func:`apply_if_finite`), so the division never needs a buffer of its own.
 
     A mini-batch of a single group is differentiated directly: the scan's fp32 accumulator
     would sit beside that group's own gradient (a second copy of every parameter's
@@ -270,8 +307,7 @@ def accumulate_gradients(micro_objective, params, batch, zero_sums, mesh=None):
     if batch["tokens"].shape[0] == group_rows:
         micro = constrain_rows({k: v[0] for k, v in groups.items()}, mesh)
         grads, (sums, denominator) = grad_fn(params, micro)
-        scale = 1.0 / jnp.maximum(denominator, 1.0)
-        return jax.tree.map(lambda g: g.astype(_F32) * scale, grads), sums, denominator
+        return grads, sums, denominator
 
     def zeros(_):
         return (jax.tree.map(jnp.zeros_like, params),
@@ -295,13 +331,16 @@ def accumulate_gradients(micro_objective, params, batch, zero_sums, mesh=None):
         jnp.zeros((), _F32),
     )
     (grad_sum, sums, denominator), _ = lax.scan(body, init, groups)
-    scale = 1.0 / jnp.maximum(denominator, 1.0)
-    return jax.tree.map(lambda g: g * scale, grad_sum), sums, denominator
+    return grad_sum, sums, denominator
 
 
-def apply_if_finite(optimizer, params, opt_state, grads, loss, lr):
-    """One optax update with learning rate ``lr``, kept only if ``loss`` and the gradient
-    norm are finite. Returns ``(params, opt_state, finite, grad_norm)``.
+def apply_if_finite(optimizer, params, opt_state, grads, loss, lr, grad_scale=1.0):
+    """One optax update with learning rate ``lr`` and gradient ``grads · grad_scale``, kept
+    only if ``loss`` and the gradient norm are finite. Returns ``(params, opt_state,
+    finite, grad_norm)``.
+
+    The scale is applied inside the update, where XLA fuses it into each use: a scaled
+    copy passed into the ``lax.cond`` was one more buffer the size of the gradient.
 
     The update runs inside a ``lax.cond``: its false branch returns the state untouched, so
     the new parameters and moments are written over the donated ones leaf by leaf. Choosing
@@ -309,12 +348,16 @@ def apply_if_finite(optimizer, params, opt_state, grads, loss, lr):
     more of the update step's temporaries at Qwen2.5-0.5B's shape (XLA ``memory_analysis``,
     ``tests/test_update_memory.py``).
     """
-    grad_norm = optax.tree.norm(grads)
+    # |g · s| = |g| · s, read from the gradient as it came out of the backward: a norm is a
+    # reduction XLA:CPU runs as a library call, which takes its input from a buffer, so the
+    # norm of a scaled gradient made XLA keep the scaled copy.
+    grad_norm = optax.tree.norm(grads) * grad_scale
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 
     def apply(params, opt_state, grads):
-        updates, new_opt_state = optimizer.update(grads, set_learning_rate(opt_state, lr),
-                                                  params)
+        updates, new_opt_state = optimizer.update(scale_gradients(grads, grad_scale),
+                                                  set_learning_rate(opt_state, lr), params,
+                                                  global_norm=grad_norm)
         return optax.apply_updates(params, updates), new_opt_state
 
     params, opt_state = lax.cond(finite, apply, lambda p, s, g: (p, s), params, opt_state,
@@ -356,12 +399,12 @@ def make_update_step(loss: UpdateLoss, config: UpdateConfig, mesh, state_shardin
             sums, denominator = loss.micro_sums(params, micro, state)
             return loss.objective(sums), (sums, denominator)
 
-        grads, sums, denominator = accumulate_gradients(
+        grad_sum, sums, denominator = accumulate_gradient_sums(
             micro_objective, state.params, batch, loss.zero_sums, mesh)
         scale = 1.0 / jnp.maximum(denominator, 1.0)
         value = loss.objective(sums) * scale
         params, opt_state, finite, grad_norm = apply_if_finite(
-            optimizer, state.params, state.opt_state, grads, value, lr)
+            optimizer, state.params, state.opt_state, grad_sum, value, lr, scale)
         new_state = state.replace(
             step=state.step + 1,
             skipped=state.skipped + (~finite).astype(jnp.int32),

@@ -33,7 +33,7 @@ from jaxrl_agentic.learner import (
 )
 from jaxrl_agentic.models.config import ModelConfig
 from jaxrl_agentic.models.transformer import Transformer
-from jaxrl_agentic.parallel import make_mesh, train_state_shardings
+from jaxrl_agentic.parallel import make_mesh, stacked_layer_dims, train_state_shardings
 
 MODEL_CFG = ModelConfig(
     vocab_size=64,
@@ -236,8 +236,10 @@ def test_train_step_update_equals_reference_adamw_update():
     ref_loss, ref_grads = jax.value_and_grad(reference_loss)(PARAMS, SAMPLES, BASE, 0.1)
     tx = optax.chain(
         optax.clip_by_global_norm(BASE.max_grad_norm),
-        optax.adamw(5e-4, weight_decay=BASE.weight_decay, mask=lambda p: jax.tree.map(
-            lambda x: x.ndim >= 2, p)),
+        # Decay on matrices only; a block weight's leading axis stacks layers.
+        optax.adamw(5e-4, weight_decay=BASE.weight_decay,
+                    mask=lambda p: jax.tree_util.tree_map_with_path(
+                        lambda path, x: x.ndim - stacked_layer_dims(path) >= 2, p)),
     )
     updates, _ = tx.update(ref_grads, tx.init(PARAMS), PARAMS)
     expected = optax.apply_updates(PARAMS, updates)
@@ -610,9 +612,11 @@ def test_bf16_reference_is_stored_in_the_compute_dtype_with_the_same_logprobs():
                               attention_bias=True)
     graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(1)))
     learner = Learner(graphdef, params, dataclasses.replace(BASE, packing=SHORT_ROWS))
-    ref = jax.tree.leaves(learner.state.ref_params)
-    assert {x.dtype for x in ref if x.ndim >= 2} == {jnp.dtype("bfloat16")}
-    assert {x.dtype for x in ref if x.ndim < 2} == {jnp.dtype("float32")}
+    ref = jax.tree_util.tree_flatten_with_path(learner.state.ref_params)[0]
+    # A block weight's leading axis stacks layers: [L, D] is a vector per layer.
+    matrix_dims = [(x.ndim - stacked_layer_dims(path), x.dtype) for path, x in ref]
+    assert {dtype for dims, dtype in matrix_dims if dims >= 2} == {jnp.dtype("bfloat16")}
+    assert {dtype for dims, dtype in matrix_dims if dims < 2} == {jnp.dtype("float32")}
     samples = [dataclasses.replace(s, ref_logprobs=None) for s in make_samples(2)]
     now = learner.sample_logprobs(samples)
     reference = learner.sample_logprobs(samples, reference=True)

@@ -46,20 +46,21 @@ def test_make_mesh_fills_and_checks():
     [
         (("embed", "embedding"), (64, 32), P("tensor", "fsdp")),
         (("lm_head", "kernel"), (32, 64), P("fsdp", "tensor")),
-        (("layers", 0, "attn", "q_proj", "kernel"), (32, 32), P("fsdp", "tensor")),
-        (("layers", 0, "attn", "k_proj", "bias"), (16,), P("tensor")),
-        (("layers", 1, "attn", "o_proj", "kernel"), (32, 32), P("tensor", "fsdp")),
-        (("layers", 1, "mlp", "gate_proj", "kernel"), (32, 64), P("fsdp", "tensor")),
-        (("layers", 1, "mlp", "up_proj", "kernel"), (32, 64), P("fsdp", "tensor")),
-        (("layers", 1, "mlp", "down_proj", "kernel"), (64, 32), P("tensor", "fsdp")),
-        (("layers", 1, "input_norm", "scale"), (32,), P()),
+        # Decoder blocks' weights are stacked [L, ...]: the layer axis stays unsharded.
+        (("layers", "attn", "q_proj", "kernel"), (2, 32, 32), P(None, "fsdp", "tensor")),
+        (("layers", "attn", "k_proj", "bias"), (2, 16), P(None, "tensor")),
+        (("layers", "attn", "o_proj", "kernel"), (2, 32, 32), P(None, "tensor", "fsdp")),
+        (("layers", "mlp", "gate_proj", "kernel"), (2, 32, 64), P(None, "fsdp", "tensor")),
+        (("layers", "mlp", "up_proj", "kernel"), (2, 32, 64), P(None, "fsdp", "tensor")),
+        (("layers", "mlp", "down_proj", "kernel"), (2, 64, 32), P(None, "tensor", "fsdp")),
+        (("layers", "input_norm", "scale"), (2, 32), P()),
         (("final_norm", "scale"), (32,), P()),
         # Not divisible: the kv width 6 over tensor=2 is fine, 33 rows over fsdp=2 is not.
-        (("layers", 0, "attn", "v_proj", "kernel"), (33, 6), P(None, "tensor")),
+        (("layers", "attn", "v_proj", "kernel"), (2, 33, 6), P(None, None, "tensor")),
         (("embed", "embedding"), (63, 32), P(None, "fsdp")),
         # Optimizer moments: the path ends with the parameter's path.
-        (("opt_state", 1, "inner_state", 0, "mu", "layers", 0, "mlp", "down_proj", "kernel"),
-         (64, 32), P("tensor", "fsdp")),
+        (("opt_state", 1, "inner_state", 0, "mu", "layers", "mlp", "down_proj", "kernel"),
+         (2, 64, 32), P(None, "tensor", "fsdp")),
         (("opt_state", 1, "hyperparams", "learning_rate"), (), P()),
         (("step",), (), P()),
     ],
@@ -81,8 +82,8 @@ def test_rules_apply_to_real_key_paths():
         jax.tree_util.keystr(path): param_partition_spec(path, leaf.shape, MESH_8)
         for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]
     }
-    assert specs["['layers'][0]['attn']['q_proj']['kernel'].value"] == P("fsdp", "tensor")
-    assert specs["['layers'][0]['mlp']['down_proj']['kernel'].value"] == P("tensor", "fsdp")
+    assert specs["['layers']['attn']['q_proj']['kernel'].value"] == P(None, "fsdp", "tensor")
+    assert specs["['layers']['mlp']['down_proj']['kernel'].value"] == P(None, "tensor", "fsdp")
     assert specs["['final_norm']['scale'].value"] == P()
     placed = shard_params(params, make_mesh())
     assert jax.tree.leaves(placed)[0].sharding.mesh.axis_names == ("data", "fsdp", "tensor")
@@ -143,7 +144,7 @@ _SCRIPT = textwrap.dedent(
         dev0 = jax.devices()[0]
         bytes_dev0 = sum(s.data.nbytes for leaf in jax.tree.leaves(state.params)
                          for s in leaf.addressable_shards if s.device == dev0)
-        q = state.params["layers"][0]["attn"]["q_proj"]["kernel"][...]
+        q = state.params["layers"]["attn"]["q_proj"]["kernel"][...]
         return state, losses, bytes_dev0, str(q.sharding.spec), q.addressable_shards[0].data.shape
 
     single, single_losses, full_bytes, _, _ = run(make_mesh(devices=jax.devices()[:1]))
@@ -223,11 +224,11 @@ def test_parameters_are_really_sharded(sharded_report):
     meshes = sharded_report["meshes"]
     # data only: every device holds everything.
     assert meshes["(8, 1, 1)"]["bytes_dev0"] == full
-    assert meshes["(8, 1, 1)"]["q_spec"] == str(P("fsdp", "tensor"))
+    assert meshes["(8, 1, 1)"]["q_spec"] == str(P(None, "fsdp", "tensor"))
     # fsdp = 4: matrices are split 4 ways (norm scales stay replicated).
     assert meshes["(2, 4, 1)"]["bytes_dev0"] < 0.3 * full
-    assert meshes["(2, 4, 1)"]["q_shard"] == [8, 32]
+    assert meshes["(2, 4, 1)"]["q_shard"] == [1, 8, 32]  # [layers, D, heads·head_dim]
     # fsdp = 2 × tensor = 2: also ~4× smaller; q_proj split on both dimensions.
     assert meshes["(2, 2, 2)"]["bytes_dev0"] < 0.3 * full
-    assert meshes["(2, 2, 2)"]["q_shard"] == [16, 16]
+    assert meshes["(2, 2, 2)"]["q_shard"] == [1, 16, 16]
     assert meshes["(2, 2, 2)"]["ref_bytes_dev0"] == meshes["(2, 2, 2)"]["bytes_dev0"]

@@ -141,7 +141,7 @@ MESH_SCRIPT = textwrap.dedent("""
             ratio = float(sys.argv[2])
             decided = [(a < ratio * a.max()) | (b < ratio * b.max()) for a, b in zip(g1, g2)]
         diffs = [np.abs(a.astype(np.float64) - b) for a, b in zip(params, reference)]
-        q = pipe.learner.params["layers"][0]["attn"]["q_proj"]["kernel"][...]
+        q = pipe.learner.params["layers"]["attn"]["q_proj"]["kernel"][...]
         dev0 = jax.devices()[0]
         ids = lambda tree: sorted({d.id for x in jax.tree.leaves(tree) for d in x.devices()})
         report[label] = {
@@ -155,7 +155,7 @@ MESH_SCRIPT = textwrap.dedent("""
             "rounding_decided_over_atol": int(sum(((d > float(sys.argv[3])) & r).sum()
                                                   for d, r in zip(diffs, decided))),
             "num_params": sum(int(x.size) for x in params),
-            "q_shard": list(q.addressable_shards[0].data.shape),
+            "q_shard": list(q.addressable_shards[0].data.shape[1:]),  # past the layer axis
             "bytes_dev0": sum(s.data.nbytes for leaf in jax.tree.leaves(pipe.learner.params)
                               for s in leaf.addressable_shards if s.device == dev0),
             "cache_spec": str(pipe.sampler.new_session(8).cache.k[0].sharding.spec),

@@ -252,6 +252,24 @@ def test_checkpointer_refuses_nonfinite_params(tmp_path):
     assert ckpt.latest_step() is None
 
 
+
+def test_a_checkpoint_of_per_layer_parameters_gets_a_one_line_error(tmp_path):
+    """Checkpoints written before the blocks were stored stacked hold layers as a list of
+    per-layer dicts; restoring one into a stacked run names the mismatch in one line."""
+    import jax.numpy as jnp
+
+    from jaxrl_agentic.checkpoint import Checkpointer, CheckpointError
+    from jaxrl_agentic.learner import LearnerConfig, init_train_state
+
+    old = init_train_state({"layers": [{"w": jnp.ones(3)}, {"w": jnp.ones(3)}]},
+                           LearnerConfig())
+    new = init_train_state({"layers": {"w": jnp.ones((2, 3))}}, LearnerConfig())
+    ckpt = Checkpointer(str(tmp_path / "ckpt"))
+    ckpt.save(1, {"learner": old}, {"step": 1})
+    with pytest.raises(CheckpointError, match="stored stacked") as info:
+        ckpt.restore(None, {"learner": new})
+    assert "\n" not in str(info.value) and ".layers" in str(info.value)
+
 # ---- episode renders: Python backend, eval episodes ---------------------------------------
 
 

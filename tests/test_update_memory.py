@@ -6,10 +6,14 @@ A model whose parameters dominate (embedding 8,192 × 256 of its 4.2 M parameter
 
 * the state (parameters, AdamW's moments) is donated and updated in place: the outputs
   alias 3 P;
-* a mini-batch of one row group needs its gradient (P) and the LM head's tied-embedding
-  gradients beside it (≈ P here): ≈ 2.0–2.15 P. The step before #21's memory work held
-  2.82 P: the non-finite guard chose between a new and the old state with ``jnp.where``
-  (both alive), and a one-group batch still added its gradient to an fp32 accumulator.
+* a mini-batch of one row group needs its gradient (P) and a part of the tied embedding's
+  gradient beside it: 1.31–1.54 P. The step before #21's memory work held 2.82 P: the
+  non-finite guard chose between a new and the old state with ``jnp.where`` (both alive),
+  and a one-group batch still added its gradient to an fp32 accumulator. Stop 39's held
+  2.0–2.15 P: the gradient divided by the loss denominator and optax's clip (a divide per
+  element) were each kept as a second gradient-sized buffer, and the tied embedding's two
+  gradients were differentiated apart (``update.clip_gradients``,
+  ``models.transformer.tied_input_and_head``).
 """
 
 import dataclasses
@@ -62,7 +66,7 @@ def test_one_group_update_holds_one_gradient_and_updates_the_state_in_place(dtyp
     analysis, p = step_memory(dtype, remat, rows=1)
     # Parameters and both moments are written over the donated buffers.
     assert analysis.alias_size_in_bytes >= 3 * p
-    assert analysis.temp_size_in_bytes <= 2.4 * p, analysis.temp_size_in_bytes / p
+    assert analysis.temp_size_in_bytes <= 1.7 * p, analysis.temp_size_in_bytes / p
 
 
 def test_two_groups_add_one_accumulator():

@@ -32,25 +32,30 @@ class CheckpointError(ValueError):
     """A checkpoint directory is missing something or does not fit the architecture."""
 
 
-def _hf_name(path: tuple) -> tuple[str, bool]:
-    """Our parameter path → (HF tensor name, stored transposed)."""
+def _hf_names(path: tuple, num_layers: int) -> tuple[list[str], bool, bool]:
+    """Our parameter path → (HF tensor names, stored transposed, stacked).
+
+    A decoder-block parameter is stored stacked ([L, ...], ``Transformer.layers``): it is
+    the L tensors ``model.layers.{i}....`` of the checkpoint, one per layer."""
     if path == ("embed", "embedding"):
-        return "model.embed_tokens.weight", False
+        return ["model.embed_tokens.weight"], False, False
     if path == ("final_norm", "scale"):
-        return "model.norm.weight", False
+        return ["model.norm.weight"], False, False
     if path == ("lm_head", "kernel"):
-        return "lm_head.weight", True
-    _, i, part, *rest = path
-    prefix = f"model.layers.{i}"
+        return ["lm_head.weight"], True, False
+    _, part, *rest = path
     if part == "input_norm":
-        return f"{prefix}.input_layernorm.weight", False
-    if part == "post_attn_norm":
-        return f"{prefix}.post_attention_layernorm.weight", False
-    module = "self_attn" if part == "attn" else "mlp"
-    if rest[-1] == "scale":  # q_norm / k_norm
-        return f"{prefix}.{module}.{rest[0]}.weight", False
-    leaf = "weight" if rest[-1] == "kernel" else "bias"
-    return f"{prefix}.{module}.{rest[0]}.{leaf}", leaf == "weight"
+        name, transposed = "input_layernorm.weight", False
+    elif part == "post_attn_norm":
+        name, transposed = "post_attention_layernorm.weight", False
+    else:
+        module = "self_attn" if part == "attn" else "mlp"
+        if rest[-1] == "scale":  # q_norm / k_norm
+            name, transposed = f"{module}.{rest[0]}.weight", False
+        else:
+            leaf = "weight" if rest[-1] == "kernel" else "bias"
+            name, transposed = f"{module}.{rest[0]}.{leaf}", leaf == "weight"
+    return [f"model.layers.{i}.{name}" for i in range(num_layers)], transposed, True
 
 
 def _flatten(tree, prefix=()):
@@ -159,38 +164,49 @@ def load_params(path: str, cfg: ModelConfig, shardings=None, untied_from_tied: b
     handles: dict[str, object] = {}
     pure: dict = {}
     used = set()
+
+    def open_tensor(name: str):
+        if name not in files:
+            where = os.path.join(path, "model.safetensors[.index.json]")
+            raise CheckpointError(f"{where}: missing tensor {name!r}")
+        file = files[name]
+        if file not in handles:
+            if not os.path.exists(file):
+                raise CheckpointError(f"{file}: shard listed in the index is missing")
+            handles[file] = safe_open(file, framework="flax").__enter__()
+        return file, handles[file]
+
     try:
         for p, leaf in _flatten(nnx.to_pure_dict(abstract_state)):
-            name, transposed = _hf_name(p)
-            if name == "lm_head.weight" and name not in files and untied_from_tied:
+            names, transposed, stacked = _hf_names(p, cfg.num_hidden_layers)
+            if names == ["lm_head.weight"] and names[0] not in files and untied_from_tied:
                 # Untied on load: the head starts as the embedding it was tied to ([V, D]
                 # stored, read transposed into the [D, V] kernel), so the outputs do not change.
-                name = "model.embed_tokens.weight"
-            used.add(name)
-            if name not in files:
-                where = os.path.join(path, "model.safetensors[.index.json]")
-                raise CheckpointError(f"{where}: missing tensor {name!r}")
-            file = files[name]
-            if file not in handles:
-                if not os.path.exists(file):
-                    raise CheckpointError(f"{file}: shard listed in the index is missing")
-                handles[file] = safe_open(file, framework="flax").__enter__()
-            stored = handles[file].get_slice(name)
-            shape = tuple(stored.get_shape())
-            shape = shape[::-1] if transposed else shape
-            if shape != tuple(leaf.shape):
-                raise CheckpointError(
-                    f"{file}: tensor {name!r} has shape {shape}, "
-                    f"expected {tuple(leaf.shape)} for this config"
-                )
+                names = ["model.embed_tokens.weight"]
+            used.update(names)
+            expected = tuple(leaf.shape[1:] if stacked else leaf.shape)
+            slices, whole = [], []
+            for name in names:
+                file, handle = open_tensor(name)
+                stored = handle.get_slice(name)
+                shape = tuple(stored.get_shape())
+                shape = shape[::-1] if transposed else shape
+                if shape != expected:
+                    raise CheckpointError(
+                        f"{file}: tensor {name!r} has shape {shape}, "
+                        f"expected {expected} for this config"
+                    )
+                slices.append(stored)
+                whole.append(functools.partial(handle.get_tensor, name))
             if shardings is None:
-                tensor = handles[file].get_tensor(name)
-                tensor = tensor.T if transposed else tensor
+                tensors = [read() for read in whole]
+                tensors = [t.T if transposed else t for t in tensors]
+                tensor = jnp.stack(tensors) if stacked else tensors[0]
                 _set_path(pure, p, jnp.asarray(tensor, dtype=leaf.dtype))
             else:
-                _set_path(pure, p, jax.make_array_from_callback(
-                    shape, shardings(p, shape),
-                    functools.partial(_read_slice, stored, transposed, leaf.dtype)))
+                shape = tuple(leaf.shape)
+                read = functools.partial(_read_slice, slices, transposed, stacked, leaf.dtype)
+                _set_path(pure, p, jax.make_array_from_callback(shape, shardings(p, shape), read))
     finally:
         for h in handles.values():
             h.__exit__(None, None, None)
@@ -208,10 +224,18 @@ def load_params(path: str, cfg: ModelConfig, shardings=None, untied_from_tied: b
     return graphdef, abstract_state
 
 
-def _read_slice(stored, transposed: bool, dtype, index: tuple) -> jax.Array:
-    """One shard's block of a stored tensor (HF keeps linear weights as [out, in])."""
-    block = stored[index[::-1]].T if transposed else stored[index]
-    return jnp.asarray(block, dtype=dtype)
+def _read_slice(slices, transposed: bool, stacked: bool, dtype, index: tuple) -> jax.Array:
+    """One shard's block of a parameter from its stored tensors (HF keeps linear weights as
+    [out, in]; a stacked parameter's first index picks layers, one stored tensor each)."""
+    def block(stored, index):
+        return stored[index[::-1]].T if transposed else stored[index]
+
+    if stacked:
+        layers = range(len(slices))[index[0]]
+        out = jnp.stack([jnp.asarray(block(slices[i], index[1:])) for i in layers])
+    else:
+        out = block(slices[0], index)
+    return jnp.asarray(out, dtype=dtype)
 
 
 def load_pretrained(path: str, dtype: str = "float32", param_dtype: str | None = None,
@@ -248,9 +272,10 @@ def save_pretrained(model: Transformer, tokenizer, path: str) -> None:
         state = nnx.state(model, nnx.Param)
         tensors = {}
         for p, value in _flatten(nnx.to_pure_dict(state)):
-            name, transposed = _hf_name(p)
+            names, transposed, stacked = _hf_names(p, model.cfg.num_hidden_layers)
             value = jax.device_get(value)
-            tensors[name] = jnp.asarray(value.T if transposed else value)
+            for name, v in zip(names, value if stacked else [value], strict=True):
+                tensors[name] = jnp.asarray(v.T if transposed else v)
         save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)

@@ -260,16 +260,63 @@ REMAT_POLICIES = {
 }
 
 
-def in_compute_dtype(weight: jax.Array, dtype) -> jax.Array:
+def in_compute_dtype(weight: jax.Array, dtype, layer_dims: int = 0) -> jax.Array:
     """`weight` as the matmuls use it: a floating matrix wider than the compute `dtype` is
     cast to it (every projection and the LM head cast their matrix anyway, so storing it cast
     changes no value); vectors (norm scales, biases) and narrower arrays are returned as
-    they are (the norms compute in fp32)."""
+    they are (the norms compute in fp32). `layer_dims`: leading axes that stack layers (1 for
+    `Transformer.layers`' weights), not counted as matrix axes."""
     dtype = jnp.dtype(dtype)
-    if weight.ndim >= 2 and jnp.issubdtype(weight.dtype, jnp.floating) \
+    if weight.ndim - layer_dims >= 2 and jnp.issubdtype(weight.dtype, jnp.floating) \
             and weight.dtype.itemsize > dtype.itemsize:
         return weight.astype(dtype)
     return weight
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def tied_input_and_head(embedding, tokens, dtype):
+    """(h_0 [..., D] float32, W_out = embeddingᵀ [D, V] in `dtype`) of a tied embedding: the
+    values `Transformer.residual_input` and `lm_head_weight().astype(dtype)` give.
+
+    Its backward writes the embedding's gradient as one expression of both cotangents,
+        dE = scatter_add(0, tokens, dh_0) + dW_outᵀ,
+    the values autodiff gives, in the same order. Left to autodiff, the two uses of E were
+    differentiated apart, and XLA kept more [V, D]-sized buffers alive at once: the train
+    step's temporaries at Qwen2.5-0.5B (bf16 compute, one 3,456-token row) were 3.42 GiB
+    against 2.92 GiB this way (XLA ``memory_analysis``; ``tests/test_update_memory.py``)."""
+    return _tied_forward(embedding, tokens, dtype)
+
+
+def _tied_forward(embedding, tokens, dtype):
+    rows = jnp.take(embedding, tokens, axis=0)  # as nnx.Embed: out-of-range ids give NaN
+    return rows.astype(dtype).astype(jnp.float32), embedding.T.astype(dtype)
+
+
+def _tied_fwd(embedding, tokens, dtype):
+    zero = jnp.zeros((), embedding.dtype)  # carries the parameter dtype to the backward
+    return _tied_forward(embedding, tokens, dtype), (tokens, zero)
+
+
+def _tied_bwd(dtype, residuals, cotangents):
+    tokens, zero = residuals
+    d_rows, d_head = cotangents
+    dim = d_head.shape[0]
+    # The cotangent passes back through both casts (float32 → dtype → parameter dtype).
+    d_rows = d_rows.astype(dtype).astype(zero.dtype).reshape(-1, dim)
+    d_embedding = jnp.zeros((d_head.shape[1], dim), zero.dtype).at[tokens.reshape(-1)].add(
+        d_rows, mode="drop")
+    return d_embedding + d_head.T.astype(zero.dtype), None
+
+
+tied_input_and_head.defvjp(_tied_fwd, _tied_bwd)
+
+
+def stack_blocks(blocks) -> Block:
+    """One Block whose parameters are ``blocks``' stacked on a leading layer axis [L, ...]
+    (``Transformer.layers``; ``Transformer.layer(i)`` takes block i back out)."""
+    layer_def = nnx.split(blocks[0])[0]
+    stacked = jax.tree.map(lambda *ws: jnp.stack(ws), *(nnx.split(b)[1] for b in blocks))
+    return nnx.merge(layer_def, stacked)
 
 
 class Transformer(nnx.Module):
@@ -283,7 +330,10 @@ class Transformer(nnx.Module):
             embedding_init=_INIT,
             rngs=rngs,
         )
-        self.layers = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_hidden_layers)])
+        # One Block whose every parameter carries a leading layer axis [L, ...]: the
+        # training forward scans over it directly (`hidden_states`). Each block is
+        # built as its own module first, so the initial values do not change.
+        self.layers = stack_blocks([Block(cfg, rngs) for _ in range(cfg.num_hidden_layers)])
         dt, pdt = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
         self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dt, param_dtype=pdt)
         if not cfg.tie_word_embeddings:
@@ -293,6 +343,11 @@ class Transformer(nnx.Module):
         self._inv_freq, self._rope_scale = tuple(float(f) for f in inv_freq), scale
 
     # ---- shared pieces -------------------------------------------------------------------
+    def layer(self, i: int) -> Block:
+        """Block ``i`` as a module of its own (its slice of the stacked weights)."""
+        layer_def, stacked = nnx.split(self.layers)
+        return nnx.merge(layer_def, jax.tree.map(lambda w: w[i], stacked))
+
     def lm_head_weight(self) -> jax.Array:
         """The output projection as [D, V] (the embedding transposed when tied)."""
         if self.cfg.tie_word_embeddings:
@@ -310,13 +365,13 @@ class Transformer(nnx.Module):
         return self.embed(tokens).astype(jnp.float32)
 
     def _run_layers(self, tokens, positions, mask, cache=None, write_slots=None,
-                    cache_rows=None):
-        x = self.residual_input(tokens)
+                    cache_rows=None, x0=None):
+        x = self.residual_input(tokens) if x0 is None else x0
         cos, sin = rope_cos_sin(positions, self._inv_freq, self._rope_scale)
         new_k, new_v = [], []
-        for i, layer in enumerate(self.layers):
+        for i in range(self.cfg.num_hidden_layers):
             cache_kv = None if cache is None else (cache.k[i], cache.v[i])
-            x, (k, v) = layer(x, cos, sin, mask, cache_kv, write_slots, cache_rows)
+            x, (k, v) = self.layer(i)(x, cos, sin, mask, cache_kv, write_slots, cache_rows)
             new_k.append(k)
             new_v.append(v)
         new_cache = None if cache is None else KVCache(k=tuple(new_k), v=tuple(new_v))
@@ -324,14 +379,16 @@ class Transformer(nnx.Module):
 
     # ---- training forward ----------------------------------------------------------------
     def hidden_states(self, tokens, positions, segment_ids=None, remat: str = "none",
-                      attention_impl: str = "auto") -> jax.Array:
+                      attention_impl: str = "auto", x0=None) -> jax.Array:
         """Final-normed hidden states [B, T, D] (the input of the LM head); `remat` one of
         `REMAT_POLICIES` (the same values and gradients, less memory, more compute);
         `attention_impl` one of `pallas_kernels.segment_attention.IMPLS`. Positions of
-        padding (segment 0) attend to nothing: their hidden states are not the model's."""
+        padding (segment 0) attend to nothing: their hidden states are not the model's.
+        `x0`: h_0 when the caller has it (`hidden_and_head`)."""
         mask = PackedRows(segment_ids, attention_impl)
+        x0 = self.residual_input(tokens) if x0 is None else x0
         if remat == "none":
-            return self._run_layers(tokens, positions, mask)[0]
+            return self._run_layers(tokens, positions, mask, x0=x0)[0]
         if remat not in REMAT_POLICIES:
             raise ValueError(f"remat must be one of {', '.join(REMAT_POLICIES)}, got {remat!r}")
 
@@ -339,24 +396,34 @@ class Transformer(nnx.Module):
         # backward is then a reverse loop that recomputes one block at a time. Unrolled
         # checkpointed blocks were recomputed all at once by XLA:CPU's scheduler (the same
         # peak memory as no remat: 11.8 GB at 24 layers × 2,048 tokens); the loop bounds it.
-        # The stacked copy of the layer weights (and of their gradient) is the price; its
-        # matrices are stacked in the compute dtype, to which every matmul casts them anyway
-        # (the same values and gradients, half the copy in bf16). Vectors keep their dtype.
-        def weights(layer):
-            return jax.tree.map(lambda w: in_compute_dtype(w, self.cfg.dtype),
-                                nnx.split(layer)[1])
-
-        layer_def = nnx.split(self.layers[0])[0]
-        stacked = jax.tree.map(lambda *ws: jnp.stack(ws),
-                               *(weights(layer) for layer in self.layers))
+        # The weights are stored stacked, so the scan reads them where they are and its
+        # gradient is the parameters' gradient: no stacked copy of the weights or of their
+        # gradient (a list of blocks cost both: 1.34 GiB at Qwen2.5-0.5B in bf16). Each step
+        # casts its own layer to the compute dtype.
+        layer_def, stacked = nnx.split(self.layers)
         cos, sin = rope_cos_sin(positions, self._inv_freq, self._rope_scale)
 
         @functools.partial(jax.checkpoint, policy=REMAT_POLICIES[remat])
         def block(x, weights):
+            weights = jax.tree.map(lambda w: in_compute_dtype(w, self.cfg.dtype), weights)
             return nnx.merge(layer_def, weights)(x, cos, sin, mask)[0], None
 
-        x, _ = jax.lax.scan(block, self.residual_input(tokens), stacked)
+        x, _ = jax.lax.scan(block, x0, stacked)
         return self.final_norm(x)
+
+    def hidden_and_head(self, tokens, positions, segment_ids=None, remat: str = "none",
+                        attention_impl: str = "auto") -> tuple[jax.Array, jax.Array]:
+        """(`hidden_states(...)`, the output head [D, V] in the compute dtype): the training
+        forward's two inputs of the LM-head kernel. The head is cast as the sampler (and
+        `logits`) cast it; a tied embedding goes through `tied_input_and_head`, so its
+        gradient takes one buffer."""
+        dtype = jnp.dtype(self.cfg.dtype)
+        if self.cfg.tie_word_embeddings:
+            x0, head = tied_input_and_head(self.embed.embedding[...], tokens, dtype)
+        else:
+            x0, head = self.residual_input(tokens), self.lm_head.kernel[...].astype(dtype)
+        return self.hidden_states(tokens, positions, segment_ids, remat, attention_impl,
+                                  x0), head
 
     def __call__(self, tokens, positions, segment_ids=None) -> jax.Array:
         """logits [B, T, V] in float32."""

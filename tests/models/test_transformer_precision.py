@@ -31,7 +31,7 @@ def test_bf16_compute_keeps_the_residual_stream_and_projection_outputs_in_float3
     # h_0 holds the embeddings as the matmuls see them (rounded to bf16), widened.
     np.testing.assert_array_equal(np.asarray(x), np.asarray(
         m.embed.embedding[...][tokens].astype(jnp.bfloat16).astype(jnp.float32)))
-    block = m.layers[0]
+    block = m.layer(0)
     for proj in (block.attn.q_proj, block.attn.o_proj, block.mlp.gate_proj, block.mlp.down_proj):
         assert proj(jnp.ones((1, proj.in_features), jnp.bfloat16)).dtype == jnp.float32
     cos, sin = rope_cos_sin(positions, m._inv_freq, m._rope_scale)
