@@ -59,9 +59,13 @@ def run_pattern(pattern: str, *, updates: int, warmup_steps: int, lr: float, see
                 format_in_loss: bool = True, valid_out: list | None = None,
                 max_grad_norm: float = 1.0, broken_reward: float = -1.0,
                 grad_norms_out: list | None = None,
-                relative_grad_clip: float | None = None) -> list[float]:
+                relative_grad_clip: float | None = None,
+                format_credit: bool = False) -> list[float]:
     """Fraction of right replies every `report_every` PPO updates. `format_in_loss=False`
     keeps the format tokens out of the RL loss (the warm-up still trains them);
+    `format_credit` gives the format tokens their own advantage, the reply's validity
+    centred over the batch, v − mean v (0 when every reply is well formed), and the
+    decision token the task's;
     `valid_out` collects the fraction of well-formed replies at the same points;
     `grad_norms_out` every update's gradient norm before clipping."""
     graphdef, params = bandit_model(seed, untie)
@@ -82,7 +86,7 @@ def run_pattern(pattern: str, *, updates: int, warmup_steps: int, lr: float, see
         return x, np.concatenate([np.ones((BATCH, 1), int), x[:, None],
                                   rng.integers(23, VOCAB, (BATCH, 6))], axis=1)
 
-    def sample(prompt, reply, logprobs, advantage, only_decision=False):
+    def sample(prompt, reply, logprobs, advantage, only_decision=False, format_advantage=None):
         tokens = np.concatenate([prompt, reply]).astype(np.int32)
         mask = np.zeros(len(tokens), np.float32)
         if only_decision:
@@ -91,8 +95,13 @@ def run_pattern(pattern: str, *, updates: int, warmup_steps: int, lr: float, see
             mask[len(prompt):] = 1.0
         old = np.zeros(len(tokens), np.float32)
         old[len(prompt):] = logprobs
+        advantages = mask * advantage
+        if format_advantage is not None:
+            for k, ch in enumerate(pattern):
+                if ch in FORMAT:
+                    advantages[len(prompt) + k] = mask[len(prompt) + k] * format_advantage
         return Sample(tokens=tokens, loss_mask=mask, old_logprobs=old,
-                      advantages=mask * advantage, traj_id=0)
+                      advantages=advantages, traj_id=0)
 
     warm = Learner(graphdef, params, LearnerConfig(learning_rate=2e-3,
                                                    recompute_old_logprobs=True, **common), mesh)
@@ -122,9 +131,13 @@ def run_pattern(pattern: str, *, updates: int, warmup_steps: int, lr: float, see
         right = valid & (reply[:, pattern.index("y")] == x + 4)
         reward = np.where(valid, right.astype(np.float64), broken_reward)
         advantage = (reward - reward.mean()) / (reward.std() + 1e-6)
-        metrics = learner.step([sample(seq[i, :-len(pattern)], reply[i], logprobs[i],
-                                       advantage[i], only_decision=not format_in_loss)
-                                for i in range(BATCH)], [lr])
+        # Not divided by the std: one broken reply among 64 would get −7.9.
+        format_advantage = valid - valid.mean()
+        metrics = learner.step([
+            sample(seq[i, :-len(pattern)], reply[i], logprobs[i], advantage[i],
+                   only_decision=not format_in_loss,
+                   format_advantage=format_advantage[i] if format_credit else None)
+            for i in range(BATCH)], [lr])
         if grad_norms_out is not None:
             grad_norms_out.append(metrics["actor/grad_norm"])
         if (update + 1) % report_every == 0:
@@ -154,6 +167,9 @@ def main():
                         help="LearnerConfig.relative_grad_clip of the RL updates (off by default)")
     parser.add_argument("--broken-reward", type=float, default=-1.0,
                         help="reward of a reply whose format tokens are wrong")
+    parser.add_argument("--format-credit", action="store_true",
+                        help="format tokens get the reply's centred validity as their "
+                             "advantage, the decision the task's")
     args = parser.parse_args()
     start = time.perf_counter()
     out, valid = {}, {}
@@ -168,13 +184,15 @@ def main():
                                    valid_out=valid.setdefault(pattern, []),
                                    max_grad_norm=args.max_grad_norm,
                                    broken_reward=args.broken_reward,
-                                   relative_grad_clip=args.relative_grad_clip)
+                                   relative_grad_clip=args.relative_grad_clip,
+                                   format_credit=args.format_credit)
     print(json.dumps({f"right_fraction_every_{args.report_every}_updates": out,
                       "valid_fraction": valid, "loss_reduction": args.loss_reduction,
                       "format_in_loss": not args.format_out_of_loss,
                       "max_grad_norm": args.max_grad_norm,
                       "relative_grad_clip": args.relative_grad_clip,
                       "broken_reward": args.broken_reward,
+                      "format_credit": args.format_credit,
                       "updates": args.updates, "warmup_steps": args.warmup_steps,
                       "lr": args.lr, "seed": args.seed, "untie": args.untie,
                       "seconds": round(time.perf_counter() - start, 1)}))
