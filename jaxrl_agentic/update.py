@@ -351,7 +351,7 @@ def apply_if_finite(optimizer, params, opt_state, grads, loss, lr, grad_scale=1.
     # |g · s| = |g| · s, read from the gradient as it came out of the backward: a norm is a
     # reduction XLA:CPU runs as a library call, which takes its input from a buffer, so the
     # norm of a scaled gradient made XLA keep the scaled copy.
-    grad_norm = optax.tree.norm(grads) * grad_scale
+    grad_norm = optax.tree.norm(jax.tree.map(lambda g: g.astype(_F32), grads)) * grad_scale
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 
     def apply(params, opt_state, grads):
