@@ -92,11 +92,16 @@ def _path_names(path: Sequence[Any]) -> list[str]:
     return names
 
 
+def _names(path: Sequence[Any]) -> list[str]:
+    """The names of a pytree key path or of a tuple of names, without nnx's ``value``."""
+    names = [p for p in path if isinstance(p, str)] or _path_names(path)
+    return [n for n in names if n != "value"]  # nnx.Variable's own attribute
+
+
 def stacked_layer_dims(path: Sequence[Any]) -> int:
     """1 if the array at ``path`` (a pytree key path or a tuple of names) is a decoder-block
     weight, stored with a leading layer axis (``Transformer.layers``), else 0."""
-    names = [p for p in path if isinstance(p, str)] or _path_names(path)
-    return int(STACKED_LAYERS in names)
+    return int(STACKED_LAYERS in _names(path))
 
 
 def param_partition_spec(
@@ -108,8 +113,7 @@ def param_partition_spec(
     module docstring; unknown names and scalars are replicated. With ``mesh_shape`` (axis →
     size, e.g. ``mesh.shape``), a dimension its axis does not divide is left unsharded.
     """
-    names = [p for p in path if isinstance(p, str)] or _path_names(path)
-    names = [n for n in names if n != "value"]  # nnx.Variable's own attribute
+    names = _names(path)
     rule = _PARAM_RULES.get(tuple(names[-2:])) if len(names) >= 2 else None
     if rule is not None and STACKED_LAYERS in names:
         rule = (None, *rule)

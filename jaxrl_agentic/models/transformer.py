@@ -421,7 +421,7 @@ class Transformer(nnx.Module):
         if self.cfg.tie_word_embeddings:
             x0, head = tied_input_and_head(self.embed.embedding[...], tokens, dtype)
         else:
-            x0, head = self.residual_input(tokens), self.lm_head.kernel[...].astype(dtype)
+            x0, head = self.residual_input(tokens), self.lm_head_weight().astype(dtype)
         return self.hidden_states(tokens, positions, segment_ids, remat, attention_impl,
                                   x0), head
 
