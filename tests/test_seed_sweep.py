@@ -48,3 +48,34 @@ def test_summary_of_a_run_without_evals(sweep, tmp_path):
     assert sweep.read_evals(str(tmp_path / "missing.jsonl")) == []
     summary = sweep.summarize([], budget_s=60, target=0.8)
     assert summary["reached_step"] is None and summary["success_at_budget"] is None
+
+
+def test_stop_at_target_ends_a_run_at_its_first_eval_at_the_target(sweep, tmp_path,
+                                                                     monkeypatch):
+    """A run that reached the target is terminated (exit "reached"), not left to its budget;
+    one that has not is left running. The stand-in training process writes its evals and
+    then blocks on stdin, so only the sweep can end it."""
+    import argparse
+    import subprocess
+    import sys
+    import time
+
+    evals = {0: [(10, 60, 0.5), (20, 120, 0.85)], 1: [(10, 60, 0.5)]}
+
+    def fake_launch(config, seed, out, overrides, cores):
+        metrics = tmp_path / f"seed{seed}.jsonl"
+        _write_run(metrics, evals[seed])
+        proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                                stdin=subprocess.PIPE)
+        return {"seed": seed, "proc": proc, "log": open(tmp_path / f"{seed}.log", "w"),
+                "start": time.monotonic(), "metrics": str(metrics), "cores": cores}
+
+    monkeypatch.setattr(sweep, "launch", fake_launch)
+    args = argparse.Namespace(config="c.py", seeds="0", budget_min=10.0, target=0.8,
+                              out=str(tmp_path), stop_at_target=True)
+    results = sweep.run_all(args, [], [{0}], poll_s=0.01)
+    assert results[0]["exit"] == "reached" and results[0]["reached_step"] == 20
+    # Seed 1 never reaches 0.8: with a budget it cannot pass, it is stopped for the budget.
+    args.seeds, args.budget_min = "1", -1.5
+    results = sweep.run_all(args, [], [{0}], poll_s=0.01)
+    assert results[1]["exit"] == "budget" and results[1]["reached_step"] is None

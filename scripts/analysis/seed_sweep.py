@@ -2,7 +2,7 @@
 
     python scripts/analysis/seed_sweep.py --config configs/frozen_lake.py --seeds 0-4 \
         [--budget-min 20] [--target 0.8] [--parallel 1] [--out /tmp/sweep] \
-        [--config.<key>=<value> ...]
+        [--stop-at-target] [--config.<key>=<value> ...]
 
 Each seed is one `python -m jaxrl_agentic.train` process (`--config.seed=S`, its own
 `output_dir`), so the runs are exactly what a user gets. Different seeds diverge the way
@@ -18,7 +18,10 @@ is the wall time since the run started, model build and format warm-up included)
 - `late_mean`: the mean of the last three evals within the budget (does it stay there?).
 
 A run is stopped when its wall time passes `--budget-min` (plus one minute for the eval in
-flight), so a sweep costs at most seeds × budget / parallel. `--parallel N` runs N seeds at
+flight), so a sweep costs at most seeds × budget / parallel. `--stop-at-target` also stops
+it at its first eval at or above `--target` (exit "reached"): a sweep that only asks "does
+every seed get there in time" then costs the sum of the times to get there, and
+`success_at_budget` / `late_mean` describe the curve up to that eval. `--parallel N` runs N seeds at
 once, each pinned to its own share of the cores (`os.sched_setaffinity`): with N = the core
 count every run has one core, a stricter test of "within the budget" than the whole machine.
 The summary line: `all_reached` (every seed hit the target in time), the min/median/max of
@@ -101,8 +104,10 @@ def launch(config: str, seed: int, out: str, overrides: list[str], cores: set[in
             "metrics": metrics, "cores": cores}
 
 
-def run_all(args, overrides: list[str], free: list[set[int]]) -> dict[int, dict]:
-    """Runs every seed, one per core set of `free` at a time; returns per-seed summaries."""
+def run_all(args, overrides: list[str], free: list[set[int]],
+            poll_s: float = 5.0) -> dict[int, dict]:
+    """Runs every seed, one per core set of `free` at a time, looking at them every `poll_s`
+    seconds; returns per-seed summaries."""
     budget_s = args.budget_min * 60
     pending = list(parse_seeds(args.seeds))
     running: list[dict] = []
@@ -111,17 +116,18 @@ def run_all(args, overrides: list[str], free: list[set[int]]) -> dict[int, dict]
         while pending and free:
             running.append(launch(args.config, pending.pop(0), args.out, overrides,
                                   free.pop(0)))
-        time.sleep(5)  # a polling loop over minutes-long runs (script, not a test)
+        time.sleep(poll_s)  # a polling loop over minutes-long runs
         for job in list(running):
             proc, over = job["proc"], time.monotonic() - job["start"] > budget_s + 60
+            summary = summarize(read_evals(job["metrics"]), budget_s, args.target)
+            reached = args.stop_at_target and summary["reached_step"] is not None
             if proc.poll() is None:
-                if not over:
+                if not (over or reached):
                     continue
                 proc.terminate()
                 proc.wait()
             job["log"].close()
-            summary = summarize(read_evals(job["metrics"]), budget_s, args.target)
-            summary["exit"] = "budget" if over else proc.returncode
+            summary["exit"] = "reached" if reached else "budget" if over else proc.returncode
             results[job["seed"]] = summary
             running.remove(job)
             free.append(job["cores"])
@@ -137,6 +143,8 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=0.8)
     parser.add_argument("--parallel", type=int, default=1)
     parser.add_argument("--out", default="outputs/seed_sweep")
+    parser.add_argument("--stop-at-target", action="store_true",
+                        help="stop each run at its first eval at or above --target")
     args, overrides = parser.parse_known_args()
     bad = [o for o in overrides if not o.startswith("--config.")]
     if bad:
@@ -149,6 +157,7 @@ def main() -> None:
     print(json.dumps({
         "config": args.config, "overrides": overrides, "budget_min": args.budget_min,
         "target": args.target, "cores_per_run": cores_per_run,
+        "stop_at_target": args.stop_at_target,
         "all_reached": all(r["reached_step"] is not None for r in results.values()),
         "reached": sum(r["reached_step"] is not None for r in results.values()),
         "success_at_budget": {"min": min(finals), "median": statistics.median(finals),
