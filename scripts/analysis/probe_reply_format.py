@@ -16,9 +16,16 @@ The model ties its embedding and output head, as the tiny default and Qwen2.5-0.
 tie, `oy` stays at chance (seeds 0-3: 0.22, 0.31, 0.41, 0.0 after 120 updates) while `y`
 learns; untied, `oy` learns like `y` (docs/algorithms.md, "Tied embeddings and generated
 format tokens"). `tests/test_reply_format_learning.py` runs this bandit.
+
+Variants (docs/algorithms.md, "What the tokens after the decision cost"): `--force-format`
+samples the format tokens as the right ones, `--format-credit` gives them their own
+advantage, `--format-out-of-loss` masks them, `--kl` adds a KL to the warmed model,
+`--hidden` widens the model, `--set FIELD=VALUE` sets a `LearnerConfig` field of the RL
+updates (e.g. `adam_b2=0.99`).
 """
 
 import argparse
+import ast
 import dataclasses
 import json
 import time
@@ -38,12 +45,13 @@ VOCAB, OPEN, CLOSE, EOS, BATCH = 32, 20, 21, 22, 64
 FORMAT = {"o": OPEN, "c": CLOSE, "e": EOS}
 
 
-def bandit_model(seed: int, untie: bool):
-    """(graphdef, params) of the bandit's tied model; ``untie``: with its own output head,
-    a copy of the embedding (what ``load_pretrained(untie_word_embeddings=True)`` does)."""
-    cfg = ModelConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
-                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      head_dim=16)
+def bandit_model(seed: int, untie: bool, hidden: int = 64):
+    """(graphdef, params) of the bandit's tied model, ``hidden`` wide (heads of 16); ``untie``:
+    with its own output head, a copy of the embedding (what
+    ``load_pretrained(untie_word_embeddings=True)`` does)."""
+    cfg = ModelConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden,
+                      num_hidden_layers=2, num_attention_heads=hidden // 16,
+                      num_key_value_heads=hidden // 32, head_dim=16)
     tied = Transformer(cfg, rngs=nnx.Rngs(seed))
     if not untie:
         return nnx.split(tied)
@@ -60,15 +68,20 @@ def run_pattern(pattern: str, *, updates: int, warmup_steps: int, lr: float, see
                 max_grad_norm: float = 1.0, broken_reward: float = -1.0,
                 grad_norms_out: list | None = None,
                 relative_grad_clip: float | None = None,
-                format_credit: bool = False) -> list[float]:
+                format_credit: bool = False, hidden: int = 64,
+                force_format: bool = False, kl_coef: float = 0.0,
+                rl_overrides: dict | None = None) -> list[float]:
     """Fraction of right replies every `report_every` PPO updates. `format_in_loss=False`
     keeps the format tokens out of the RL loss (the warm-up still trains them);
     `format_credit` gives the format tokens their own advantage, the reply's validity
     centred over the batch, v − mean v (0 when every reply is well formed), and the
     decision token the task's;
     `valid_out` collects the fraction of well-formed replies at the same points;
-    `grad_norms_out` every update's gradient norm before clipping."""
-    graphdef, params = bandit_model(seed, untie)
+    `grad_norms_out` every update's gradient norm before clipping; `force_format` samples
+    the format tokens as the right ones (no broken replies; their logprobs stay the model's);
+    `kl_coef`: a k3 KL penalty towards the warmed model, as the recipes use;
+    `rl_overrides`: further `LearnerConfig` fields of the RL updates (e.g. adam_b2)."""
+    graphdef, params = bandit_model(seed, untie, hidden)
     mesh = make_mesh(devices=jax.local_devices())
     # All 64 samples (≤ 12 tokens each) in one packed row.
     common = dict(mini_batch_size=BATCH, max_grad_norm=max_grad_norm, seed=seed,
@@ -112,7 +125,8 @@ def run_pattern(pattern: str, *, updates: int, warmup_steps: int, lr: float, see
                           np.zeros(len(pattern)), 1.0) for i in range(BATCH)], [2e-3])
     learner = Learner(graphdef, warm.params, LearnerConfig(
         learning_rate=lr, loss_reduction=loss_reduction,
-        relative_grad_clip=relative_grad_clip, **common), mesh)
+        relative_grad_clip=relative_grad_clip, init_kl_coef=kl_coef,
+        **{**common, **(rl_overrides or {})}), mesh)
     right_fraction = []
     for update in range(updates):
         x, seq = prompts()
@@ -121,6 +135,8 @@ def run_pattern(pattern: str, *, updates: int, warmup_steps: int, lr: float, see
             lp = np.asarray(next_logprobs(learner.params, jnp.asarray(seq)), np.float64)
             probs = np.exp(lp) / np.exp(lp).sum(axis=1, keepdims=True)
             tokens = np.array([rng.choice(VOCAB, p=p) for p in probs])
+            if force_format and pattern[k] in FORMAT:
+                tokens[:] = FORMAT[pattern[k]]
             logprobs[:, k] = lp[np.arange(BATCH), tokens]
             seq = np.concatenate([seq, tokens[:, None]], axis=1)
         reply = seq[:, -len(pattern):]
@@ -170,7 +186,21 @@ def main():
     parser.add_argument("--format-credit", action="store_true",
                         help="format tokens get the reply's centred validity as their "
                              "advantage, the decision the task's")
+    parser.add_argument("--hidden", type=int, default=64,
+                        help="model width (a multiple of 32; two layers, heads of 16)")
+    parser.add_argument("--force-format", action="store_true",
+                        help="sample the format tokens as the right ones (no broken replies)")
+    parser.add_argument("--kl", type=float, default=0.0,
+                        help="KL coefficient towards the warmed model (the recipes: 0.15)")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="a LearnerConfig field of the RL updates, e.g. adam_b2=0.99")
     args = parser.parse_args()
+    overrides = {}
+    for item in args.set:
+        field, sep, value = item.partition("=")
+        if not sep:
+            parser.error(f"--set {item!r}: expected FIELD=VALUE")
+        overrides[field] = ast.literal_eval(value)
     start = time.perf_counter()
     out, valid = {}, {}
     for pattern in args.patterns.split(","):
@@ -185,14 +215,17 @@ def main():
                                    max_grad_norm=args.max_grad_norm,
                                    broken_reward=args.broken_reward,
                                    relative_grad_clip=args.relative_grad_clip,
-                                   format_credit=args.format_credit)
+                                   format_credit=args.format_credit,
+                                   hidden=args.hidden, force_format=args.force_format,
+                                   kl_coef=args.kl, rl_overrides=overrides)
     print(json.dumps({f"right_fraction_every_{args.report_every}_updates": out,
                       "valid_fraction": valid, "loss_reduction": args.loss_reduction,
                       "format_in_loss": not args.format_out_of_loss,
                       "max_grad_norm": args.max_grad_norm,
                       "relative_grad_clip": args.relative_grad_clip,
                       "broken_reward": args.broken_reward,
-                      "format_credit": args.format_credit,
+                      "format_credit": args.format_credit, "hidden": args.hidden,
+                      "force_format": args.force_format, "kl": args.kl, "set": overrides,
                       "updates": args.updates, "warmup_steps": args.warmup_steps,
                       "lr": args.lr, "seed": args.seed, "untie": args.untie,
                       "seconds": round(time.perf_counter() - start, 1)}))
