@@ -74,9 +74,11 @@ def get_config():
     # hole in it. On the standard maps seed 1 had learned "step aside when a hole is near"
     # and plateaued at 0.73-0.77 (goal Down, hole beside: Left 28 of 35 times); on denser
     # training maps it first reached 0.8 at step 60. With them seeds 0-4 first reached 0.8
-    # at steps 100, 60, 130, 150 and 30, and ended at 0.83-0.91 (docs/benchmarks.md,
-    # "Learning across seeds"). Eval success is measured on the standard maps: the
-    # override is the train manager's, not the tag's.
+    # at steps 100, 60, 130, 150 and 30, and ended at 0.83-0.91 (one core each, stop 39's
+    # build); on today's build with two cores, seeds 0, 1, 4 reached 0.8 within 20 minutes
+    # and seeds 2, 3 plateaued at 0.75-0.78 (docs/benchmarks.md, "Learning across seeds").
+    # Eval success is measured on the standard maps: the override is the train manager's,
+    # not the tag's.
     c.train_env_manager = env_manager(num_env_groups=8, group_size=8, tags=("frozen_lake",),
                                       env_config={"p_frozen": 0.7})
     # 64 held-out maps: the standard error of eval/success near 0.75 is 0.054 (0.077 at 32).
