@@ -19,9 +19,9 @@ format tokens"). `tests/test_reply_format_learning.py` runs this bandit.
 
 Variants (docs/algorithms.md, "What the tokens after the decision cost"): `--force-format`
 samples the format tokens as the right ones, `--format-credit` gives them their own
-advantage, `--format-out-of-loss` masks them, `--kl` adds a KL to the warmed model,
-`--hidden` widens the model, `--set FIELD=VALUE` sets a `LearnerConfig` field of the RL
-updates (e.g. `adam_b2=0.99`).
+advantage, `--format-out-of-loss` masks them, `--hidden` widens the model, `--set
+FIELD=VALUE` sets a `LearnerConfig` field of the RL updates (e.g. `adam_b2=0.99`, or
+`init_kl_coef=0.15` for the recipes' KL to the warmed model).
 """
 
 import argparse
@@ -69,8 +69,7 @@ def run_pattern(pattern: str, *, updates: int, warmup_steps: int, lr: float, see
                 grad_norms_out: list | None = None,
                 relative_grad_clip: float | None = None,
                 format_credit: bool = False, hidden: int = 64,
-                force_format: bool = False, kl_coef: float = 0.0,
-                rl_overrides: dict | None = None) -> list[float]:
+                force_format: bool = False, rl_overrides: dict | None = None) -> list[float]:
     """Fraction of right replies every `report_every` PPO updates. `format_in_loss=False`
     keeps the format tokens out of the RL loss (the warm-up still trains them);
     `format_credit` gives the format tokens their own advantage, the reply's validity
@@ -79,8 +78,8 @@ def run_pattern(pattern: str, *, updates: int, warmup_steps: int, lr: float, see
     `valid_out` collects the fraction of well-formed replies at the same points;
     `grad_norms_out` every update's gradient norm before clipping; `force_format` samples
     the format tokens as the right ones (no broken replies; their logprobs stay the model's);
-    `kl_coef`: a k3 KL penalty towards the warmed model, as the recipes use;
-    `rl_overrides`: further `LearnerConfig` fields of the RL updates (e.g. adam_b2)."""
+    `rl_overrides`: further `LearnerConfig` fields of the RL updates (e.g. init_kl_coef,
+    a KL penalty towards the warmed model, as the recipes use)."""
     graphdef, params = bandit_model(seed, untie, hidden)
     mesh = make_mesh(devices=jax.local_devices())
     # All 64 samples (≤ 12 tokens each) in one packed row.
@@ -125,8 +124,7 @@ def run_pattern(pattern: str, *, updates: int, warmup_steps: int, lr: float, see
                           np.zeros(len(pattern)), 1.0) for i in range(BATCH)], [2e-3])
     learner = Learner(graphdef, warm.params, LearnerConfig(
         learning_rate=lr, loss_reduction=loss_reduction,
-        relative_grad_clip=relative_grad_clip, init_kl_coef=kl_coef,
-        **{**common, **(rl_overrides or {})}), mesh)
+        relative_grad_clip=relative_grad_clip, **{**common, **(rl_overrides or {})}), mesh)
     right_fraction = []
     for update in range(updates):
         x, seq = prompts()
@@ -190,10 +188,9 @@ def main():
                         help="model width (a multiple of 32; two layers, heads of 16)")
     parser.add_argument("--force-format", action="store_true",
                         help="sample the format tokens as the right ones (no broken replies)")
-    parser.add_argument("--kl", type=float, default=0.0,
-                        help="KL coefficient towards the warmed model (the recipes: 0.15)")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                        help="a LearnerConfig field of the RL updates, e.g. adam_b2=0.99")
+                        help="a LearnerConfig field of the RL updates, e.g. adam_b2=0.99 "
+                             "or init_kl_coef=0.15 (the recipes' KL to the warmed model)")
     args = parser.parse_args()
     overrides = {}
     for item in args.set:
@@ -217,7 +214,7 @@ def main():
                                    relative_grad_clip=args.relative_grad_clip,
                                    format_credit=args.format_credit,
                                    hidden=args.hidden, force_format=args.force_format,
-                                   kl_coef=args.kl, rl_overrides=overrides)
+                                   rl_overrides=overrides)
     print(json.dumps({f"right_fraction_every_{args.report_every}_updates": out,
                       "valid_fraction": valid, "loss_reduction": args.loss_reduction,
                       "format_in_loss": not args.format_out_of_loss,
@@ -225,7 +222,7 @@ def main():
                       "relative_grad_clip": args.relative_grad_clip,
                       "broken_reward": args.broken_reward,
                       "format_credit": args.format_credit, "hidden": args.hidden,
-                      "force_format": args.force_format, "kl": args.kl, "set": overrides,
+                      "force_format": args.force_format, "set": overrides,
                       "updates": args.updates, "warmup_steps": args.warmup_steps,
                       "lr": args.lr, "seed": args.seed, "untie": args.untie,
                       "seconds": round(time.perf_counter() - start, 1)}))
