@@ -190,6 +190,10 @@ def default_config() -> ml_collections.ConfigDict:
     # (the one computing the fewest slots; each a compiled shape); 1 = always the full row
     c.row_len_buckets = 1
     c.row_len_ratio = 2.0
+    # each sample starts at a multiple of this in its row (0 = automatic: the attention
+    # block, 128, in bf16 where the learner's attention is block-sparse (CPU), so the
+    # sampler's logprobs are the learner's to the last bit in attention; else 1)
+    c.sample_align = 0
     # Micro-batch counts are rounded up to a multiple of this (0 = next power of two): a
     # handful of compiled shapes, without doubling the rows as powers of two can.
     c.rows_bucket = 4
@@ -294,6 +298,7 @@ def validate(c) -> None:
     _choice(c, "lr_scheduler_type", LR_SCHEDULER_TYPES)
     _choice(c, "reward_norm_by", REWARD_NORM_BY)
     _choice(c, "dtype", DTYPES)
+    _positive(c, "sample_align", allow_zero=True)
     _choice(c, "param_dtype", DTYPES)
     if not isinstance(c.untie_word_embeddings, bool):
         _fail("untie_word_embeddings", f"must be True or False, got {c.untie_word_embeddings!r}")

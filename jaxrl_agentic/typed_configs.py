@@ -35,6 +35,19 @@ def auto_loss_slots(row: int, budget: int = 0) -> int:
     return min(row, -(-max(row // 4, budget) // 64) * 64)
 
 
+def sample_align(c) -> int:
+    """``sample_align``, or automatically the attention block (128) where that makes the
+    sampler's bf16 attention bit-identical to the learner's (bf16 compute, block-sparse
+    learner attention: CPU) and 1 elsewhere: on GPU/TPU the two run different kernels, and
+    in float32 the sides agree to ~1e-6 anyway, so alignment would only cost padding."""
+    if c.sample_align:
+        return c.sample_align
+    from pallas_kernels.segment_attention import BLOCK, resolve_attention_impl
+
+    blocksparse = resolve_attention_impl(c.attention_impl) == "blocksparse"
+    return BLOCK if c.dtype == "bfloat16" and blocksparse else 1
+
+
 def packing_config(c, pad_token_id: int = 0) -> PackingConfig:
     return PackingConfig(
         micro_batch_max_tokens=c.micro_batch_max_tokens,
@@ -45,6 +58,7 @@ def packing_config(c, pad_token_id: int = 0) -> PackingConfig:
         loss_slots=loss_slots(c),
         row_len_buckets=c.row_len_buckets,
         row_len_ratio=c.row_len_ratio,
+        sample_align=sample_align(c),
     )
 
 

@@ -10,7 +10,8 @@ T² pairs (T²/2 block-causal); a row of segments of lengths Lₙ needs about
 Shapes stay static: the pair list of each row is the needed entries of its [nb, nb] block
 matrix (``jnp.nonzero`` with size nb(nb+1)/2, the causal count), and a loop with a
 *dynamic* trip count (max over rows of the needed count) walks it, one pair of every row
-per iteration. The forward is FlashAttention's online softmax per query block:
+per iteration. The forward is FlashAttention's online softmax per query block
+(``_online_softmax``, the update the sampler's cached attention runs too):
 
     s = q_i·k_jᵀ/√H (masked),  m' = max(m, max s),  α = e^{m−m'},
     l' = α·l + Σ e^{s−m'},     acc' = α·acc + e^{s−m'}·v_j,     out = acc/l,  lse = m + log l
@@ -33,11 +34,9 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels import _online_softmax as online_softmax
+from pallas_kernels._online_softmax import NEG
 from pallas_kernels._segment_blocks import needed_block_pairs, pad_to_blocks, pair_mask
-
-# Masked logits. Finite, so that a block row with nothing attended keeps exp(m − m') = 1
-# rather than NaN; masked probabilities are zeroed explicitly, never taken from exp.
-_NEG = -1e30
 
 
 def _pair_list(segment_ids: jax.Array, block: int):
@@ -93,28 +92,21 @@ def _forward(q, k, v, segment_ids, pairs, block: int):
     def row_pair(p, m, l, acc, qb, kb, vb, seg, q_block, k_block, count):
         i, j = q_block[p], k_block[p]
         mask = pair_mask(i * block, seg[i], j * block, seg[j])
-        s = jnp.where(mask, _scores(qb[i], kb[j], scale), _NEG)
-        m_new = jnp.maximum(m[i], jnp.max(s, axis=-1))
-        alpha = jnp.exp(m[i] - m_new)
-        probs = jnp.where(mask, jnp.exp(s - m_new[..., None]), 0.0)
-        l_new = alpha * l[i] + jnp.sum(probs, axis=-1)
-        acc_new = alpha[..., None] * acc[i] + jnp.einsum(
-            "kgqs,ksh->kgqh", probs.astype(vb.dtype), vb[j], preferred_element_type=jnp.float32)
+        s = jnp.where(mask, _scores(qb[i], kb[j], scale), NEG)
+        m_new, l_new, acc_new = online_softmax.update(
+            m[i], l[i], acc[i], s, mask, lambda probs: jnp.einsum(
+                "kgqs,ksh->kgqh", probs.astype(vb.dtype), vb[j],
+                preferred_element_type=jnp.float32))
         live = p < count  # past this row's count: leave its state as it is
         return (m.at[i].set(jnp.where(live, m_new, m[i])),
                 l.at[i].set(jnp.where(live, l_new, l[i])),
                 acc.at[i].set(jnp.where(live, acc_new, acc[i])))
 
     step = jax.vmap(row_pair, in_axes=(None,) + (0,) * 10)
-    stats = qb.shape[:-1]
-    state = (jnp.full(stats, _NEG, jnp.float32), jnp.zeros(stats, jnp.float32),
-             jnp.zeros(qb.shape, jnp.float32))
     m, l, acc = jax.lax.fori_loop(
         0, jnp.max(count), lambda p, c: step(p, *c, qb, kb, vb, seg, q_block, k_block, count),
-        state)
-    attended = l > 0  # false for padding queries: output 0, lse 0
-    safe_l = jnp.where(attended, l, 1.0)
-    return acc / safe_l[..., None], jnp.where(attended, m + jnp.log(safe_l), 0.0)
+        online_softmax.init_state(qb.shape[:-1], qb.shape))
+    return online_softmax.finish(m, l, acc)
 
 
 def _backward(q, k, v, segment_ids, pairs, out, lse, d_out, block: int):

@@ -105,3 +105,23 @@ def test_dr_grpo_normaliser_defaults_to_the_generation_budget(sample_mode, expec
     assert typed_configs.learner_config(c).loss_norm_length == 7
     c.loss_reduction = "token_mean"
     assert typed_configs.learner_config(c).loss_norm_length is None
+
+
+@pytest.mark.parametrize("dtype, attention_impl, sample_align, expected", [
+    ("bfloat16", "auto", 0, 128),       # CPU: the learner's attention is block-sparse
+    ("bfloat16", "reference", 0, 1),    # dense learner attention: nothing to line up
+    ("float32", "auto", 0, 1),          # fp32 sides agree to ~1e-6: no padding for it
+    ("float32", "auto", 16, 16),        # an explicit value is kept
+])
+def test_sample_align_is_the_attention_block_in_bf16_on_the_block_sparse_path(
+        dtype, attention_impl, sample_align, expected):
+    c = default_config()
+    c.dtype, c.attention_impl, c.sample_align = dtype, attention_impl, sample_align
+    assert typed_configs.packing_config(c).sample_align == expected
+
+
+def test_sample_align_must_not_be_negative():
+    c = default_config()
+    c.sample_align = -1  # (0 = automatic; ConfigDict refuses a non-integer itself)
+    with pytest.raises(ConfigError, match="^config.sample_align: must be >= 0, got -1"):
+        validate(c)

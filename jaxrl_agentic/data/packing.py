@@ -47,14 +47,19 @@ class PackingConfig:
     logprobs and loss only at a row's loss positions, gathered into ``loss_slots`` slots
     (:meth:`PackedBatch.loss_index`), so a row of 8,192 tokens of which 400 carry loss costs
     400-odd LM-head rows, not 8,192; the packer fills rows under both capacities.
-    ``row_len_buckets`` k and ``row_len_ratio`` r: a batch's row length is chosen among
-    ``micro_batch_max_tokens / r^i`` (i < k, rounded up to a multiple of 16, each at least
-    its longest sample) as the one that computes the fewest slots (busy rows × row length),
-    so 8 short samples do not fill one 8,192-token row's worth of work; at most k shapes per
-    row count, each compiled once (1 = fixed). With r = 2 a batch that fits one row may
-    still compute up to 2× its tokens; r = 2^(1/4) bounds that at 1.19× (more shapes).
-    With k > 1 and a ``loss_slots`` cap, each batch's loss slots are likewise the fewest of
-    ``loss_slots / 2^j`` that hold its fullest row (:func:`loss_slots_bucket`).
+    ``sample_align``: every sample starts at a multiple of it within its row (1 = packed
+    tight). At the attention block (128) each sample's key blocks are the blocks a sampler
+    reads its own cache in, so in bf16 the learner's attention matches the sampler's to the
+    last bit (``pallas_kernels._online_softmax``); it costs up to ``sample_align − 1``
+    padding slots per sample. ``row_len_buckets`` k and ``row_len_ratio`` r: a batch's row
+    length is chosen among ``micro_batch_max_tokens / r^i`` (i < k, rounded up to a multiple
+    of 16, each at least its longest sample) as the one that computes the fewest slots (busy
+    rows × row length), so 8 short samples do not fill one 8,192-token row's worth of work;
+    at most k shapes per row count, each compiled once (1 = fixed). With r = 2 a batch that
+    fits one row may still compute up to 2× its tokens; r = 2^(1/4) bounds that at 1.19×
+    (more shapes). With k > 1 and a ``loss_slots`` cap, each batch's loss slots are likewise
+    the fewest of ``loss_slots / 2^j`` that hold its fullest row
+    (:func:`loss_slots_bucket`).
 
     A rule that fails raises ``ValueError("<field>: <why>")``; ``config.validate`` reports it
     as ``config.<field>: <why>``.
@@ -68,6 +73,7 @@ class PackingConfig:
     loss_slots: int = 0
     row_len_buckets: int = 1
     row_len_ratio: float = 2.0
+    sample_align: int = 1
 
     def __post_init__(self):
         if self.sequence_length < 1:
@@ -83,6 +89,8 @@ class PackingConfig:
             raise ValueError(f"row_len_buckets: must be >= 1, got {self.row_len_buckets}")
         if not self.row_len_ratio > 1:
             raise ValueError(f"row_len_ratio: must be > 1, got {self.row_len_ratio}")
+        if self.sample_align < 1:
+            raise ValueError(f"sample_align: must be >= 1, got {self.sample_align}")
         if not 0 <= self.loss_slots <= self.micro_batch_max_tokens:
             raise ValueError(f"loss_slots: must lie in [0, micro_batch_max_tokens="
                              f"{self.micro_batch_max_tokens}] (0 = no limit), got "
@@ -114,8 +122,8 @@ class PackingConfig:
         for row in self.row_lengths():
             if row < max(lengths):
                 break
-            rows = first_fit_decreasing(lengths, row, loads=loads,
-                                        load_capacity=self.loss_slots_for(row))
+            rows = first_fit_decreasing(footprints(lengths, self.sample_align, row), row,
+                                        loads=loads, load_capacity=self.loss_slots_for(row))
             costs[row] = len(rows) * row
         return min(costs, key=lambda row: (costs[row], -row))
 
@@ -137,6 +145,7 @@ class PackingConfig:
             num_rows=num_rows,
             pad_token_id=self.pad_token_id,
             loss_slots=self.loss_slots_for(row) if self.loss_slots else 0,
+            sample_align=self.sample_align,
         )
         if self.loss_slots and self.row_len_buckets > 1:
             # Rows sized to the batch, and their loss slots too: the LM head runs at every
@@ -271,6 +280,14 @@ def bucket_rows(n: int, rows_bucket: int = 0) -> int:
     return round_up_to_bucket(n, rows_bucket)
 
 
+def footprints(lengths: Sequence[int], align: int, capacity: int) -> list[int]:
+    """The slots each sample takes in a row when samples start at multiples of ``align``:
+    its length rounded up to ``align``, at most ``capacity`` (such a sample fills its row
+    alone). Placed back to back, footprints keep every start aligned and every sample
+    inside the row whenever they sum to ≤ ``capacity``."""
+    return [min(-(-n // align) * align, capacity) for n in lengths]
+
+
 def _truncate_all(samples: Sequence[Sample], sequence_length: int | None):
     if sequence_length is None:
         return list(samples), 0
@@ -301,8 +318,10 @@ def _assemble(
     pad_token_id: int,
     optional_fields: tuple[str, ...],
     loss_slots: int = 0,
+    sample_align: int = 1,
 ) -> PackedBatch:
-    """Writes ``samples`` into a batch; ``rows[r]`` lists the sample indices of row ``r``."""
+    """Writes ``samples`` into a batch; ``rows[r]`` lists the sample indices of row ``r``,
+    each sample starting at a multiple of ``sample_align``."""
     shape, seg_shape = (num_rows, row_len), (num_rows, max_segments)
     tokens = np.full(shape, pad_token_id, np.int32)
     positions = np.zeros(shape, np.int32)
@@ -327,7 +346,7 @@ def _assemble(
             seg["seg_prompt_len"][r, k] = s.prompt_len
             seg["seg_response_len"][r, k] = s.response_len
             sample_index[r, k] = i
-            start = end
+            start = -(-end // sample_align) * sample_align
     optional = {n: floats.get(n) for n in _OPTIONAL_TOKEN_FIELDS}
     return PackedBatch(
         tokens=tokens,
@@ -401,6 +420,7 @@ def pack_samples(
     max_segments: int | None = None,
     pad_token_id: int = 0,
     loss_slots: int = 0,
+    sample_align: int = 1,
 ) -> PackedBatch:
     """Packs samples padding-free into ``[n_micro, micro_batch_max_tokens]`` rows.
 
@@ -414,6 +434,7 @@ def pack_samples(
         the most used by any row, rounded up to a power of two.
       loss_slots: cap on loss tokens per row (0 = none; ``PackingConfig.loss_slots``). A
         sample with more loss tokens than that is a ``ValueError`` naming the setting.
+      sample_align: each sample starts at a multiple of it (``PackingConfig.sample_align``).
     """
     if micro_batch_max_tokens < sequence_length:
         raise ValueError(
@@ -427,8 +448,10 @@ def pack_samples(
     cut, num_truncated = _truncate_all(samples, sequence_length)
     optional = _check_optional_fields(cut)
     loads = loss_loads(cut, [len(s) for s in cut], loss_slots)
-    rows = first_fit_decreasing([len(s) for s in cut], micro_batch_max_tokens, max_segments,
-                                loads=loads, load_capacity=loss_slots or micro_batch_max_tokens)
+    rows = first_fit_decreasing(
+        footprints([len(s) for s in cut], sample_align, micro_batch_max_tokens),
+        micro_batch_max_tokens, max_segments, loads=loads,
+        load_capacity=loss_slots or micro_batch_max_tokens)
     width = max_segments or round_up_to_bucket(max((len(r) for r in rows), default=1))
     return _assemble(
         cut,
@@ -440,6 +463,7 @@ def pack_samples(
         pad_token_id=pad_token_id,
         optional_fields=optional,
         loss_slots=loss_slots,
+        sample_align=sample_align,
     )
 
 

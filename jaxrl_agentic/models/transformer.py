@@ -24,6 +24,8 @@ bf16 lets two programs that differ only in accumulation order (the sampler's one
 decode, the learner's packed rows) drift apart layer after layer: the sampler/learner mean
 logprob gap at the Qwen2.5-0.5B shape (24 layers, random weights) was 8.3e-3 that way and
 is 3.0e-3 this way, against 7e-3 between bf16 and fp32 themselves (`docs/benchmarks.md`).
+On CPU the sampler's cached attention also runs the learner's block-sparse algorithm (128-slot
+blocks, the shared online-softmax update), which took the gap to 2.6e-3 (`_cached_attention`).
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from flax import nnx
 
 from jaxrl_agentic.models.config import ModelConfig
 from jaxrl_agentic.models.rope import apply_rope, rope_cos_sin, rope_frequencies
-from pallas_kernels.segment_attention import segment_attention
+from pallas_kernels import _online_softmax as online_softmax
+from pallas_kernels.segment_attention import BLOCK, resolve_attention_impl, segment_attention
 
 _INIT = nnx.initializers.normal(0.02)
 
@@ -179,7 +182,14 @@ def _cached_attention(q, k_t, v, mask):
     Query heads are grouped per kv head ([B, K, G·T, H]) so keys and values are never
     repeated per head and both products are plain batched matmuls over (B, K) that read the
     cache in its own layout; logits and softmax are float32.
+
+    Where the learner runs block-sparse attention (CPU), the cache is read in blocks of
+    `segment_attention.BLOCK` slots with the learner's own online-softmax update
+    (:func:`_blocked_cached_attention`), so that in bf16 the sampler's attention output is
+    the learner's to the last bit; elsewhere one softmax over the slots.
     """
+    if resolve_attention_impl("auto") == "blocksparse":
+        return _blocked_cached_attention(q, k_t, v, mask, BLOCK)
     b, t, n, h = q.shape
     kv_heads, group = k_t.shape[1], n // k_t.shape[1]
     q = q.reshape(b, t, kv_heads, group, h).transpose(0, 2, 3, 1, 4)  # [B, K, G, T, H]
@@ -193,6 +203,48 @@ def _cached_attention(q, k_t, v, mask):
     out = jnp.einsum("bkqs,bksh->bkqh", probs, v.astype(q.dtype))
     out = out.reshape(b, kv_heads, group, t, h).transpose(0, 3, 1, 2, 4)
     return out.reshape(b, t, n, h)
+
+
+def _blocked_cached_attention(q, k_t, v, mask, block: int):
+    """`_cached_attention` over blocks of `block` slots counted from slot 0, each folded in
+    with `_online_softmax.update` in slot order: the computation the learner's block-sparse
+    forward runs for a sample that starts at a multiple of `block` in its packed row. Slots
+    past a query's position are masked, and a block with nothing attended leaves the state
+    bit for bit as it was (α = 1, p = 0), so reading more slots than a stream holds changes
+    nothing. A ragged last block is padded to `block` (masked) so every block has one shape."""
+    b, t, n, h = q.shape
+    kv_heads, group = k_t.shape[1], n // k_t.shape[1]
+    q = q.reshape(b, t, kv_heads, group, h).transpose(0, 2, 3, 1, 4)  # [B, K, G, T, H]
+    scale = h**-0.5  # as the learner's `_scores`
+    mask = mask[:, :, None]  # [B, 1, 1, T, S]
+
+    def fold(state, k_blk, v_blk, mask_blk):
+        s = jnp.einsum("bkgqh,bkhs->bkgqs", q, k_blk.astype(q.dtype),
+                       preferred_element_type=jnp.float32) * scale
+        return online_softmax.update(
+            *state, jnp.where(mask_blk, s, online_softmax.NEG), mask_blk,
+            lambda probs: jnp.einsum("bkgqs,bksh->bkgqh", probs.astype(q.dtype),
+                                     v_blk.astype(q.dtype), preferred_element_type=jnp.float32))
+
+    def fold_block(j, state):
+        def cut(x, axis):
+            return jax.lax.dynamic_slice_in_dim(x, j * block, block, axis)
+        return fold(state, cut(k_t, 3), cut(v, 2), cut(mask, 4))
+
+    slots = k_t.shape[-1]
+    full, tail = divmod(slots, block)
+    state = online_softmax.init_state(q.shape[:-1], q.shape)
+    if full:  # (a zero-trip loop still traces its body: a block the cache does not hold)
+        state = jax.lax.fori_loop(0, full, fold_block, state)
+    if tail:
+        def last(x, axis):
+            x = jax.lax.slice_in_dim(x, full * block, slots, axis=axis)
+            widths = [(0, 0)] * x.ndim
+            widths[axis] = (0, block - tail)
+            return jnp.pad(x, widths)
+        state = fold(state, last(k_t, 3), last(v, 2), last(mask, 4))
+    out, _ = online_softmax.finish(*state)
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h).astype(q.dtype)
 
 
 class MLP(nnx.Module):

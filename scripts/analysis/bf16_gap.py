@@ -30,6 +30,8 @@ def main(argv=None) -> int:
     parser.add_argument("--prompt-len", type=int, default=300)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--row", type=int, default=2048)
+    parser.add_argument("--sample-align", type=int, default=128,
+                        help="PackingConfig.sample_align of the learner's rows (1 = tight)")
     parser.add_argument("--no-fp32", action="store_true")
     args = parser.parse_args(argv)
 
@@ -42,7 +44,8 @@ def main(argv=None) -> int:
 
     def recompute(model, samples):
         graphdef, params = nnx.split(model)
-        packing = PackingConfig(micro_batch_max_tokens=args.row, sequence_length=args.row)
+        packing = PackingConfig(micro_batch_max_tokens=args.row, sequence_length=args.row,
+                                sample_align=args.sample_align)
         return Learner(graphdef, params, LearnerConfig(packing=packing)).sample_logprobs(samples)
 
     def generated(values, samples):
@@ -67,6 +70,7 @@ def main(argv=None) -> int:
     result = {"model": args.model, "layers": model.cfg.num_hidden_layers,
               "prompts": args.prompts, "prompt_len": args.prompt_len,
               "new_tokens": args.new_tokens, "row": args.row,
+              "sample_align": args.sample_align,
               "gap_mean": float(np.abs(sampled - learner).mean()),
               "gap_max": float(np.abs(sampled - learner).max()),
               "mean_logprob": float(sampled.mean())}

@@ -301,3 +301,45 @@ def test_bucketed_rows_get_loss_slots_sized_to_their_fullest_row():
     assert (batch.loss_index() >= 0).sum() == 303
     fixed = PackingConfig(micro_batch_max_tokens=8192, sequence_length=2048, loss_slots=2048)
     assert fixed.pack(samples).loss_slots == 2048
+
+
+@pytest.mark.parametrize("align", [1, 16, 128])
+def test_sample_align_starts_every_sample_at_a_multiple(align):
+    """Samples start at multiples of `sample_align` (the attention block, so the learner's
+    key blocks are the sampler's), stay whole and inside their row, and rows are filled
+    under the aligned footprints (first-fit on lengths rounded up to `align`)."""
+    rng = np.random.default_rng(align)
+    lengths = rng.integers(1, 300, 40).tolist()
+    samples = samples_of_lengths(lengths)
+    config = PackingConfig(micro_batch_max_tokens=512, sequence_length=300, sample_align=align)
+    batch = config.pack(samples)
+    placed = 0
+    for r in range(batch.num_micro_batches):
+        ids = batch.segment_ids[r]
+        for seg in range(1, ids.max() + 1):
+            where = np.nonzero(ids == seg)[0]
+            assert where[0] % align == 0
+            assert np.array_equal(where, np.arange(where[0], where[0] + len(where)))
+            i = batch.sample_index[r, seg - 1]
+            assert len(where) == lengths[i]
+            np.testing.assert_array_equal(batch.tokens[r, where], samples[i].tokens)
+            placed += 1
+    assert placed == len(samples)
+    rows = sorted(sorted(int(i) for i in batch.sample_index[r] if i >= 0)
+                  for r in range(batch.num_micro_batches) if batch.segment_ids[r].any())
+    assert rows == reference_ffd([-(-n // align) * align for n in lengths], 512)
+
+
+def test_sample_align_lets_a_full_row_sample_fill_its_row():
+    """A sample as long as the row (not a multiple of the alignment) still fits, alone."""
+    config = PackingConfig(micro_batch_max_tokens=200, sequence_length=200, sample_align=128)
+    batch = config.pack(samples_of_lengths([200, 50, 60]))
+    starts = np.nonzero(np.diff(batch.segment_ids, prepend=0, axis=1) > 0)
+    assert np.all(starts[1] % 128 == 0)
+    row = int(np.nonzero(batch.sample_index[:, 0] == 0)[0][0])
+    assert (batch.segment_ids[row] == 1).sum() == 200 and batch.segment_ids[row].max() == 1
+
+
+def test_sample_align_must_be_positive():
+    with pytest.raises(ValueError, match="^sample_align: must be >= 1"):
+        PackingConfig(sample_align=0)
