@@ -40,7 +40,12 @@ from flax import nnx
 from jaxrl_agentic.models.config import ModelConfig
 from jaxrl_agentic.models.rope import apply_rope, rope_cos_sin, rope_frequencies
 from pallas_kernels import _online_softmax as online_softmax
-from pallas_kernels.segment_attention import BLOCK, resolve_attention_impl, segment_attention
+from pallas_kernels.segment_attention import (
+    BLOCK,
+    resolve_attention_impl,
+    runs_dense,
+    segment_attention,
+)
 
 _INIT = nnx.initializers.normal(0.02)
 
@@ -183,12 +188,14 @@ def _cached_attention(q, k_t, v, mask):
     repeated per head and both products are plain batched matmuls over (B, K) that read the
     cache in its own layout; logits and softmax are float32.
 
-    Where the learner runs block-sparse attention (CPU), the cache is read in blocks of
-    `segment_attention.BLOCK` slots with the learner's own online-softmax update
-    (:func:`_blocked_cached_attention`), so that in bf16 the sampler's attention output is
-    the learner's to the last bit; elsewhere one softmax over the slots.
+    Where the learner runs block-sparse attention (CPU), a cache of more than two blocks is
+    read in blocks of `segment_attention.BLOCK` slots with the learner's own online-softmax
+    update (:func:`_blocked_cached_attention`), so that in bf16 the sampler's attention
+    output is the learner's to the last bit; elsewhere one softmax over the slots, as the
+    learner's dense path computes rows of ≤ two blocks (`runs_dense`).
     """
-    if resolve_attention_impl("auto") == "blocksparse":
+    impl = resolve_attention_impl("auto")
+    if impl == "blocksparse" and not runs_dense(impl, k_t.shape[-1]):
         return _blocked_cached_attention(q, k_t, v, mask, BLOCK)
     b, t, n, h = q.shape
     kv_heads, group = k_t.shape[1], n // k_t.shape[1]
