@@ -26,9 +26,10 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-# Masked scores. Finite, so that a query with nothing attended yet keeps e^{m − m'} = 1 rather
-# than NaN; masked probabilities are zeroed explicitly, never taken from exp.
-NEG = -1e30
+# Masked scores: the logprob kernels' finite stand-in for −inf, so that a query with nothing
+# attended yet keeps e^{m − m'} = 1 rather than NaN; masked probabilities are zeroed
+# explicitly, never taken from exp.
+from pallas_kernels._softmax_math import NEG_LOGIT as NEG
 
 
 def init_state(stats_shape, acc_shape):

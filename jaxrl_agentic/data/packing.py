@@ -285,7 +285,7 @@ def footprints(lengths: Sequence[int], align: int, capacity: int) -> list[int]:
     its length rounded up to ``align``, at most ``capacity`` (such a sample fills its row
     alone). Placed back to back, footprints keep every start aligned and every sample
     inside the row whenever they sum to ≤ ``capacity``."""
-    return [min(-(-n // align) * align, capacity) for n in lengths]
+    return [min(round_up_to_bucket(n, align), capacity) for n in lengths]
 
 
 def _truncate_all(samples: Sequence[Sample], sequence_length: int | None):
@@ -346,7 +346,7 @@ def _assemble(
             seg["seg_prompt_len"][r, k] = s.prompt_len
             seg["seg_response_len"][r, k] = s.response_len
             sample_index[r, k] = i
-            start = -(-end // sample_align) * sample_align
+            start = round_up_to_bucket(end, sample_align)
     optional = {n: floats.get(n) for n in _OPTIONAL_TOKEN_FIELDS}
     return PackedBatch(
         tokens=tokens,
