@@ -31,6 +31,10 @@ def get_config():
     c.warmup_steps = 5
     c.min_lr_ratio = 0.1
     c.mini_batch_size = 16
+    # One JAX device per core, the rows split over them: the tiny model's programs keep
+    # about one core busy each, so on 2 cores a learner step takes ~0.7x the time of one
+    # device (docs/benchmarks.md, "One CPU device per core"). No effect on GPU/TPU.
+    c.mesh.cpu_devices = 0
     # A KL penalty towards the warmed model (≈ uniform over the four actions) keeps the
     # policy from saturating once it heads for the goal. Saturated (p ≈ 0.98), a move's
     # policy gradient scales with 1 − p, and the hole words in the hint were never learned:

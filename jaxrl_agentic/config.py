@@ -222,7 +222,10 @@ def default_config() -> ml_collections.ConfigDict:
     # distribution and debugging
     # mesh.sampler_devices: 0 = the sampler shares the learner's devices and params;
     # k > 0 = each process's last k devices sample, with params resharded after updates.
-    c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, sampler_devices=0))
+    # mesh.cpu_devices: JAX devices this process' CPU is split into (1 = one; 0 = one per
+    # core, the rows split over them: faster for small models, params copied per device).
+    c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, sampler_devices=0,
+                                            cpu_devices=1))
     # several processes (one per host): jax.distributed; ""/0/-1 = JAX auto-detects
     c.distributed = ml_collections.ConfigDict(dict(
         enabled=False, coordinator_address="", num_processes=0, process_id=-1,
@@ -388,7 +391,16 @@ def validate(c) -> None:
     if c.mesh.data == 0 or c.mesh.fsdp == 0 or c.mesh.tensor == 0:
         _fail("mesh", "axis sizes must be >= 1, or -1 to fill the remaining devices")
     _positive(c, "mesh.sampler_devices", allow_zero=True)
+    validate_devices(c)
     validate_distributed(c)
+
+
+def validate_devices(c) -> None:
+    """`mesh.cpu_devices` alone: checked before it is applied, which must happen before
+    anything touches the JAX backend (`parallel.use_cpu_devices`)."""
+    count = c.mesh.get("cpu_devices", 1)
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        _fail("mesh.cpu_devices", f"must be an integer >= 0 (0 = one per core), got {count!r}")
 
 
 def validate_filters(c) -> None:

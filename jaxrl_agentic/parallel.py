@@ -25,6 +25,7 @@ unsharded: every device holds its share of every layer.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -211,6 +212,42 @@ def initialize_distributed(coordinator_address: str = "", num_processes: int = 0
     if process_id >= 0:
         kwargs["process_id"] = process_id
     jax.distributed.initialize(**kwargs)
+
+
+def use_cpu_devices(count: int, log=print) -> int:
+    """Splits this process' CPU into ``count`` JAX devices (0 = one per core it may run on;
+    1 = one device, JAX's default) and returns the count it asked for. Must run before
+    anything touches the JAX backend; no effect on GPU/TPU devices.
+
+    Why: one XLA:CPU program keeps about one core busy at a small model's shapes (its
+    matmuls are too small for the intra-op thread pool to split well), while devices run
+    their shards of a program side by side. With the batch rows split over one device per
+    core (the ``data`` axis, as on GPUs), the tiny model's learner step takes ~0.7× the
+    time on 2 cores (``docs/benchmarks.md``, "One CPU device per core"). Parameters are
+    replicated per device, so a large model on CPU should keep 1 (or shard with ``fsdp``).
+
+    A count that cannot be applied any more (the backend already started, e.g. a second
+    run in one process, or ``XLA_FLAGS`` already forces a device count) is logged, and the
+    devices JAX has are used.
+    """
+    from jax._src import xla_bridge  # backends_are_initialized has no public name
+
+    if count < 0:
+        raise ValueError(f"cpu_devices must be >= 0, got {count}")
+    wanted = count or len(os.sched_getaffinity(0))
+    if "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
+        if wanted != 1:
+            log(f"cpu_devices={count} not applied: XLA_FLAGS already sets "
+                f"--xla_force_host_platform_device_count")
+        return wanted
+    if xla_bridge.backends_are_initialized():
+        have = len(jax.devices("cpu"))
+        if have != wanted:
+            log(f"cpu_devices={count} not applied: the JAX backend is already running with "
+                f"{have} CPU device(s), which this run uses")
+        return wanted
+    jax.config.update("jax_num_cpu_devices", wanted)
+    return wanted
 
 
 def process_share(n: int) -> tuple[int, int]:

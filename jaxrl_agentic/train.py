@@ -13,7 +13,13 @@ import os
 import sys
 import time
 
-from jaxrl_agentic.config import ConfigError, output_paths, validate, validate_distributed
+from jaxrl_agentic.config import (
+    ConfigError,
+    output_paths,
+    validate,
+    validate_devices,
+    validate_distributed,
+)
 
 EXIT_BAD_INPUT = 2
 EXIT_NONFINITE = 3
@@ -113,11 +119,15 @@ def run(c, *, log=print) -> dict[str, float]:
 
     # Before anything else touches the JAX backend (validation imports the environments).
     validate_distributed(c)
-    if c.distributed.enabled:
-        from jaxrl_agentic.parallel import initialize_distributed
+    validate_devices(c)
+    from jaxrl_agentic.parallel import initialize_distributed, use_cpu_devices
 
+    if c.distributed.enabled:
         initialize_distributed(c.distributed.coordinator_address,
                                c.distributed.num_processes, c.distributed.process_id)
+    use_cpu_devices(c.mesh.get("cpu_devices", 1), log=log)
+    devices = jax.devices()
+    log(f"devices: {len(devices)} × {devices[0].platform} ({jax.process_count()} process(es))")
     from jaxrl_agentic import timing
     from jaxrl_agentic.checkpoint import Checkpointer, resolve_checkpoint
     from jaxrl_agentic.data.debug import dump_batch
