@@ -45,6 +45,7 @@ from jaxrl_agentic.data import (
     pad_rows,
     round_up_to_bucket,
     split_minibatches,
+    spread_rows,
     updates_per_step,
 )
 from jaxrl_agentic.parallel import (
@@ -450,11 +451,13 @@ def make_per_token(fn, keys: Sequence[str], mesh, param_shardings):
 
 
 def pad_to_shards(batch: PackedBatch, mesh, pad_token_id: int) -> PackedBatch:
-    """``batch`` with empty rows appended so its row count divides the batch shards."""
-    rows = round_up_to_bucket(batch.num_micro_batches, num_batch_shards(mesh))
-    if rows == batch.num_micro_batches:
-        return batch
-    return pad_rows(batch, rows, pad_token_id=pad_token_id)
+    """``batch`` with empty rows appended so its row count divides the batch shards, and
+    its rows spread over them (``spread_rows``: each device gets its share of real rows)."""
+    shards = num_batch_shards(mesh)
+    rows = round_up_to_bucket(batch.num_micro_batches, shards)
+    if rows != batch.num_micro_batches:
+        batch = pad_rows(batch, rows, pad_token_id=pad_token_id)
+    return spread_rows(batch, shards)
 
 
 def put_batch(batch: PackedBatch, keys: Sequence[str], mesh) -> dict[str, jax.Array]:

@@ -15,6 +15,10 @@ _CACHE = os.path.join(_CACHE_HOME, "jaxrl_agentic", "jax_test_cache")
 jax.config.update("jax_compilation_cache_dir", _CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+# Start the backend now, with one CPU device, whatever test runs first: a recipe that asks
+# for one device per core (`mesh.cpu_devices`) run in-process must not change the device
+# count of every test after it (it logs that it was not applied instead).
+jax.devices()
 
 import pytest  # noqa: E402
 

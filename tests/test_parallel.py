@@ -232,3 +232,55 @@ def test_parameters_are_really_sharded(sharded_report):
     assert meshes["(2, 2, 2)"]["bytes_dev0"] < 0.3 * full
     assert meshes["(2, 2, 2)"]["q_shard"] == [1, 16, 16]
     assert meshes["(2, 2, 2)"]["ref_bytes_dev0"] == meshes["(2, 2, 2)"]["bytes_dev0"]
+
+
+def _last_json_line(code: str, **env) -> dict:
+    """Runs `code` in a fresh Python (its own JAX backend; XLA_FLAGS only if given)."""
+    base = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, env={**base, "JAX_PLATFORMS": "cpu", **env}, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_use_cpu_devices_splits_the_cpu_before_the_backend_starts():
+    """cpu_devices=3 gives three CPU devices; a second call, once the backend runs, keeps
+    them and says so; 0 means one device per core this process may run on."""
+    out = _last_json_line("""
+        import json, os
+        from jaxrl_agentic.parallel import use_cpu_devices
+        said = []
+        asked = use_cpu_devices(3, log=said.append)
+        import jax
+        have = len(jax.devices())
+        again = use_cpu_devices(0, log=said.append)
+        print(json.dumps({"asked": asked, "have": have, "again": again, "said": said,
+                          "cores": len(os.sched_getaffinity(0))}))
+    """)
+    assert (out["asked"], out["have"]) == (3, 3)
+    assert out["again"] == out["cores"]
+    if out["cores"] != 3:
+        assert out["said"] == ["cpu_devices=0 not applied: the JAX backend is already running "
+                               "with 3 CPU device(s), which this run uses"]
+
+
+def test_use_cpu_devices_leaves_an_xla_flags_device_count_alone():
+    out = _last_json_line("""
+        import json
+        from jaxrl_agentic.parallel import use_cpu_devices
+        said = []
+        use_cpu_devices(1, log=said.append)
+        use_cpu_devices(4, log=said.append)
+        import jax
+        print(json.dumps({"have": len(jax.devices()), "said": said}))
+    """, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    assert out["have"] == 2
+    assert out["said"] == ["cpu_devices=4 not applied: XLA_FLAGS already sets "
+                           "--xla_force_host_platform_device_count"]
+
+
+def test_use_cpu_devices_rejects_a_negative_count():
+    from jaxrl_agentic.parallel import use_cpu_devices
+
+    with pytest.raises(ValueError, match="cpu_devices must be >= 0"):
+        use_cpu_devices(-1)

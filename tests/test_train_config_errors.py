@@ -35,6 +35,7 @@ CASES = [
      "config.target_kl: an adaptive KL coefficient needs"),
     (["--config.mesh.data=3"], "config.mesh: mesh {'data': 3, 'fsdp': 1, 'tensor': 1} needs 3"),
     (["--config.mesh.sampler_devices=1"], "config.mesh: mesh.sampler_devices=1: must be 0"),
+    (["--config.mesh.cpu_devices=-1"], "config.mesh.cpu_devices: must be an integer >= 0"),
     (["--config.distributed.coordinator_address=localhost"],
      "config.distributed.coordinator_address: expected 'host:port'"),
     (["--config.distributed.enabled=True", "--config.distributed.num_processes=2"],

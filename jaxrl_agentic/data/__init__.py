@@ -9,6 +9,7 @@ from jaxrl_agentic.data.packing import (
     pack_samples,
     pad_rows,
     round_up_to_bucket,
+    spread_rows,
     token_stats,
 )
 from jaxrl_agentic.data.types import Sample, truncate_sample
@@ -24,6 +25,7 @@ __all__ = [
     "pad_rows",
     "round_up_to_bucket",
     "split_minibatches",
+    "spread_rows",
     "token_stats",
     "truncate_sample",
     "updates_per_step",

@@ -20,6 +20,7 @@ from jaxrl_agentic.data.packing import (
     bucket_rows,
     pad_rows,
     round_up_to_bucket,
+    spread_rows,
 )
 from jaxrl_agentic.data.types import Sample
 
@@ -66,7 +67,9 @@ def pack_minibatches(
     never needs more rows than samples, as each fits one row), so the shape never changes
     within a run; otherwise ``bucket_rows(most rows needed, rows_bucket)`` rounded up. The
     segment-metadata width is the largest one. Padding micro-batches have segment ids 0
-    everywhere, so they add nothing to any loss sum or denominator.
+    everywhere, so they add nothing to any loss sum or denominator. With several shards the
+    rows are then spread over them (:func:`~jaxrl_agentic.data.packing.spread_rows`), so
+    every device gets its share of the real rows.
     """
     # Exact row counts here; the common bucket is applied below. Each mini-batch gets its
     # own row length (``PackingConfig.row_len_buckets``); an update step is one call.
@@ -80,4 +83,5 @@ def pack_minibatches(
     else:
         num_rows = round_up_to_bucket(bucket_rows(needed, packing.rows_bucket), rows_multiple)
     width = max((b.sample_index.shape[1] for b in packed), default=1)
-    return [pad_rows(b, num_rows, width, packing.pad_token_id) for b in packed]
+    return [spread_rows(pad_rows(b, num_rows, width, packing.pad_token_id), rows_multiple)
+            for b in packed]

@@ -203,6 +203,7 @@ def main(argv=None) -> dict:
     from jaxrl_agentic.checkpoint import Checkpointer
     from jaxrl_agentic.config import output_paths, validate
     from jaxrl_agentic.metrics_writer import MetricsWriter, save_gif
+    from jaxrl_agentic.parallel import use_cpu_devices
 
     load_before = os.getloadavg()[0]
     if args.vary_lengths:
@@ -213,6 +214,7 @@ def main(argv=None) -> dict:
         "--config.format_warmup.steps=0", f"--config.max_steps={args.steps}",
         "--config.logging_steps=1", "--config.save_steps=1", *overrides,
     ])
+    cpu_devices = use_cpu_devices(c.mesh.get("cpu_devices", 1))  # as train.run does
     validate(c)
     if c.get("async_generation_ratio", 0):
         raise SystemExit("bench_pipeline needs async_generation_ratio=0: its timer charges "
@@ -279,6 +281,8 @@ def main(argv=None) -> dict:
     if not args.keep_output:
         shutil.rmtree(tmp, ignore_errors=True)
     result = summarize(args, c, per_step, build_s, seen, load_before, pipeline)
+    result["cpu_devices"] = {"config": c.mesh.get("cpu_devices", 1), "asked": cpu_devices,
+                             "devices": len(jax.devices())}
     print(json.dumps(result))
     return result
 

@@ -84,3 +84,20 @@ def test_pack_minibatches_fixed_count_and_overflow_error():
                             rows_multiple=4)[0].tokens.shape == (8, 10)
     with pytest.raises(ValueError, match="needs 3 micro-batches but mini_batch_size=2"):
         pack_minibatches(minibatches, packing, mini_batch_size=2)
+
+
+def test_pack_minibatches_spread_real_rows_over_the_shards():
+    """Device s holds rows s·G … s·G + G − 1 and the learner scans one row per device at a
+    time, skipping only all-padding groups: 5 real rows of 8 on 2 shards must take
+    ceil(5/2) = 3 groups, not 4 (all real rows on device 0, as packing lays them out)."""
+    minibatches = [samples_of_lengths([10, 10, 10, 10, 10])]
+    packing = PackingConfig(micro_batch_max_tokens=10, sequence_length=10, fixed_rows=True)
+    alone = pack_minibatches(minibatches, packing, mini_batch_size=8)[0]
+    spread = pack_minibatches(minibatches, packing, mini_batch_size=8, rows_multiple=2)[0]
+    busy = (spread.segment_ids > 0).any(axis=1)
+    assert busy.reshape(2, 4).sum(axis=1).tolist() == [3, 2]  # real rows per device
+    assert busy.reshape(2, 4).any(axis=0).sum() == 3  # groups the scan runs
+    # The same rows, only reordered: new row s·4 + g is old row 2·g + s.
+    order = [0, 2, 4, 6, 1, 3, 5, 7]
+    np.testing.assert_array_equal(spread.tokens, alone.tokens[order])
+    np.testing.assert_array_equal(spread.sample_index, alone.sample_index[order])
