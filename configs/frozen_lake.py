@@ -32,8 +32,10 @@ def get_config():
     c.min_lr_ratio = 0.1
     c.mini_batch_size = 16
     # One JAX device per core, the rows split over them: the tiny model's programs keep
-    # about one core busy each, so on 2 cores a learner step takes ~0.7x the time of one
-    # device (docs/benchmarks.md, "One CPU device per core"). No effect on GPU/TPU.
+    # about one core busy each. On 2 cores a pipeline step took 8.7 s instead of 12.3 s
+    # (learner 5.7 s instead of 9.1 s), and seeds 0-4 reached 0.8 within 20 minutes four
+    # times of five instead of three (docs/benchmarks.md, "One CPU device per core",
+    # "Learning across seeds"). No effect on GPU/TPU.
     c.mesh.cpu_devices = 0
     # A KL penalty towards the warmed model (≈ uniform over the four actions) keeps the
     # policy from saturating once it heads for the goal. Saturated (p ≈ 0.98), a move's
@@ -79,8 +81,9 @@ def get_config():
     # and plateaued at 0.73-0.77 (goal Down, hole beside: Left 28 of 35 times); on denser
     # training maps it first reached 0.8 at step 60. With them seeds 0-4 first reached 0.8
     # at steps 100, 60, 130, 150 and 30, and ended at 0.83-0.91 (one core each, stop 39's
-    # build); on today's build with two cores, seeds 0, 1, 4 reached 0.8 within 20 minutes
-    # and seeds 2, 3 plateaued at 0.75-0.78 (docs/benchmarks.md, "Learning across seeds").
+    # build); with two cores and one device per core (stop 43), seeds 0, 1, 2, 4 reached
+    # 0.8 within 20 minutes and seed 3 plateaued at 0.58-0.77 (docs/benchmarks.md,
+    # "Learning across seeds").
     # Eval success is measured on the standard maps: the override is the train manager's,
     # not the tag's.
     c.train_env_manager = env_manager(num_env_groups=8, group_size=8, tags=("frozen_lake",),

@@ -81,6 +81,11 @@ TF32 figure). Torch's `sdpa` picks its CUDA kernel itself (fp32: memory-efficien
     python scripts/bench/bench_learner.py --sizes tiny --repeats 3      # ~1 min
     python scripts/bench/bench_learner.py --sizes 25m --torch-layout packed
     python scripts/bench/bench_learner.py --device gpu --samples 256    # one NVIDIA GPU
+    python scripts/bench/bench_learner.py --cpu-devices 0               # one JAX device per core
+
+`--cpu-devices 0` splits the CPU into one JAX device per core (`mesh.cpu_devices`, as the
+default recipe trains): our rows are split over them (the learner's mesh takes every
+device), torch keeps its intra-op threads. `jax_devices` in the JSON says which ran.
 """
 
 from __future__ import annotations
@@ -104,6 +109,19 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 sys.path.insert(0, common.ROOT)
+
+from jaxrl_agentic.parallel import use_cpu_devices  # noqa: E402
+
+
+def _cpu_devices_flag() -> int:
+    """--cpu-devices, read before the imports below start JAX's backend (they do)."""
+    early = argparse.ArgumentParser(add_help=False)
+    early.add_argument("--cpu-devices", type=int, default=1)
+    return early.parse_known_args()[0].cpu_devices
+
+
+if DEVICE == "cpu":
+    use_cpu_devices(_cpu_devices_flag())
 
 from jaxrl_agentic.data import PackingConfig, Sample  # noqa: E402
 from jaxrl_agentic.learner import Learner, LearnerConfig  # noqa: E402
@@ -154,6 +172,10 @@ def _parse_args():
                         help="n of the n×n fp32 matmul limit (default: 2048 on cpu, 8192 on gpu)")
     parser.add_argument("--skip-torch", action="store_true", help="time ours only")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cpu-devices", type=int, default=1,
+                        help="cpu only: JAX devices the CPU is split into (mesh.cpu_devices; "
+                             "0 = one per core): our rows are split over them, torch keeps "
+                             "its intra-op threads (default 1)")
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
                         help="cpu (default), or gpu: JAX on cuda, torch on cuda, TF32 matmuls "
                              "on both sides (read before jax is imported: spell it out)")
@@ -583,6 +605,7 @@ def bench_size(size, args, threads, matmul, device_keys):
                   "params": int(sum(x.size for x in jax.tree.leaves(learner.state.params))),
                   "matmul_params": n_matmul},
         "threads": threads,
+        "jax_devices": len(jax.devices()),
         "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "round_s": {k: [round(t, 3) for t in times[k]] for k in ("ours", "torch", "step")},
         "round_matmul_gflops": [round(f / 1e9, 1) for f in times["matmul"]],

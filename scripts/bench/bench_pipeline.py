@@ -119,10 +119,8 @@ import jax  # noqa: E402
 ROOT = common.ROOT
 sys.path.insert(0, ROOT)
 
-from jaxrl_agentic import pipeline as pipeline_module  # noqa: E402
 from jaxrl_agentic import timing, train  # noqa: E402
 from jaxrl_agentic.compile_events import CompileEvents  # noqa: E402
-from jaxrl_agentic.rollout import loop as loop_module  # noqa: E402
 
 BUCKETS = (
     "rollout/prefill", "rollout/decode", "rollout/env", "rollout/tokenize", "rollout/other",
@@ -206,6 +204,12 @@ def main(argv=None) -> dict:
     from jaxrl_agentic.parallel import use_cpu_devices
 
     load_before = os.getloadavg()[0]
+    # As train.run does, before anything starts the backend (importing the pipeline does).
+    recipe = train.parse_config(["bench", f"--config={args.config}", *overrides])
+    cpu_devices = use_cpu_devices(recipe.mesh.get("cpu_devices", 1))
+    from jaxrl_agentic import pipeline as pipeline_module
+    from jaxrl_agentic.rollout import loop as loop_module
+
     if args.vary_lengths:
         overrides = overrides + _any_reply_overrides(args.config, overrides)
     tmp = tempfile.mkdtemp(prefix="bench_pipeline_")
@@ -214,7 +218,6 @@ def main(argv=None) -> dict:
         "--config.format_warmup.steps=0", f"--config.max_steps={args.steps}",
         "--config.logging_steps=1", "--config.save_steps=1", *overrides,
     ])
-    cpu_devices = use_cpu_devices(c.mesh.get("cpu_devices", 1))  # as train.run does
     validate(c)
     if c.get("async_generation_ratio", 0):
         raise SystemExit("bench_pipeline needs async_generation_ratio=0: its timer charges "
