@@ -75,6 +75,9 @@ def small_overrides(out: str) -> list[str]:
         "--config.reply_prefix=",
         "--config.reply_suffix=",
         "--config.adv_estimator=grpo",
+        # One CPU device per process, in this process and in the subprocesses alike (the
+        # recipe's one-per-core would apply only in a fresh process).
+        "--config.mesh.cpu_devices=1",
     ]
 
 

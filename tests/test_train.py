@@ -44,6 +44,10 @@ def tiny_overrides(recipe: str, out: str, steps: int = 2) -> list[str]:
         f"--config.max_input_length={input_length}",
         f"--config.sequence_length={sequence_length}",
         "--config.micro_batch_max_tokens=1280",
+        # One CPU device whether the run is in this process (whose backend already runs on
+        # one) or a subprocess (where the recipe's one-per-core would apply): a resumed run
+        # must replay the killed one's rounding (test_sigkill_and_resume...).
+        "--config.mesh.cpu_devices=1",
     ]
 
 
