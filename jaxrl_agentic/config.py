@@ -190,6 +190,10 @@ def default_config() -> ml_collections.ConfigDict:
     # (the one computing the fewest slots; each a compiled shape); 1 = always the full row
     c.row_len_buckets = 1
     c.row_len_ratio = 2.0
+    # a group of rows whose real tokens end early is computed on the shortest of
+    # row / 2^k (k <= this; multiples of 128, >= 512) that holds them: one compiled
+    # branch each (update.on_shortest_prefix); 0 = always the whole row
+    c.row_prefixes = 2
     # each sample starts at a multiple of this in its row (0 = automatic: the attention
     # block, 128, in bf16 where the learner's attention is block-sparse (CPU), so the
     # sampler's logprobs are the learner's to the last bit in attention; else 1)
@@ -302,6 +306,7 @@ def validate(c) -> None:
     _choice(c, "reward_norm_by", REWARD_NORM_BY)
     _choice(c, "dtype", DTYPES)
     _positive(c, "sample_align", allow_zero=True)
+    _positive(c, "row_prefixes", allow_zero=True)
     _choice(c, "param_dtype", DTYPES)
     if not isinstance(c.untie_word_embeddings, bool):
         _fail("untie_word_embeddings", f"must be True or False, got {c.untie_word_embeddings!r}")

@@ -206,7 +206,8 @@ def make_value_loss_and_grads(graphdef, config: CriticConfig, mesh=None):
             return loss.objective(sums), (sums, denominator)
 
         batch = {k: batch[k] for k in CRITIC_BATCH_KEYS}
-        return accumulate_gradients(objective, params, batch, loss.zero_sums, mesh)
+        return accumulate_gradients(objective, params, batch, loss.zero_sums, mesh,
+                                    config.packing.row_prefixes)
 
     return loss_and_grads
 

@@ -406,7 +406,8 @@ def make_loss_and_grads(graphdef, config: LearnerConfig, mesh=None):
             sums, denominator = micro_batch_sums(graphdef, config, p, micro, kl_coef)
             return sums.objective, (sums, denominator)
 
-        return accumulate_gradients(objective, params, batch, zero_sums, mesh)
+        return accumulate_gradients(objective, params, batch, zero_sums, mesh,
+                                    config.packing.row_prefixes)
 
     return loss_and_grads
 
@@ -450,7 +451,8 @@ def make_compute_logprobs(graphdef, config: LearnerConfig, mesh, param_shardings
             logprobs.reshape(b, -1).astype(_F32), mode="drop")
         return _shift_right(out)
 
-    return make_per_token(rows_logprobs, LOGPROB_BATCH_KEYS, mesh, param_shardings)
+    return make_per_token(rows_logprobs, LOGPROB_BATCH_KEYS, mesh, param_shardings,
+                          config.packing.row_prefixes)
 
 
 # ----------------------------------------------------------------------------- host side
@@ -584,7 +586,8 @@ class Learner(EngineDriver):
                 "optim/nonfinite_updates": float(sum(int(m["nonfinite"]) for m in per_update)),
                 "tokens/real": sum(s["real_tokens"] for s in stats),
                 "tokens/loss": float(sum(float(m["tokens"]) for m in per_update)),
-                "tokens/computed": float(sum(computed_slots(b, self.mesh) for b in packed)),
+                "tokens/computed": float(sum(computed_slots(b, self.mesh, cfg.packing.row_prefixes)
+                                             for b in packed)),
                 "batch/num_samples": float(len(samples)),
                 "batch/num_micro_batches": float(packed[0].num_micro_batches),
                 "batch/max_micro_batch_tokens": max(

@@ -60,6 +60,14 @@ from jaxrl_agentic.parallel import (
 )
 
 _F32 = jnp.float32
+# A group's rows are cut at multiples of the attention block (`prefix_lengths`), so the
+# blocks a sample's keys fall in, and with them its values, do not depend on the cut.
+_PREFIX_BLOCK = 128
+# The shortest prefix worth its own compiled branch. At 512 the default recipe's rows
+# (512 tokens) keep their one program, and the values and curves measured with it.
+_PREFIX_MIN = 512
+# Batch arrays whose last axis is not the row's positions (never cut by a prefix).
+_NOT_POSITIONAL = ("loss_index",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,26 +269,73 @@ def constrain_rows(micro, mesh):
     return lax.with_sharding_constraint(micro, batch_sharding(mesh))
 
 
-def scan_row_groups(fn, batch: dict[str, jax.Array], mesh) -> jax.Array:
-    """``[n_micro, T]`` per-token outputs of ``fn(micro) -> [group_rows, T]`` over groups of
-    ``data · fsdp`` rows; groups of padding rows give zeros without running ``fn``."""
+def prefix_lengths(row_len: int, halvings: int) -> tuple[int, ...]:
+    """The lengths a group of rows may be computed at, ascending, the last ``row_len``:
+    ``row_len / 2^k`` (k ≤ ``halvings``) rounded down to a multiple of the attention block
+    (128), those of at least 512 tokens. Each is one branch of the compiled step."""
+    lengths = {row_len}
+    for k in range(1, halvings + 1):
+        n = (row_len >> k) // _PREFIX_BLOCK * _PREFIX_BLOCK
+        if n >= _PREFIX_MIN:
+            lengths.add(n)
+    return tuple(sorted(lengths))
+
+
+def used_length(segment_ids: jax.Array) -> jax.Array:
+    """1 + the last position at which any row of ``segment_ids [rows, T]`` holds a real
+    token (0 when all are padding)."""
+    busy = jnp.any(segment_ids > 0, axis=0)
+    return jnp.max(jnp.where(busy, jnp.arange(1, busy.shape[0] + 1), 0))
+
+
+def on_shortest_prefix(fn, empty, micro: dict[str, jax.Array], lengths: tuple[int, ...]):
+    """``fn`` on ``micro``'s rows cut to the shortest of ``lengths`` that holds every real
+    token, or ``empty(micro)`` when the group is all padding (one ``lax.switch``).
+
+    Exact: positions at and after :func:`used_length` are padding, which attends to nothing,
+    is attended by nothing and carries no loss, so cutting them off changes no real token's
+    value or gradient. It pays on the last, part-filled group of a mini-batch (first-fit
+    leaves one): 13 rows of 1,024 tokens on 2 devices make 7 groups, the 7th holding 158
+    tokens, and that group costs a 512-token row instead of a 1,024-token one.
+    ``loss_index`` (positions, not a position axis) is passed whole."""
+    used = used_length(micro["segment_ids"])
+    index = jnp.where(used == 0, 0, 1 + jnp.searchsorted(jnp.asarray(lengths), used))
+
+    def cut(n):
+        return lambda m: fn({k: v if k in _NOT_POSITIONAL else v[:, :n] for k, v in m.items()})
+
+    return lax.switch(index, [empty] + [cut(n) for n in lengths], micro)
+
+
+def scan_row_groups(fn, batch: dict[str, jax.Array], mesh, halvings: int = 0) -> jax.Array:
+    """``[n_micro, T]`` per-token outputs of ``fn(micro) -> [group_rows, T']`` over groups of
+    ``data · fsdp`` rows, each group run on the shortest prefix of
+    :func:`prefix_lengths` ``(T, halvings)`` that holds its real tokens (T' its length; the
+    rest is zeros); groups of padding rows give zeros without running ``fn``."""
+    row_len = batch["tokens"].shape[-1]
+    lengths = prefix_lengths(row_len, halvings)
+
+    def padded(m):
+        out = fn(m)
+        return jnp.pad(out.astype(_F32), ((0, 0), (0, row_len - out.shape[-1])))
 
     def body(_, micro):
         micro = constrain_rows(micro, mesh)
-        return None, lax.cond(jnp.any(micro["segment_ids"] > 0), fn,
-                              lambda m: jnp.zeros(m["tokens"].shape, _F32), micro)
+        return None, on_shortest_prefix(
+            padded, lambda m: jnp.zeros(m["tokens"].shape, _F32), micro, lengths)
 
     group_rows = 1 if mesh is None else num_batch_shards(mesh)
     _, out = lax.scan(body, None, micro_groups(batch, group_rows))
     return ungroup(out)
 
 
-def accumulate_gradients(micro_objective, params, batch, zero_sums, mesh=None):
+def accumulate_gradients(micro_objective, params, batch, zero_sums, mesh=None,
+                         halvings: int = 0):
     """Gradient of ``Σ_micro objective / max(Σ_micro D, 1)`` over a mini-batch, in one scan:
     :func:`accumulate_gradient_sums` divided *once* by the global denominator, in fp32.
     Returns ``(grads, sums, denominator)``."""
     grad_sum, sums, denominator = accumulate_gradient_sums(micro_objective, params, batch,
-                                                           zero_sums, mesh)
+                                                           zero_sums, mesh, halvings)
     return scale_gradients(grad_sum, 1.0 / jnp.maximum(denominator, 1.0)), sums, denominator
 
 
@@ -289,11 +344,14 @@ def scale_gradients(grads, scale):
     return jax.tree.map(lambda g: g.astype(_F32) * scale, grads)
 
 
-def accumulate_gradient_sums(micro_objective, params, batch, zero_sums, mesh=None):
+def accumulate_gradient_sums(micro_objective, params, batch, zero_sums, mesh=None,
+                             halvings: int = 0):
     """``(Σ_micro ∇objective, sums, denominator)`` over a mini-batch, in one scan.
 
     ``micro_objective(params, micro) -> (objective_sum, (sums, denominator))`` is evaluated
-    on groups of ``data · fsdp`` rows; gradient sums, loss sums and denominators accumulate
+    on groups of ``data · fsdp`` rows, each cut to the shortest prefix of
+    :func:`prefix_lengths` ``(T, halvings)`` that holds its real tokens
+    (:func:`on_shortest_prefix`); gradient sums, loss sums and denominators accumulate
     in fp32. The caller divides by the denominator where the gradient is used
     (:func:`apply_if_finite`), so the division never needs a buffer of its own.
 
@@ -304,6 +362,7 @@ def accumulate_gradient_sums(micro_objective, params, batch, zero_sums, mesh=Non
     """
     group_rows = 1 if mesh is None else num_batch_shards(mesh)
     grad_fn = jax.grad(micro_objective, has_aux=True)
+    lengths = prefix_lengths(batch["tokens"].shape[-1], halvings)
     groups = micro_groups(batch, group_rows)
     if batch["tokens"].shape[0] == group_rows:
         micro = constrain_rows({k: v[0] for k, v in groups.items()}, mesh)
@@ -318,8 +377,8 @@ def accumulate_gradient_sums(micro_objective, params, batch, zero_sums, mesh=Non
         grad_sum, sums_acc, denominator_acc = carry
         micro = constrain_rows(micro, mesh)
         # A group of padding rows adds exactly nothing: skip its forward and backward.
-        grads, (sums, denominator) = lax.cond(
-            jnp.any(micro["segment_ids"] > 0), lambda m: grad_fn(params, m), zeros, micro)
+        grads, (sums, denominator) = on_shortest_prefix(
+            lambda m: grad_fn(params, m), zeros, micro, lengths)
         grad_sum = jax.tree.map(lambda a, g: a + g.astype(_F32), grad_sum, grads)
         if mesh is not None:
             grad_sum = constrain_like_params(grad_sum, mesh)
@@ -401,7 +460,8 @@ def make_update_step(loss: UpdateLoss, config: UpdateConfig, mesh, state_shardin
             return loss.objective(sums), (sums, denominator)
 
         grad_sum, sums, denominator = accumulate_gradient_sums(
-            micro_objective, state.params, batch, loss.zero_sums, mesh)
+            micro_objective, state.params, batch, loss.zero_sums, mesh,
+            config.packing.row_prefixes)
         scale = 1.0 / jnp.maximum(denominator, 1.0)
         value = loss.objective(sums) * scale
         params, opt_state, finite, grad_norm = apply_if_finite(
@@ -432,13 +492,14 @@ def make_update_step(loss: UpdateLoss, config: UpdateConfig, mesh, state_shardin
     )
 
 
-def make_per_token(fn, keys: Sequence[str], mesh, param_shardings):
+def make_per_token(fn, keys: Sequence[str], mesh, param_shardings, halvings: int = 0):
     """Jitted ``compute(params, batch) -> [n_micro, row_len]`` fp32 from ``fn(params, micro)
-    -> [group_rows, T]`` run on groups of rows (:func:`scan_row_groups`); reads ``keys``."""
+    -> [group_rows, T]`` run on groups of rows (:func:`scan_row_groups`, cut to prefixes of
+    up to ``halvings`` halvings); reads ``keys``."""
 
     def compute(params, batch):
         return scan_row_groups(lambda micro: fn(params, micro), {k: batch[k] for k in keys},
-                               mesh)
+                               mesh, halvings)
 
     return jax.jit(
         compute,
@@ -466,13 +527,17 @@ def put_batch(batch: PackedBatch, keys: Sequence[str], mesh) -> dict[str, jax.Ar
     return put_rows({k: arrays[k] for k in keys}, mesh)
 
 
-def computed_slots(batch: PackedBatch, mesh) -> int:
+def computed_slots(batch: PackedBatch, mesh, halvings: int = 0) -> int:
     """Token slots a step really computes: the scan skips groups of rows (one per batch
-    shard, rows ``j, j + groups, …``) that hold only padding."""
+    shard, rows ``j, j + groups, …``) that hold only padding and runs each other group on
+    its prefix (:func:`on_shortest_prefix`, ``halvings`` as ``PackingConfig.row_prefixes``)."""
     shards = num_batch_shards(mesh)
     groups = batch.num_micro_batches // shards
-    busy = (batch.segment_ids > 0).any(axis=1).reshape(shards, groups).any(axis=0)
-    return int(busy.sum()) * shards * batch.row_len
+    lengths = np.asarray(prefix_lengths(batch.row_len, halvings))
+    busy = (batch.segment_ids > 0).reshape(shards, groups, -1).any(axis=0)  # [groups, T]
+    used = np.where(busy, np.arange(1, batch.row_len + 1), 0).max(axis=1, initial=0)
+    cut = np.where(used > 0, lengths[np.searchsorted(lengths, used)], 0)
+    return int(cut.sum()) * shards
 
 
 def per_sample_outputs(samples: Sequence[Sample], packing: PackingConfig, mesh, compute,

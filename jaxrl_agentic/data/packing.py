@@ -59,7 +59,11 @@ class PackingConfig:
     fits one row may still compute up to 2× its tokens; r = 2^(1/4) bounds that at 1.19×
     (more shapes). With k > 1 and a ``loss_slots`` cap, each batch's loss slots are likewise
     the fewest of ``loss_slots / 2^j`` that hold its fullest row
-    (:func:`loss_slots_bucket`).
+    (:func:`loss_slots_bucket`). ``row_prefixes`` h: the learner computes each group of
+    rows (one per batch shard) on the shortest of ``T, T/2, …, T/2^h`` (multiples of 128, at
+    least 512) that holds its real tokens (``update.on_shortest_prefix``: exact, one
+    compiled branch each), so the part-filled last group of a mini-batch costs a shorter
+    row (0 = always the whole row).
 
     A rule that fails raises ``ValueError("<field>: <why>")``; ``config.validate`` reports it
     as ``config.<field>: <why>``.
@@ -74,6 +78,7 @@ class PackingConfig:
     row_len_buckets: int = 1
     row_len_ratio: float = 2.0
     sample_align: int = 1
+    row_prefixes: int = 2
 
     def __post_init__(self):
         if self.sequence_length < 1:
@@ -89,6 +94,8 @@ class PackingConfig:
             raise ValueError(f"row_len_buckets: must be >= 1, got {self.row_len_buckets}")
         if not self.row_len_ratio > 1:
             raise ValueError(f"row_len_ratio: must be > 1, got {self.row_len_ratio}")
+        if self.row_prefixes < 0:
+            raise ValueError(f"row_prefixes: must be >= 0, got {self.row_prefixes}")
         if self.sample_align < 1:
             raise ValueError(f"sample_align: must be >= 1, got {self.sample_align}")
         if not 0 <= self.loss_slots <= self.micro_batch_max_tokens:

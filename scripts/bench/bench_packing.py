@@ -160,7 +160,7 @@ def _trainer_efficiency(samples, mini_batch_size, packing, mesh, seed):
     packed = pack_minibatches(minibatches, packing, mini_batch_size=mini_batch_size,
                               rows_multiple=num_batch_shards(mesh))
     real = sum(token_stats(b)["real_tokens"] for b in packed)
-    return real / sum(computed_slots(b, mesh) for b in packed)
+    return real / sum(computed_slots(b, mesh, packing.row_prefixes) for b in packed)
 
 
 def _attention_block_pairs(batch):
