@@ -20,7 +20,9 @@ much closer it brings the level to solved without changing which policies are op
 for the undiscounted return. `hints` add a line after the board naming the directions from
 the player to the nearest box off a target and from that box to its nearest free target
 ("Box: Up Right. Target: Down."), so each fact a move depends on is a token of its own, as
-FrozenLake's short hints do.
+FrozenLake's short hints do. `blocked_hints` add the moves that would change nothing
+("Blocked: Up Left."): a greedy policy that makes one such move sees the same board again
+and repeats it until the episode ends.
 
 Level generation (`generate_level`), all inside JAX so `reset` stays jittable and vmappable:
   1. Room: border walls; the interior starts as wall and a random walk of `num_carve_steps`
@@ -92,6 +94,8 @@ class SokobanParams(TextEnvParams):
     progress_reward: weight of the potential-based shaping term (module doc); 0 = off.
     bump_penalty: reward −= bump_penalty for a valid move that changed nothing.
     hints: a line after the board, "Box: <dirs>. Target: <dirs>." (module doc).
+    blocked_hints: with `hints`, the line also names the moves that would change nothing
+        ("Blocked: <actions>.", when there are any).
     brief_instructions: a two-line instruction text (~40 tokens instead of ~200), for a
         small model trained from scratch that reads no English.
     """
@@ -103,6 +107,7 @@ class SokobanParams(TextEnvParams):
     progress_reward: float = 0.0
     bump_penalty: float = 0.0
     hints: bool = struct.field(pytree_node=False, default=False)
+    blocked_hints: bool = struct.field(pytree_node=False, default=False)
     brief_instructions: bool = struct.field(pytree_node=False, default=False)
 
 
@@ -237,6 +242,27 @@ def _cell(grid: jax.Array, position: jax.Array, outside):
     return jnp.where(inside, value, outside)
 
 
+def blocked_moves(walls: np.ndarray, boxes: np.ndarray, player: tuple[int, int]) -> list[str]:
+    """The action names whose move changes nothing (`Sokoban.transition`'s rule, on the
+    host): a wall or the edge ahead, or a box ahead with a wall, a box or the edge behind."""
+
+    def free(cell, grid):
+        r, c = cell
+        inside = 0 <= r < grid.shape[0] and 0 <= c < grid.shape[1]
+        return inside and not grid[r, c]
+
+    blocked = []
+    for name, (dr, dc) in zip(ACTION_NAMES, np.asarray(MOVES).tolist(), strict=True):
+        one = (player[0] + dr, player[1] + dc)
+        two = (player[0] + 2 * dr, player[1] + 2 * dc)
+        box_ahead = not free(one, boxes)
+        walk = free(one, walls) and not box_ahead
+        push = box_ahead and free(one, walls) and free(two, walls) and free(two, boxes)
+        if not (walk or push):
+            blocked.append(name)
+    return blocked
+
+
 class Sokoban(TextEnvironment):
     """Random solvable Sokoban; rules and generation in the module docstring."""
 
@@ -316,7 +342,12 @@ class Sokoban(TextEnvironment):
         box = min(map(tuple, loose), key=lambda b: abs(b[0] - player[0]) + abs(b[1] - player[1]))
         free = np.argwhere(targets & ~boxes)
         target = min(map(tuple, free), key=lambda t: abs(t[0] - box[0]) + abs(t[1] - box[1]))
-        return f"{board}\nBox: {directions(player, box)}. Target: {directions(box, target)}."
+        hint = f"Box: {directions(player, box)}. Target: {directions(box, target)}."
+        blocked = blocked_moves(np.asarray(state.walls), boxes, player) \
+            if params.blocked_hints else []
+        if blocked:
+            hint += f" Blocked: {' '.join(blocked)}."
+        return f"{board}\n{hint}"
 
     def instructions(self, params: SokobanParams) -> str:
         if params.brief_instructions:

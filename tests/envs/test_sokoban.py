@@ -278,3 +278,41 @@ def test_hints_shaping_and_bump_penalty_on_a_hand_made_level():
     plain_env, default = make("sokoban")
     assert plain_env.render_text(state, default) == board
     assert float(step(key, state, UP, default)[2]) == pytest.approx(-0.1)
+
+
+def test_blocked_hints_name_exactly_the_moves_that_change_nothing():
+    """`blocked_hints` on hand-made positions, and on random levels against the game's own
+    transition: a move is named iff stepping it leaves the board as it was."""
+    env, params = make("sokoban", cell_separator=" ", hints=True, blocked_hints=True)
+    board = "\n".join(["######", "#P___#", "#____#", "#_X_O#", "#____#", "######"])
+    corner = state_from_board(board)
+    assert env.render_text(corner, params).endswith(
+        "Box: Down Right. Target: Right. Blocked: Up Left.")
+    # A box against the wall on the right: pushing it is blocked, the rest are free.
+    stuck = state_from_board(board.replace("#P___#", "#____#").replace("#_X_O#", "#_OPX#"))
+    assert env.render_text(stuck, params).endswith("Box: Right. Target: Left. Blocked: Right.")
+    # Nothing blocked: no third sentence.
+    open_ = state_from_board(board.replace("#P___#\n#____#", "#____#\n#_P__#"))
+    assert env.render_text(open_, params).endswith("Box: Down. Target: Right.")
+    assert env.render_text(corner, params.replace(blocked_hints=False)).endswith(
+        "Target: Right.")
+
+    step = jax.jit(env.step_env)
+    reset = jax.jit(env.reset_env)
+    key = jax.random.key(3)
+    seen = {True: 0, False: 0}
+    for level in range(24):
+        _, state = reset(jax.random.fold_in(key, level), params)
+        for _ in range(4):  # a few random moves, so the player stands next to walls and boxes
+            text = env.render_text(state, params)
+            if "Box: " not in text:  # solved: the game is over, no hint line
+                break
+            named = text.split("Blocked: ")[1].rstrip(".").split() if "Blocked: " in text else []
+            for action, name in enumerate(NAMES):
+                after = step(key, state, action, params)[1]
+                unchanged = board_of(after) == board_of(state)
+                assert (name in named) == unchanged, (board_of(state), name)
+                seen[unchanged] += 1
+            level_key = jax.random.fold_in(key, 100 + level)
+            state = step(key, state, int(jax.random.randint(level_key, (), 0, 4)), params)[1]
+    assert seen[True] > 10 and seen[False] > 10  # both cases were checked
