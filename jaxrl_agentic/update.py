@@ -13,7 +13,8 @@ takes a loss function). This module is that shared way:
 so the update equals the one computed on the whole mini-batch at once, however the packer
 split it into micro-batches (dividing per micro-batch is the bug peers shipped). A scan step
 takes ``data · fsdp`` rows at once (one per batch shard of the mesh). A group of rows that
-holds only padding is skipped (``lax.cond``): it would add exactly nothing.
+holds only padding is skipped: it would add exactly nothing; one whose real tokens end
+early runs on a shorter prefix of its rows (``on_shortest_prefix``, ``row_prefixes``).
 
 **Non-finite guard.** If the loss or the gradient norm is NaN/inf the update is skipped:
 parameters and optimizer state are returned unchanged and ``metrics["nonfinite"] = 1``.

@@ -98,6 +98,7 @@ import statistics
 import sys
 import tempfile
 import time
+import types
 
 import common
 
@@ -127,6 +128,7 @@ from jaxrl_agentic.data import PackingConfig, Sample  # noqa: E402
 from jaxrl_agentic.learner import Learner, LearnerConfig  # noqa: E402
 from jaxrl_agentic.models import load_pretrained  # noqa: E402
 from jaxrl_agentic.typed_configs import auto_loss_slots  # noqa: E402
+from jaxrl_agentic.update import computed_slots  # noqa: E402
 
 # Qwen2-architecture configs (tied embeddings, q/k/v biases, as the tiny default model).
 SIZES = {
@@ -163,6 +165,9 @@ def _parse_args():
                         help="PackingConfig.rows_bucket (the trainer's default: 4)")
     parser.add_argument("--no-fixed-rows", action="store_true",
                         help="PackingConfig.fixed_rows=False (the trainer's default is True)")
+    parser.add_argument("--row-prefixes", type=int, default=PackingConfig.row_prefixes,
+                        help="PackingConfig.row_prefixes: halvings a row group may be cut "
+                             "to (the trainer's default: 2; 0 = always the whole row)")
     parser.add_argument("--torch-layout", choices=("padded", "packed"), default="padded")
     parser.add_argument("--torch-micro-tokens", type=int, default=1024,
                         help="torch micro-batch: at most this many (padded) token slots")
@@ -259,7 +264,7 @@ def _learner_config(args) -> LearnerConfig:
         pg_clip=CLIP, init_kl_coef=0.0, entropy_loss_coef=0.0,
         packing=PackingConfig(micro_batch_max_tokens=args.row_len, sequence_length=args.row_len,
                               rows_bucket=args.rows_bucket, fixed_rows=not args.no_fixed_rows,
-                              loss_slots=args.loss_slots),
+                              loss_slots=args.loss_slots, row_prefixes=args.row_prefixes),
         seed=args.seed)
 
 
@@ -595,7 +600,12 @@ def bench_size(size, args, threads, matmul, device_keys):
         "ours_layout": {"rows": rows, "computed_rows": busy_rows, "row_len": row_len,
                         "efficiency": round(real / (busy_rows * row_len), 4),
                         "rows_bucket": args.rows_bucket, "fixed_rows": not args.no_fixed_rows,
-                        "loss_slots": args.loss_slots},
+                        "loss_slots": args.loss_slots, "row_prefixes": args.row_prefixes,
+                        # the slots the update computes: each group on its prefix
+                        "computed_slots": computed_slots(
+                            types.SimpleNamespace(segment_ids=packed["segment_ids"],
+                                                  row_len=row_len, num_micro_batches=rows),
+                            learner.mesh, args.row_prefixes)},
         "torch_layout": torch_layout,
         "model": {"model_type": cfg.model_type, "hidden": cfg.hidden_size,
                   "layers": cfg.num_hidden_layers, "heads": cfg.num_attention_heads,
