@@ -219,12 +219,13 @@ def make_critic_train_step(graphdef, config: CriticConfig, mesh, state_shardings
                             state_shardings)
 
 
-def make_compute_values(graphdef, mesh, param_shardings):
+def make_compute_values(graphdef, mesh, param_shardings, halvings: int = 0):
     """Jitted ``compute_values(params, batch) -> [n_micro, row_len]`` fp32 ``V_k`` (module
     doc; 0 on each segment's first token and on padding), rows scanned in groups of
-    ``data · fsdp`` like the train step."""
+    ``data · fsdp`` like the train step (each on its prefix: ``halvings`` =
+    ``PackingConfig.row_prefixes``)."""
     return make_per_token(lambda params, micro: packed_state_values(graphdef, params, micro),
-                          VALUE_BATCH_KEYS, mesh, param_shardings)
+                          VALUE_BATCH_KEYS, mesh, param_shardings, halvings)
 
 
 # ----------------------------------------------------------------------------- host side
@@ -279,7 +280,8 @@ class Critic(EngineDriver):
         shardings = train_state_shardings(state, self.mesh)
         self.engine = UpdateEngine(state, value_update_loss(self.graphdef, config), config,
                                    self.mesh, shardings, CRITIC_BATCH_KEYS)
-        self.compute_values = make_compute_values(self.graphdef, self.mesh, shardings.params)
+        self.compute_values = make_compute_values(self.graphdef, self.mesh, shardings.params,
+                                                  config.packing.row_prefixes)
 
     # ---- values -----------------------------------------------------------------------------
     def sample_values(self, samples: Sequence[Sample]) -> list[np.ndarray]:
