@@ -531,10 +531,11 @@ def put_batch(batch: PackedBatch, keys: Sequence[str], mesh) -> dict[str, jax.Ar
 def computed_slots(batch: PackedBatch, mesh, halvings: int = 0) -> int:
     """Token slots a step really computes: the scan skips groups of rows (one per batch
     shard, rows ``j, j + groups, …``) that hold only padding and runs each other group on
-    its prefix (:func:`on_shortest_prefix`, ``halvings`` as ``PackingConfig.row_prefixes``)."""
+    its prefix (:func:`on_shortest_prefix`, ``halvings`` as ``PackingConfig.row_prefixes``).
+    A mini-batch of one group is differentiated whole (:func:`accumulate_gradient_sums`)."""
     shards = num_batch_shards(mesh)
     groups = batch.num_micro_batches // shards
-    lengths = np.asarray(prefix_lengths(batch.row_len, halvings))
+    lengths = np.asarray(prefix_lengths(batch.row_len, halvings if groups > 1 else 0))
     busy = (batch.segment_ids > 0).reshape(shards, groups, -1).any(axis=0)  # [groups, T]
     used = np.where(busy, np.arange(1, batch.row_len + 1), 0).max(axis=1, initial=0)
     cut = np.where(used > 0, lengths[np.searchsorted(lengths, used)], 0)

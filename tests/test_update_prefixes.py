@@ -148,6 +148,10 @@ def test_computed_slots_count_each_groups_prefix():
     one = make_mesh(devices=jax.devices()[:1])
     assert computed_slots(batch, one, 2) == 1024 + 512 + 1024 + 512
     assert computed_slots(batch, one, 0) == 4 * 1024
+    # A mini-batch of one group is differentiated whole, without a prefix.
+    single = pack_samples([_sample(rng, 300, 0)], micro_batch_max_tokens=ROW,
+                          sequence_length=ROW, num_rows=1)
+    assert computed_slots(single, one, 2) == ROW
 
 
 def test_negative_row_prefixes_is_a_one_line_error():
