@@ -14,7 +14,14 @@ Optional help for small models (off by default; the rules and levels are unchang
                                               + ½ d(player, nearest box off a target))
     − bump_penalty                a move that changed nothing (wall, or a blocked box)
 
-d is the Manhattan distance. The progress term is potential-based shaping (Ng et al. 1999):
+d is the Manhattan distance. With `push_potential` the player term is ½ d(player, nearest
+push cell): a cell from which a push moves a box off a target towards its nearest free
+target (the cell behind it on that axis). Measured with a solver over every reachable
+position of 200 generated 6×6 levels (3,819 solvable ones), the move the one-step shaped
+reward ranks first is a shortest-solution move in 45% of positions with the distance to the
+box and in 75% with the distance to the push cell; a shortest-solution move is penalised
+in 31% against 14%. Walking round a box to push it costs under the first and pays under
+the second. The progress term is potential-based shaping (Ng et al. 1999):
 summed over an episode it telescopes to Φ(end) − Φ(start), so it rewards each move by how
 much closer it brings the level to solved without changing which policies are optimal
 for the undiscounted return. `hints` add a line after the board naming the directions from
@@ -92,6 +99,8 @@ class SokobanParams(TextEnvParams):
     All four are static (they set shapes and loop lengths); changing one recompiles.
 
     progress_reward: weight of the potential-based shaping term (module doc); 0 = off.
+    push_potential: the player term of Φ measures the walk to the cell a box is pushed
+        from towards its target, not to the box (module doc).
     bump_penalty: reward −= bump_penalty for a valid move that changed nothing.
     hints: a line after the board, "Box: <dirs>. Target: <dirs>." (module doc).
     blocked_hints: with `hints`, the line also names the moves that would change nothing
@@ -105,6 +114,7 @@ class SokobanParams(TextEnvParams):
     num_reverse_steps: int | None = struct.field(pytree_node=False, default=None)
     num_carve_steps: int | None = struct.field(pytree_node=False, default=None)
     progress_reward: float = 0.0
+    push_potential: bool = struct.field(pytree_node=False, default=False)
     bump_penalty: float = 0.0
     hints: bool = struct.field(pytree_node=False, default=False)
     blocked_hints: bool = struct.field(pytree_node=False, default=False)
@@ -152,13 +162,43 @@ def walk_to_nearest(position: jax.Array, cells: jax.Array) -> jax.Array:
     return jnp.min(jnp.where(cells, from_position, sum(cells.shape)))
 
 
-def potential(state: SokobanState) -> jax.Array:
-    """Φ of the module doc: −(Σ_boxes d(box, nearest target) + ½ d(player, nearest box off a
-    target)); the player term is 0 once every box is on a target."""
+def push_cells(state: SokobanState) -> jax.Array:
+    """bool grid: the cells a player pushes a box off a target from, towards that box's
+    nearest free target (Manhattan; ties: the first in row-major order).
+
+    A box with its target up and to the right is pushed Up from the cell below it or Right
+    from the cell left of it; one in line with its target has one such cell. Walls are not
+    push cells. A box with neither (both are walls) contributes its own cell instead, so the
+    player term still leads somewhere.
+    """
+    rows, cols = state.boxes.shape
+    r, c = jnp.divmod(jnp.arange(rows * cols), cols)
+    distance = jnp.abs(r[:, None] - r[None, :]) + jnp.abs(c[:, None] - c[None, :])
+    free = (state.targets & ~state.boxes).reshape(-1)
+    nearest = jnp.argmin(jnp.where(free[None, :], distance, rows + cols), axis=1)
+    dr, dc = jnp.sign(r[nearest] - r), jnp.sign(c[nearest] - c)
+    walls = state.walls.reshape(-1)
+    loose = (state.boxes & ~state.targets).reshape(-1)
+    # Behind each box along each axis it must travel (dr or dc is 0: no push that way).
+    behind_v = jnp.clip(r - dr, 0, rows - 1) * cols + c
+    behind_h = r * cols + jnp.clip(c - dc, 0, cols - 1)
+    use_v = loose & (dr != 0) & ~walls[behind_v]
+    use_h = loose & (dc != 0) & ~walls[behind_h]
+    fallback = loose & ~use_v & ~use_h
+    cells = jnp.zeros(rows * cols, bool)
+    cells = cells.at[behind_v].max(use_v).at[behind_h].max(use_h) | fallback
+    return cells.reshape(rows, cols)
+
+
+def potential(state: SokobanState, to_push_cell: bool = False) -> jax.Array:
+    """Φ of the module doc: −(Σ_boxes d(box, nearest target) + ½ d(player, G)); the player
+    term is 0 once every box is on a target. G: the boxes off a target, or with
+    `to_push_cell` the cells to push them from (`push_cells`)."""
     to_target = distance_to_nearest(state.targets)
     boxes_term = jnp.sum(jnp.where(state.boxes, to_target, 0))
     loose = state.boxes & ~state.targets
-    walk = jnp.where(jnp.any(loose), walk_to_nearest(state.player, loose), 0)
+    goal = push_cells(state) if to_push_cell else loose
+    walk = jnp.where(jnp.any(loose), walk_to_nearest(state.player, goal), 0)
     return -(boxes_term + 0.5 * walk).astype(jnp.float32)
 
 
@@ -319,7 +359,8 @@ class Sokoban(TextEnvironment):
         solved = ~jnp.any(boxes & ~state.targets)
         reward = STEP_REWARD + push * BOX_ON_TARGET_REWARD * onto + solved * SOLVED_REWARD
         moved = state.replace(boxes=boxes, player=player)
-        reward = (reward + params.progress_reward * (potential(moved) - potential(state))
+        gain = potential(moved, params.push_potential) - potential(state, params.push_potential)
+        reward = (reward + params.progress_reward * gain
                   - params.bump_penalty * ~(walk | push))
         return moved, reward, solved, solved
 
