@@ -99,6 +99,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.save_steps = 20
     c.logging_steps = 1
     c.eval_steps = 10
+    c.eval_temperature = 0.0  # 0 = greedy; > 0 samples the eval replies at this temperature
     c.resume_from_checkpoint = ""  # a checkpoint path, or "latest"
     # model
     c.pretrain = "tiny"  # a local HF directory, or "tiny" for the built-in default model
@@ -319,7 +320,8 @@ def validate(c) -> None:
     for field in ("pg_clip", "init_kl_coef", "target_kl", "entropy_loss_coef", "advantage_clip",
                   "warmup_steps", "weight_decay", "estimated_chunks_per_traj",
                   "gamma", "lambd", "step_reward_gamma", "generation.top_k", "pg_clip_high",
-                  "critic_learning_rate", "value_clip", "rows_bucket", "format_warmup.steps"):
+                  "critic_learning_rate", "value_clip", "rows_bucket", "format_warmup.steps",
+                  "eval_temperature"):
         _positive(c, field, allow_zero=True)
     _positive(c, "format_warmup.learning_rate")
     _positive(c, "format_warmup.episodes_per_step")

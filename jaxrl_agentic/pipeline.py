@@ -269,7 +269,8 @@ class Pipeline:
 
     @timing.spanned("rollout/other")
     def rollout(self, split: str, *, greedy: bool = False, step: int | None = None,
-                cursor: int | None = None, params=None, round_index: int = 0):
+                cursor: int | None = None, params=None, round_index: int = 0,
+                temperature: float | None = None):
         """Plays the episodes of pipeline step `step` (default: the current one) with
         `params` (default: the current policy). With several processes each plays a
         contiguous share of every tag's episodes and all processes then hold all
@@ -291,7 +292,7 @@ class Pipeline:
             if stop > start:
                 trajs.extend(self.split_runners[split][tag].run(
                     episodes[start:stop], sample_seed=seed, traj_id_start=next_id + start,
-                    params=params, greedy=greedy))
+                    params=params, greedy=greedy, temperature=temperature))
             next_id += len(episodes)
         shares = allgather_objects(trajs)
         trajs = sorted((t for share in shares for t in share), key=lambda t: t.traj_id)
@@ -582,7 +583,10 @@ class Pipeline:
 
     @timing.spanned("eval")
     def evaluate(self) -> tuple[dict[str, float], list]:
-        trajs = self.rollout("val", greedy=True)
+        """The held-out episodes, greedy (`eval_temperature` 0) or sampled at
+        `eval_temperature` (RAGEN's validation samples at 0.5)."""
+        t = self.c.eval_temperature
+        trajs = self.rollout("val", greedy=t == 0, temperature=t or None)
         return trajectory_metrics(trajs, "eval/"), trajs
 
     # ---- checkpointable host state --------------------------------------------------------------

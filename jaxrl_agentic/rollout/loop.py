@@ -126,11 +126,15 @@ class RolloutRunner:
         traj_id_start: int = 0,
         params=None,
         greedy: bool | None = None,
+        temperature: float | None = None,
     ) -> list[Trajectory]:
-        """Plays `episodes` to the end; `greedy` overrides the generation config (eval)."""
+        """Plays `episodes` to the end; `greedy` and `temperature` override the generation
+        config (eval)."""
         gen = self.generation
         if greedy is not None:
             gen = dataclasses.replace(gen, greedy=greedy)
+        if temperature is not None:
+            gen = dataclasses.replace(gen, temperature=temperature)
         trajs = new_trajectories(episodes, self.tag, traj_id_start)
         envs = JaxEpisodes(self, episodes)
         play(self.batching, envs, trajs, envs.first_prompts(self.formatter), self.sampler,

@@ -118,11 +118,15 @@ class PythonRolloutRunner:
         traj_id_start: int = 0,
         params=None,
         greedy: bool | None = None,
+        temperature: float | None = None,
     ) -> list[Trajectory]:
-        """Plays `episodes` to the end; `greedy` overrides the generation config (eval)."""
+        """Plays `episodes` to the end; `greedy` and `temperature` override the generation
+        config (eval)."""
         gen = self.generation
         if greedy is not None:
             gen = dataclasses.replace(gen, greedy=greedy)
+        if temperature is not None:
+            gen = dataclasses.replace(gen, temperature=temperature)
         trajs = new_trajectories(episodes, self.tag, traj_id_start)
         pool = _DaemonThreadPool(self.max_workers or max(len(episodes), 1))
         try:
