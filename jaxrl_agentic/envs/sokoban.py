@@ -88,6 +88,11 @@ class SokobanState:
     boxes: jax.Array  # bool [dim, dim]
     player: jax.Array  # int32 [2] (row, col)
     time: jax.Array
+    # With `revisit_memory` K > 0: the last K positions since the reset, a ring written on
+    # every move that changed something (None when K = 0).
+    seen_boxes: jax.Array | None = None  # bool [K, dim, dim]
+    seen_players: jax.Array | None = None  # int32 [K, 2]
+    seen_count: jax.Array | None = None  # int32: positions written so far
 
 
 @struct.dataclass
@@ -102,6 +107,9 @@ class SokobanParams(TextEnvParams):
     push_potential: the player term of Φ measures the walk to the cell a box is pushed
         from towards its target, not to the box (module doc).
     bump_penalty: reward −= bump_penalty for a valid move that changed nothing.
+    revisit_penalty: reward −= revisit_penalty for a move that changed something and led
+        back to one of the last `revisit_memory` positions (the boxes and the player) of
+        the episode; `revisit_memory` (static) sets the memory's size, 0 = off.
     hints: a line after the board, "Box: <dirs>. Target: <dirs>." (module doc).
     blocked_hints: with `hints`, the line also names the moves that would change nothing
         ("Blocked: <actions>.", when there are any).
@@ -116,6 +124,8 @@ class SokobanParams(TextEnvParams):
     progress_reward: float = 0.0
     push_potential: bool = struct.field(pytree_node=False, default=False)
     bump_penalty: float = 0.0
+    revisit_penalty: float = 0.0
+    revisit_memory: int = struct.field(pytree_node=False, default=0)
     hints: bool = struct.field(pytree_node=False, default=False)
     blocked_hints: bool = struct.field(pytree_node=False, default=False)
     brief_instructions: bool = struct.field(pytree_node=False, default=False)
@@ -330,7 +340,12 @@ class Sokoban(TextEnvironment):
                 f"num_boxes={params.num_boxes} does not fit a {params.dim_room}x"
                 f"{params.dim_room} room (at most {(params.dim_room - 2) ** 2 - 2})"
             )
-        for name in ("progress_reward", "bump_penalty"):
+        if params.revisit_memory < 0:
+            raise ValueError(f"revisit_memory must be >= 0, got {params.revisit_memory}")
+        if float(params.revisit_penalty) > 0 and params.revisit_memory < 1:
+            raise ValueError("revisit_penalty needs revisit_memory >= 1 (how many positions "
+                             "to remember; max_turns covers an episode)")
+        for name in ("progress_reward", "bump_penalty", "revisit_penalty"):
             if not float(getattr(params, name)) >= 0.0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(params, name)}")
         if reverse < 1 or carve < params.num_boxes + 1:
@@ -341,7 +356,35 @@ class Sokoban(TextEnvironment):
 
     def reset_env(self, key, params: SokobanParams):
         state = generate_level(key, params)
+        memory = params.revisit_memory
+        if memory:
+            state = state.replace(
+                seen_boxes=jnp.zeros((memory, *state.boxes.shape), bool).at[0].set(state.boxes),
+                seen_players=jnp.zeros((memory, 2), jnp.int32).at[0].set(state.player),
+                seen_count=jnp.int32(1))
         return self.observe(key, state, None, params), state
+
+    def state_hash(self, state) -> bytes:
+        """As `TextEnvironment.state_hash`, without the revisit memory: a position is the
+        same anchor state however the episode got there."""
+        return super().state_hash(state.replace(seen_boxes=None, seen_players=None,
+                                                seen_count=None))
+
+    @staticmethod
+    def remember(state: SokobanState, moved: SokobanState, changed):
+        """(moved with its position written to the memory when `changed`, whether that
+        position was already in it)."""
+        memory = state.seen_boxes.shape[0]
+        same = (jnp.all(state.seen_boxes == moved.boxes[None], axis=(1, 2))
+                & jnp.all(state.seen_players == moved.player[None], axis=1))
+        revisit = changed & jnp.any(same & (jnp.arange(memory) < state.seen_count))
+        slot = state.seen_count % memory
+        written = moved.replace(
+            seen_boxes=state.seen_boxes.at[slot].set(moved.boxes),
+            seen_players=state.seen_players.at[slot].set(moved.player),
+            seen_count=state.seen_count + 1)
+        return jax.tree.map(lambda new, old: jnp.where(changed, new, old), written, moved), \
+            revisit
 
     def transition(self, key, state: SokobanState, action, params):
         move = MOVES[action]
@@ -362,6 +405,9 @@ class Sokoban(TextEnvironment):
         gain = potential(moved, params.push_potential) - potential(state, params.push_potential)
         reward = (reward + params.progress_reward * gain
                   - params.bump_penalty * ~(walk | push))
+        if params.revisit_memory:
+            moved, revisit = self.remember(state, moved, walk | push)
+            reward = reward - params.revisit_penalty * revisit
         return moved, reward, solved, solved
 
     def symbol_grid(self, state: SokobanState, params) -> jax.Array:

@@ -382,3 +382,33 @@ def test_push_potential_matches_a_reference_on_generated_positions(num_boxes):
             board = board_of(state)
             assert float(phi(state)) == pytest.approx(reference_push_potential(board)), board
             _, state, _, _, _ = step(key, state, int(action), params)
+
+
+def test_revisit_penalty_charges_a_move_back_to_a_remembered_position():
+    env, params = make("sokoban", revisit_penalty=1.0, revisit_memory=2)
+    step = jax.jit(env.step_env)
+    key = jax.random.key(0)
+    board = "\n".join(["######", "#____#", "#____#", "#__P_#", "#_XO_#", "######"])
+    memory = 2
+    base = state_from_board(board)
+    state = base.replace(seen_boxes=jnp.zeros((memory, 6, 6), bool).at[0].set(base.boxes),
+                         seen_players=jnp.zeros((memory, 2), jnp.int32).at[0].set(base.player),
+                         seen_count=jnp.int32(1))
+    # Positions: start s0 (3, 3); Up → s1 (2, 3); Up → s2 (1, 3), overwriting s0 in the
+    # memory of 2; Up bumps the wall (no change, no revisit, memory kept); Down → s1 again:
+    # remembered, −1; Down → s0: forgotten by now, no penalty.
+    expected = [-0.1, -0.1, -0.1, -1.1, -0.1]
+    rewards, hashes = [], [env.state_hash(state)]
+    for action in (UP, UP, UP, DOWN, DOWN):
+        _, state, r, _, info = step(key, state, action, params)
+        rewards.append(float(r))
+        hashes.append(env.state_hash(state))
+    assert rewards == pytest.approx(expected)
+    # Back at s0 with another history: the same GiGPO anchor state as at the start.
+    assert hashes[-1] == hashes[0] and hashes[-1] != hashes[1]
+    # A reset fills the memory with the start position only.
+    _, fresh = env.reset_env(key, params)
+    assert int(fresh.seen_count) == 1
+    assert bool(jnp.all(fresh.seen_boxes[0] == fresh.boxes))
+    with pytest.raises(ValueError, match="revisit_penalty needs revisit_memory >= 1"):
+        make("sokoban", revisit_penalty=1.0)
