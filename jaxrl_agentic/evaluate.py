@@ -2,7 +2,8 @@
 
     python -m jaxrl_agentic.evaluate --config configs/<recipe>.py --checkpoint RUN/checkpoints
 
-Prints one JSON line of `eval/*` metrics (greedy decoding, `val_env_manager` episodes).
+Prints one JSON line of `eval/*` metrics (`val_env_manager` episodes, greedy unless
+`eval_temperature` > 0).
 """
 
 from __future__ import annotations
@@ -10,14 +11,14 @@ from __future__ import annotations
 import json
 import sys
 
-from jaxrl_agentic.config import ConfigError, validate
+from jaxrl_agentic.config import ConfigError
 
 
 def main(argv=None) -> int:
     from jaxrl_agentic.checkpoint import CheckpointError
     from jaxrl_agentic.models import CheckpointError as ModelError
-    from jaxrl_agentic.run_loading import restore_pipeline
-    from jaxrl_agentic.train import EXIT_BAD_INPUT, parse_config
+    from jaxrl_agentic.run_loading import evaluate_checkpoint
+    from jaxrl_agentic.train import EXIT_BAD_INPUT
 
     argv = list(sys.argv if argv is None else argv)
     checkpoint = None
@@ -34,10 +35,7 @@ def main(argv=None) -> int:
     try:
         if not checkpoint:
             raise ConfigError("--checkpoint is required (a run's checkpoints dir or one step)")
-        c = parse_config(rest)
-        validate(c)
-        pipeline = restore_pipeline(c, checkpoint)
-        metrics, _ = pipeline.evaluate()
+        pipeline, metrics, _ = evaluate_checkpoint(rest, checkpoint)
     except (ConfigError, ModelError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

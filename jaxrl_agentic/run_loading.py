@@ -37,3 +37,16 @@ def restore_pipeline(c, checkpoint_path: str):
     pipeline.load_train_states(states)
     pipeline.load_host_state(host)
     return pipeline
+
+
+def evaluate_checkpoint(argv: list[str], checkpoint_path: str):
+    """(pipeline, eval metrics, eval trajectories) of a checkpoint. `argv` as
+    `train.parse_config` takes it: [program, --config=RECIPE, --config.<key>=<value>, ...]."""
+    from jaxrl_agentic.config import validate
+    from jaxrl_agentic.train import parse_config
+
+    c = parse_config(argv)
+    validate(c)
+    pipeline = restore_pipeline(c, checkpoint_path)
+    metrics, trajs = pipeline.evaluate()
+    return pipeline, metrics, trajs

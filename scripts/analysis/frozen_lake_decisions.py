@@ -55,15 +55,11 @@ def main() -> None:
     parser.add_argument("--maps", type=int, default=256)
     args, overrides = parser.parse_known_args()
 
-    from jaxrl_agentic.config import validate
-    from jaxrl_agentic.run_loading import restore_pipeline
-    from jaxrl_agentic.train import parse_config
+    from jaxrl_agentic.run_loading import evaluate_checkpoint
 
-    c = parse_config(["decisions", f"--config={args.config}", *overrides,
-                      f"--config.val_env_manager.num_env_groups={args.maps}"])
-    validate(c)
-    pipeline = restore_pipeline(c, args.checkpoint)
-    metrics, trajs = pipeline.evaluate()
+    pipeline, metrics, trajs = evaluate_checkpoint(
+        ["decisions", f"--config={args.config}", *overrides,
+         f"--config.val_env_manager.num_env_groups={args.maps}"], args.checkpoint)
     decode = pipeline.formatter.tokenizer.decode
     counts = collections.defaultdict(collections.Counter)
     moves_by_goal = collections.defaultdict(collections.Counter)

@@ -169,17 +169,13 @@ def main() -> None:
     parser.add_argument("--levels", type=int, default=256)
     args, overrides = parser.parse_known_args()
 
-    from jaxrl_agentic.config import validate
-    from jaxrl_agentic.run_loading import restore_pipeline
-    from jaxrl_agentic.train import parse_config
+    from jaxrl_agentic.run_loading import evaluate_checkpoint
 
-    c = parse_config(["failures", f"--config={args.config}", *overrides,
-                      f"--config.val_env_manager.num_env_groups={args.levels}"])
-    validate(c)
-    pipeline = restore_pipeline(c, args.checkpoint)
-    metrics, trajs = pipeline.evaluate()
+    pipeline, metrics, trajs = evaluate_checkpoint(
+        ["failures", f"--config={args.config}", *overrides,
+         f"--config.val_env_manager.num_env_groups={args.levels}"], args.checkpoint)
     decode = pipeline.formatter.tokenizer.decode
-    max_turns = {tag: spec.max_turns for tag, spec in c.custom_envs.items()}
+    max_turns = {tag: spec.max_turns for tag, spec in pipeline.c.custom_envs.items()}
     episodes = []
     for traj in trajs:
         board = last_board(decode(traj.tokens[: traj.turns[0].context_len]))
