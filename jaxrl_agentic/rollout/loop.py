@@ -56,6 +56,12 @@ class GenerationConfig:
     # closed with an EOS the model did not generate (loss mask 0), as at the length limit.
     stop_token_ids: tuple[int, ...] = ()
 
+    def overridden(self, greedy: bool | None = None,
+                   temperature: float | None = None) -> GenerationConfig:
+        """This config with the overrides that are not None (an eval's decoding)."""
+        changes = {"greedy": greedy, "temperature": temperature}
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
 
 class RolloutRunner:
     """Plays batches of episodes of one environment with one sampler (jit once per shape)."""
@@ -130,11 +136,7 @@ class RolloutRunner:
     ) -> list[Trajectory]:
         """Plays `episodes` to the end; `greedy` and `temperature` override the generation
         config (eval)."""
-        gen = self.generation
-        if greedy is not None:
-            gen = dataclasses.replace(gen, greedy=greedy)
-        if temperature is not None:
-            gen = dataclasses.replace(gen, temperature=temperature)
+        gen = self.generation.overridden(greedy, temperature)
         trajs = new_trajectories(episodes, self.tag, traj_id_start)
         envs = JaxEpisodes(self, episodes)
         play(self.batching, envs, trajs, envs.first_prompts(self.formatter), self.sampler,

@@ -35,7 +35,6 @@ wait for it. Note that the first call of a JAX-backed env compiles inside its de
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import functools
 import queue
 import threading
@@ -122,11 +121,7 @@ class PythonRolloutRunner:
     ) -> list[Trajectory]:
         """Plays `episodes` to the end; `greedy` and `temperature` override the generation
         config (eval)."""
-        gen = self.generation
-        if greedy is not None:
-            gen = dataclasses.replace(gen, greedy=greedy)
-        if temperature is not None:
-            gen = dataclasses.replace(gen, temperature=temperature)
+        gen = self.generation.overridden(greedy, temperature)
         trajs = new_trajectories(episodes, self.tag, traj_id_start)
         pool = _DaemonThreadPool(self.max_workers or max(len(episodes), 1))
         try:
