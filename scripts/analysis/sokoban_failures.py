@@ -35,7 +35,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from tests.envs.solvers import STEPS, parse_sokoban, sokoban_path  # noqa: E402
+from tests.envs.solvers import parse_sokoban, sokoban_move, sokoban_path  # noqa: E402
 
 ACTION_NAMES = ("Up", "Down", "Left", "Right")  # envs/sokoban.py's action ids
 _CELL = "[#_OX√PS]"
@@ -63,16 +63,7 @@ def last_board(text: str) -> str:
 def move(position, action: str):
     """`Sokoban.transition`'s rule on a (walls, targets, boxes, player) tuple of sets."""
     walls, targets, boxes, player = position
-    dr, dc = STEPS[action]
-    one = (player[0] + dr, player[1] + dc)
-    two = (one[0] + dr, one[1] + dc)
-    if one in walls:
-        return position
-    if one in boxes:
-        if two in walls or two in boxes:
-            return position
-        boxes = (boxes - {one}) | {two}
-    return walls, targets, boxes, one
+    return (walls, targets, *sokoban_move(walls, boxes, player, action))
 
 
 def _key(position):

@@ -49,6 +49,21 @@ def parse_sokoban(board: str):
     return walls, targets, boxes, player
 
 
+def sokoban_move(walls, boxes, player, move: str):
+    """(boxes, player) after `move` by the rules as written: walk onto floor, push a box
+    whose far side is floor; the same pair when a wall or a blocked box is in the way."""
+    dr, dc = STEPS[move]
+    one = (player[0] + dr, player[1] + dc)
+    two = (one[0] + dr, one[1] + dc)
+    if one in walls:
+        return boxes, player
+    if one in boxes:
+        if two in walls or two in boxes:
+            return boxes, player
+        boxes = (boxes - {one}) | {two}
+    return boxes, one
+
+
 def sokoban_path(walls, targets, boxes, player, max_states: int = 200_000) -> list[str] | None:
     """Shortest move list that puts every box on a target, or None if there is none.
 
@@ -68,17 +83,9 @@ def sokoban_path(walls, targets, boxes, player, max_states: int = 200_000) -> li
                 state, move = parents[state]
                 path.append(move)
             return path[::-1]
-        for move, (dr, dc) in STEPS.items():
-            one = (here[0] + dr, here[1] + dc)
-            if one in walls:
-                continue
-            if one in on:
-                two = (one[0] + dr, one[1] + dc)
-                if two in walls or two in on:
-                    continue
-                after = (one, (on - {one}) | {two})
-            else:
-                after = (one, on)
+        for move in STEPS:
+            boxes_after, player_after = sokoban_move(walls, on, here, move)
+            after = (player_after, boxes_after)
             if after not in parents:
                 if len(parents) >= max_states:
                     raise RuntimeError(f"more than {max_states} states")
