@@ -75,6 +75,7 @@ from jaxrl_agentic.update import (
     per_sample_outputs,
 )
 from pallas_kernels import restricted_token_logprobs, token_logprobs
+from pallas_kernels._same_bits import compiler_options
 from pallas_kernels.segment_attention import IMPLS as ATTENTION_IMPLS
 
 _F32 = jnp.float32
@@ -412,15 +413,17 @@ def make_loss_and_grads(graphdef, config: LearnerConfig, mesh=None):
     return loss_and_grads
 
 
-def make_train_step(graphdef, config: LearnerConfig, mesh, state_shardings):
+def make_train_step(graphdef, config: LearnerConfig, mesh, state_shardings,
+                    compiler_options: dict | None = None):
     """Jitted ``train_step(state, batch, lr) -> (state, metrics)``: ``update.make_update_step``
     with the policy loss. ``batch``: ``TRAIN_BATCH_KEYS`` arrays (plus ``ref_logprobs`` when a
     reference is used); the state is donated."""
     return make_update_step(policy_update_loss(graphdef, config), config, mesh,
-                            state_shardings)
+                            state_shardings, compiler_options)
 
 
-def make_compute_logprobs(graphdef, config: LearnerConfig, mesh, param_shardings):
+def make_compute_logprobs(graphdef, config: LearnerConfig, mesh, param_shardings,
+                          compiler_options: dict | None = None):
     """Jitted ``compute_logprobs(params, batch) -> [n_micro, row_len]`` fp32 token logprobs.
 
     Entry ``t`` is ``log π(token_t | tokens < t of its segment)`` at ``config.temperature``
@@ -452,7 +455,7 @@ def make_compute_logprobs(graphdef, config: LearnerConfig, mesh, param_shardings
         return _shift_right(out)
 
     return make_per_token(rows_logprobs, LOGPROB_BATCH_KEYS, mesh, param_shardings,
-                          config.packing.row_prefixes)
+                          config.packing.row_prefixes, compiler_options)
 
 
 # ----------------------------------------------------------------------------- host side
@@ -507,14 +510,17 @@ class Learner(EngineDriver):
         self.config = config
         self.graphdef = graphdef
         self.mesh = make_mesh() if mesh is None else mesh
-        state = init_train_state(params, config, ref_params=ref_params,
-                                 ref_dtype=nnx.merge(graphdef, params).cfg.dtype)
+        dtype = nnx.merge(graphdef, params).cfg.dtype
+        state = init_train_state(params, config, ref_params=ref_params, ref_dtype=dtype)
         shardings = train_state_shardings(state, self.mesh)
         batch_keys = TRAIN_BATCH_KEYS + (("ref_logprobs",) if config.uses_reference else ())
+        # In bf16 the sampler's programs and these compute the same bits (`_same_bits`):
+        # the logprob mismatch is then float32 noise, and an on-policy ratio is 1.
+        options = compiler_options(dtype)
         self.engine = UpdateEngine(state, policy_update_loss(graphdef, config), config,
-                                   self.mesh, shardings, batch_keys)
+                                   self.mesh, shardings, batch_keys, options)
         self.compute_logprobs = make_compute_logprobs(graphdef, config, self.mesh,
-                                                      shardings.params)
+                                                      shardings.params, options)
 
     # ---- logprobs -------------------------------------------------------------------------
     def sample_logprobs(self, samples: Sequence[Sample], *, reference: bool = False):

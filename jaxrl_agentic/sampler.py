@@ -57,6 +57,7 @@ from flax import nnx
 from jaxrl_agentic import timing
 from jaxrl_agentic.models.transformer import KVCache, Transformer
 from jaxrl_agentic.parallel import kv_cache_sharding, rows_sharding
+from pallas_kernels._same_bits import compiler_options
 
 STOP_REASONS = ("none", "eos", "stop", "length")
 _EOS, _STOP, _LENGTH = 1, 2, 3
@@ -216,13 +217,17 @@ class Sampler:
         self.precompile_slots = precompile_slots
         self.warmed: set[tuple] = set()  # shapes `SlotDecoder.precompile` has compiled
         # jit once per Sampler; the graphdef is static, everything else is an argument.
+        # In bf16 on CPU, compiled so that their bits are the learner's (`_same_bits`).
+        self.compiler_options = compiler_options(model.cfg.dtype)
         self._prefill = jax.jit(functools.partial(_prefill, self.graphdef), donate_argnums=(1,),
-                                static_argnames=("key_len", "extents"))
+                                static_argnames=("key_len", "extents"),
+                                compiler_options=self.compiler_options)
         self._decode = jax.jit(
             functools.partial(_decode, self.graphdef, self.eos_token_id,
                               logprob_under_filter=logprob_under_filter),
             static_argnames=("max_new_bucket",),
             donate_argnums=(1,),
+            compiler_options=self.compiler_options,
         )
         # A new or grown cache is one program call, not one dispatch per layer array
         # (8 eager zeros cost ~4 ms per `generate` at 4 layers: 10% of a 1-token call).

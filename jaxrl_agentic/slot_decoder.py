@@ -345,7 +345,8 @@ def _chunk_program(sampler):
         program = jax.jit(
             functools.partial(_decode_chunk, sampler.graphdef, sampler.eos_token_id,
                               logprob_under_filter=sampler.logprob_under_filter),
-            static_argnames=("chunk", "max_new_bucket", "extents"), donate_argnums=(1,))
+            static_argnames=("chunk", "max_new_bucket", "extents"), donate_argnums=(1,),
+            compiler_options=sampler.compiler_options)
         sampler._decode_chunk = program
     return program
 

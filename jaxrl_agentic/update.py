@@ -445,8 +445,10 @@ class UpdateLoss:
     advance: Callable = lambda state: {}
 
 
-def make_update_step(loss: UpdateLoss, config: UpdateConfig, mesh, state_shardings):
+def make_update_step(loss: UpdateLoss, config: UpdateConfig, mesh, state_shardings,
+                     compiler_options: dict | None = None):
     """Jitted ``update_step(state, batch, lr) -> (state, metrics)``: one update (module doc).
+    ``compiler_options``: XLA's, for the program (``pallas_kernels._same_bits``).
 
     ``state`` has ``step``, ``skipped``, ``params`` and ``opt_state`` (and whatever the loss
     reads); it is donated. ``batch``: dict of ``[n_micro, row_len]`` arrays. Metrics:
@@ -490,13 +492,16 @@ def make_update_step(loss: UpdateLoss, config: UpdateConfig, mesh, state_shardin
         in_shardings=(state_shardings, batch_sharding(mesh), repl),
         out_shardings=(state_shardings, repl),
         donate_argnums=0,
+        compiler_options=compiler_options,
     )
 
 
-def make_per_token(fn, keys: Sequence[str], mesh, param_shardings, halvings: int = 0):
+def make_per_token(fn, keys: Sequence[str], mesh, param_shardings, halvings: int = 0,
+                   compiler_options: dict | None = None):
     """Jitted ``compute(params, batch) -> [n_micro, row_len]`` fp32 from ``fn(params, micro)
     -> [group_rows, T]`` run on groups of rows (:func:`scan_row_groups`, cut to prefixes of
-    up to ``halvings`` halvings); reads ``keys``."""
+    up to ``halvings`` halvings); reads ``keys``; ``compiler_options`` as
+    :func:`make_update_step`'s."""
 
     def compute(params, batch):
         return scan_row_groups(lambda micro: fn(params, micro), {k: batch[k] for k in keys},
@@ -506,6 +511,7 @@ def make_per_token(fn, keys: Sequence[str], mesh, param_shardings, halvings: int
         compute,
         in_shardings=(param_shardings, batch_sharding(mesh)),
         out_shardings=batch_sharding(mesh),
+        compiler_options=compiler_options,
     )
 
 
@@ -582,13 +588,14 @@ class UpdateEngine:
     """
 
     def __init__(self, state, loss: UpdateLoss, config: UpdateConfig, mesh, state_shardings,
-                 batch_keys: Sequence[str]):
+                 batch_keys: Sequence[str], compiler_options: dict | None = None):
         self.config = config
         self.mesh = mesh
         self.state_shardings = state_shardings
         self.state = place(state, state_shardings)
         self.batch_keys = tuple(batch_keys)
-        self.update_step = make_update_step(loss, config, mesh, state_shardings)
+        self.update_step = make_update_step(loss, config, mesh, state_shardings,
+                                            compiler_options)
         self.np_rng = np.random.default_rng(config.seed)
 
     def run(self, samples: Sequence[Sample], learning_rates: np.ndarray

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 # Masked scores: the logprob kernels' finite stand-in for −inf, so that a query with nothing
 # attended yet keeps e^{m − m'} = 1 rather than NaN; masked probabilities are zeroed
 # explicitly, never taken from exp.
+from pallas_kernels._same_bits import fixed_order_sum
 from pallas_kernels._softmax_math import NEG_LOGIT as NEG
 
 
@@ -38,14 +39,17 @@ def init_state(stats_shape, acc_shape):
             jnp.zeros(acc_shape, jnp.float32))
 
 
-def update(m, l, acc, s, mask, pv: Callable[[jax.Array], jax.Array]):
+def update(m, l, acc, s, mask, pv: Callable[[jax.Array], jax.Array], fixed_order: bool = False):
     """The module docstring's step: ``s`` [..., q, k] float32 scores already scaled and
     masked with NEG, ``mask`` broadcastable to it, ``pv(p)`` the product p·V_j (float32
-    [..., q, H]) of the float32 probabilities (it casts them to V's dtype)."""
+    [..., q, H]) of the float32 probabilities (it casts them to V's dtype). `fixed_order`:
+    Σ_s p in one order whatever the batch shape (`_same_bits.fixed_order_sum`; callers set
+    it in low precision, where a last bit of l can flip a bf16 rounding downstream)."""
     m_new = jnp.maximum(m, jnp.max(s, axis=-1))
     alpha = jnp.exp(m - m_new)
     probs = jnp.where(mask, jnp.exp(s - m_new[..., None]), 0.0)
-    l_new = alpha * l + jnp.sum(probs, axis=-1)
+    row_sum = fixed_order_sum(probs) if fixed_order else jnp.sum(probs, axis=-1)
+    l_new = alpha * l + row_sum
     return m_new, l_new, alpha[..., None] * acc + pv(probs)
 
 

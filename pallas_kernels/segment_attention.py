@@ -29,6 +29,7 @@ import jax.numpy as jnp
 
 from pallas_kernels._blocksparse_attention import blocksparse_segment_attention
 from pallas_kernels._flash_attention_pallas import pallas_segment_attention
+from pallas_kernels._same_bits import rounds_low
 from pallas_kernels._segment_blocks import needed_block_pairs, pad_to_blocks
 from pallas_kernels._splash_attention import splash_segment_attention
 
@@ -58,10 +59,16 @@ def reference_segment_attention(q, k, v, segment_ids) -> jax.Array:
     return jnp.where((segment_ids > 0)[:, :, None, None], out, jnp.zeros((), out.dtype))
 
 
-def runs_dense(impl: str, length: int, block: int | None = None) -> bool:
+def runs_dense(impl: str, length: int, block: int | None = None, dtype=None) -> bool:
     """Whether `segment_attention` takes the dense path (and keeps T² scores for the
-    backward): the reference, or rows of ≤ 2 blocks, where there is nothing to skip."""
-    return impl == "reference" or length <= 2 * (block or BLOCK)
+    backward): the reference, or rows of ≤ 2 blocks, where there is nothing to skip; but
+    not block-sparse rows in low precision (`dtype`), whose bits must be the sampler's
+    blocked online softmax's (`_same_bits`)."""
+    if impl == "reference":
+        return True
+    if impl == "blocksparse" and dtype is not None and rounds_low(dtype):
+        return False
+    return length <= 2 * (block or BLOCK)
 
 
 def segment_attention(q, k, v, segment_ids, *, impl: str = "auto", block: int | None = None
@@ -72,7 +79,7 @@ def segment_attention(q, k, v, segment_ids, *, impl: str = "auto", block: int | 
     if segment_ids is None:
         segment_ids = jnp.ones(q.shape[:2], jnp.int32)
     impl = resolve_attention_impl(impl)
-    if runs_dense(impl, q.shape[1], block):
+    if runs_dense(impl, q.shape[1], block, q.dtype):
         return reference_segment_attention(q, k, v, segment_ids)
     if impl == "blocksparse":
         return blocksparse_segment_attention(q, k, v, segment_ids, block=block)

@@ -596,8 +596,10 @@ def test_bf16_learner_logprobs_agree_with_the_sampler():
                               old_logprobs=np.r_[np.zeros(len(prompt)), logprobs],
                               advantages=mask, prompt_len=len(prompt)))
     graphdef, params = nnx.split(model)
+    # Samples start at key-block boundaries, as the pipeline packs them in bf16 on CPU:
+    # there the learner's attention folds the sampler's key blocks (`_same_bits`).
     learner = Learner(graphdef, params, LearnerConfig(packing=PackingConfig(
-        micro_batch_max_tokens=256, sequence_length=256)))
+        micro_batch_max_tokens=256, sequence_length=256, sample_align=128)))
     recomputed = learner.sample_logprobs(samples)
     gap = np.concatenate([np.abs(s.old_logprobs - r)[s.loss_mask > 0]
                           for s, r in zip(samples, recomputed, strict=True)])

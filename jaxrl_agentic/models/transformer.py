@@ -40,6 +40,7 @@ from flax import nnx
 from jaxrl_agentic.models.config import ModelConfig
 from jaxrl_agentic.models.rope import apply_rope, rope_cos_sin, rope_frequencies
 from pallas_kernels import _online_softmax as online_softmax
+from pallas_kernels._same_bits import fixed_order_sum, rounds_low
 from pallas_kernels.segment_attention import (
     BLOCK,
     resolve_attention_impl,
@@ -93,7 +94,9 @@ class KVCache:
 
 
 class RMSNorm(nnx.Module):
-    """y = w · x / sqrt(mean(x²) + ε), statistics in float32 (as in HF checkpoints)."""
+    """y = w · x / sqrt(mean(x²) + ε), statistics in float32 (as in HF checkpoints); in low
+    precision Σ x² is summed in one order for any batch shape (`_same_bits`), so a decode's
+    rows are normalised to the last bit as the learner's packed rows."""
 
     def __init__(self, dim: int, eps: float, *, dtype, param_dtype):
         self.scale = nnx.Param(jnp.ones((dim,), param_dtype))
@@ -101,7 +104,11 @@ class RMSNorm(nnx.Module):
 
     def __call__(self, x):
         x32 = x.astype(jnp.float32)
-        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        if rounds_low(self.dtype):
+            mean_sq = fixed_order_sum(x32 * x32)[..., None] / x.shape[-1]
+        else:
+            mean_sq = jnp.mean(x32 * x32, axis=-1, keepdims=True)
+        normed = x32 * jax.lax.rsqrt(mean_sq + self.eps)
         return self.scale[...].astype(self.dtype) * normed.astype(self.dtype)
 
 
@@ -188,14 +195,15 @@ def _cached_attention(q, k_t, v, mask):
     repeated per head and both products are plain batched matmuls over (B, K) that read the
     cache in its own layout; logits and softmax are float32.
 
-    Where the learner runs block-sparse attention (CPU), a cache of more than two blocks is
-    read in blocks of `segment_attention.BLOCK` slots with the learner's own online-softmax
-    update (:func:`_blocked_cached_attention`), so that in bf16 the sampler's attention
-    output is the learner's to the last bit; elsewhere one softmax over the slots, as the
-    learner's dense path computes rows of ≤ two blocks (`runs_dense`).
+    Where the learner runs block-sparse attention (CPU), a cache of more than two blocks,
+    or any cache in low precision, is read in blocks of `segment_attention.BLOCK` slots
+    with the learner's own online-softmax update (:func:`_blocked_cached_attention`), so
+    that in bf16 the sampler's attention output is the learner's to the last bit;
+    elsewhere one softmax over the slots, as the learner's dense path computes rows of ≤
+    two blocks (`runs_dense`).
     """
     impl = resolve_attention_impl("auto")
-    if impl == "blocksparse" and not runs_dense(impl, k_t.shape[-1]):
+    if impl == "blocksparse" and not runs_dense(impl, k_t.shape[-1], dtype=q.dtype):
         return _blocked_cached_attention(q, k_t, v, mask, BLOCK)
     b, t, n, h = q.shape
     kv_heads, group = k_t.shape[1], n // k_t.shape[1]
@@ -231,7 +239,8 @@ def _blocked_cached_attention(q, k_t, v, mask, block: int):
         return online_softmax.update(
             *state, jnp.where(mask_blk, s, online_softmax.NEG), mask_blk,
             lambda probs: jnp.einsum("bkgqs,bksh->bkgqh", probs.astype(q.dtype),
-                                     v_blk.astype(q.dtype), preferred_element_type=jnp.float32))
+                                     v_blk.astype(q.dtype), preferred_element_type=jnp.float32),
+            fixed_order=rounds_low(q.dtype))
 
     def fold_block(j, state):
         def cut(x, axis):

@@ -6,7 +6,8 @@ float32 model: the precision of the logits path at a real model's shape. Prints 
 `--prompts` random-token prompts of `--prompt-len` tokens each get `--new-tokens` sampled
 tokens (T = 1) from `Sampler.generate` (prefill, then one-token decode steps against the KV
 cache); the learner recomputes their logprobs from rows of `--row` packed tokens
-(`Learner.sample_logprobs`). Reports the mean / max absolute difference (`gap`), and each
+(`Learner.sample_logprobs`). Reports the mean / max absolute difference (`gap`), the
+fraction of tokens whose two logprobs are the same float32 (`equal_fraction`), and each
 side's mean absolute distance from the float32 model's recomputation (`--no-fp32` skips it).
 """
 
@@ -73,6 +74,7 @@ def main(argv=None) -> int:
               "sample_align": args.sample_align,
               "gap_mean": float(np.abs(sampled - learner).mean()),
               "gap_max": float(np.abs(sampled - learner).max()),
+              "equal_fraction": float(np.mean(sampled == learner)),
               "mean_logprob": float(sampled.mean())}
     if not args.no_fp32:
         del sampler
