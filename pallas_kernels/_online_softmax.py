@@ -48,8 +48,7 @@ def update(m, l, acc, s, mask, pv: Callable[[jax.Array], jax.Array], fixed_order
     m_new = jnp.maximum(m, jnp.max(s, axis=-1))
     alpha = jnp.exp(m - m_new)
     probs = jnp.where(mask, jnp.exp(s - m_new[..., None]), 0.0)
-    row_sum = fixed_order_sum(probs) if fixed_order else jnp.sum(probs, axis=-1)
-    l_new = alpha * l + row_sum
+    l_new = alpha * l + (fixed_order_sum(probs) if fixed_order else jnp.sum(probs, axis=-1))
     return m_new, l_new, alpha[..., None] * acc + pv(probs)
 
 

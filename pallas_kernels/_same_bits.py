@@ -24,7 +24,10 @@ With all three, the 24-layer fixture's sampler and learner logprobs agree to 3e-
 float32 noise of the LM head's logsumexp), against 2.6e-3 before. Each costs time (the
 halving adds read the row log₂ D times; ~5–15% of a tiny fp32 learner step), and in float32
 compute there is no bf16 rounding to amplify a last bit (the two sides agree to ~1e-6
-anyway), so all of them apply only when the compute dtype is narrower than float32.
+anyway), so all of them apply only when the compute dtype is narrower than float32, and
+only on CPU (`keeps_same_bits`): on a GPU or TPU the sampler's cached attention and the
+learner's flash/splash kernels are different algorithms anyway, and the block-sparse
+attention paths that use the fixed-order softmax sum are CPU paths.
 """
 
 from __future__ import annotations
@@ -42,10 +45,17 @@ def rounds_low(dtype) -> bool:
     return jnp.dtype(dtype).itemsize < 4
 
 
+def keeps_same_bits(dtype) -> bool:
+    """Low-precision compute on XLA:CPU (JAX's default backend): where this module's
+    measures apply."""
+    return rounds_low(dtype) and jax.default_backend() == "cpu"
+
+
 def compiler_options(dtype) -> dict | None:
     """`jax.jit(..., compiler_options=...)` for a program whose numbers the sampler and the
-    learner must share: `CPU_COMPILER_OPTIONS` in low precision, else None (the default)."""
-    return dict(CPU_COMPILER_OPTIONS) if rounds_low(dtype) else None
+    learner must share: `CPU_COMPILER_OPTIONS` where `keeps_same_bits`, else None (the
+    default)."""
+    return dict(CPU_COMPILER_OPTIONS) if keeps_same_bits(dtype) else None
 
 
 def fixed_order_sum(x: jax.Array) -> jax.Array:

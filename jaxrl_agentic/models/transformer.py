@@ -40,7 +40,7 @@ from flax import nnx
 from jaxrl_agentic.models.config import ModelConfig
 from jaxrl_agentic.models.rope import apply_rope, rope_cos_sin, rope_frequencies
 from pallas_kernels import _online_softmax as online_softmax
-from pallas_kernels._same_bits import fixed_order_sum, rounds_low
+from pallas_kernels._same_bits import fixed_order_sum, keeps_same_bits, rounds_low
 from pallas_kernels.segment_attention import (
     BLOCK,
     resolve_attention_impl,
@@ -95,8 +95,8 @@ class KVCache:
 
 class RMSNorm(nnx.Module):
     """y = w · x / sqrt(mean(x²) + ε), statistics in float32 (as in HF checkpoints); in low
-    precision Σ x² is summed in one order for any batch shape (`_same_bits`), so a decode's
-    rows are normalised to the last bit as the learner's packed rows."""
+    precision on CPU Σ x² is summed in one order for any batch shape (`_same_bits`), so a
+    decode's rows are normalised to the last bit as the learner's packed rows."""
 
     def __init__(self, dim: int, eps: float, *, dtype, param_dtype):
         self.scale = nnx.Param(jnp.ones((dim,), param_dtype))
@@ -104,7 +104,7 @@ class RMSNorm(nnx.Module):
 
     def __call__(self, x):
         x32 = x.astype(jnp.float32)
-        if rounds_low(self.dtype):
+        if keeps_same_bits(self.dtype):
             mean_sq = fixed_order_sum(x32 * x32)[..., None] / x.shape[-1]
         else:
             mean_sq = jnp.mean(x32 * x32, axis=-1, keepdims=True)

@@ -10,6 +10,7 @@ from pallas_kernels._same_bits import (
     CPU_COMPILER_OPTIONS,
     compiler_options,
     fixed_order_sum,
+    keeps_same_bits,
     rounds_low,
 )
 from pallas_kernels.segment_attention import runs_dense
@@ -35,6 +36,7 @@ def test_fixed_order_sum_of_a_row_does_not_depend_on_the_rows_around_it(width):
 
 def test_low_precision_switches():
     assert rounds_low(jnp.bfloat16) and rounds_low("float16") and not rounds_low("float32")
+    assert keeps_same_bits("bfloat16") and not keeps_same_bits("float32")  # the suite is on CPU
     assert compiler_options("bfloat16") == CPU_COMPILER_OPTIONS
     assert compiler_options("float32") is None
     # Short rows run dense attention except where bf16 bits must match the sampler's blocks.
