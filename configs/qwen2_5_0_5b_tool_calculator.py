@@ -32,7 +32,7 @@ def get_config():
     c.sequence_length = 3072
     c.micro_batch_max_tokens = 8192
     # Row lengths and remat as in configs/qwen2_5_0_5b_frozen_lake.py (why: see there).
-    c.row_len_buckets = 13
+    c.row_len_buckets = 18
     c.row_len_ratio = 2 ** 0.25
     c.remat = "layer"
     c.custom_envs = {"calculator": env_spec(

@@ -514,8 +514,8 @@ class Learner(EngineDriver):
         state = init_train_state(params, config, ref_params=ref_params, ref_dtype=dtype)
         shardings = train_state_shardings(state, self.mesh)
         batch_keys = TRAIN_BATCH_KEYS + (("ref_logprobs",) if config.uses_reference else ())
-        # In bf16 the sampler's programs and these compute the same bits (`_same_bits`):
-        # the logprob mismatch is then float32 noise, and an on-policy ratio is 1.
+        # In bf16 on CPU these programs are compiled as the sampler's are (`_same_bits`), so
+        # the recomputed logprobs are the sampler's to float32 noise.
         options = compiler_options(dtype)
         self.engine = UpdateEngine(state, policy_update_loss(graphdef, config), config,
                                    self.mesh, shardings, batch_keys, options)

@@ -26,10 +26,11 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels._same_bits import fixed_order_sum
+
 # Masked scores: the logprob kernels' finite stand-in for −inf, so that a query with nothing
 # attended yet keeps e^{m − m'} = 1 rather than NaN; masked probabilities are zeroed
 # explicitly, never taken from exp.
-from pallas_kernels._same_bits import fixed_order_sum
 from pallas_kernels._softmax_math import NEG_LOGIT as NEG
 
 
