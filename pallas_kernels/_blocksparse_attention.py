@@ -36,7 +36,7 @@ import jax.numpy as jnp
 
 from pallas_kernels import _online_softmax as online_softmax
 from pallas_kernels._online_softmax import NEG
-from pallas_kernels._same_bits import rounds_low
+from pallas_kernels._same_bits import keeps_same_bits
 from pallas_kernels._segment_blocks import needed_block_pairs, pad_to_blocks, pair_mask
 
 
@@ -97,7 +97,7 @@ def _forward(q, k, v, segment_ids, pairs, block: int):
         m_new, l_new, acc_new = online_softmax.update(
             m[i], l[i], acc[i], s, mask, lambda probs: jnp.einsum(
                 "kgqs,ksh->kgqh", probs.astype(vb.dtype), vb[j],
-                preferred_element_type=jnp.float32), fixed_order=rounds_low(vb.dtype))
+                preferred_element_type=jnp.float32), fixed_order=keeps_same_bits(vb.dtype))
         live = p < count  # past this row's count: leave its state as it is
         return (m.at[i].set(jnp.where(live, m_new, m[i])),
                 l.at[i].set(jnp.where(live, l_new, l[i])),

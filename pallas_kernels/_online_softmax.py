@@ -45,7 +45,7 @@ def update(m, l, acc, s, mask, pv: Callable[[jax.Array], jax.Array], fixed_order
     masked with NEG, ``mask`` broadcastable to it, ``pv(p)`` the product p·V_j (float32
     [..., q, H]) of the float32 probabilities (it casts them to V's dtype). `fixed_order`:
     Σ_s p in one order whatever the batch shape (`_same_bits.fixed_order_sum`; callers set
-    it in low precision, where a last bit of l can flip a bf16 rounding downstream)."""
+    it where `_same_bits.keeps_same_bits`: a last bit of l can flip a bf16 rounding)."""
     m_new = jnp.maximum(m, jnp.max(s, axis=-1))
     alpha = jnp.exp(m - m_new)
     probs = jnp.where(mask, jnp.exp(s - m_new[..., None]), 0.0)

@@ -25,9 +25,9 @@ float32 noise of the LM head's logsumexp), against 2.6e-3 before. Each costs tim
 halving adds read the row log₂ D times; ~5–15% of a tiny fp32 learner step), and in float32
 compute there is no bf16 rounding to amplify a last bit (the two sides agree to ~1e-6
 anyway), so all of them apply only when the compute dtype is narrower than float32, and
-only on CPU (`keeps_same_bits`): on a GPU or TPU the sampler's cached attention and the
-learner's flash/splash kernels are different algorithms anyway, and the block-sparse
-attention paths that use the fixed-order softmax sum are CPU paths.
+only on CPU (`keeps_same_bits`, the one switch every part reads): on a GPU or TPU the
+sampler's cached attention and the learner's flash/splash kernels are different algorithms
+anyway.
 """
 
 from __future__ import annotations

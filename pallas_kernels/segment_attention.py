@@ -29,7 +29,7 @@ import jax.numpy as jnp
 
 from pallas_kernels._blocksparse_attention import blocksparse_segment_attention
 from pallas_kernels._flash_attention_pallas import pallas_segment_attention
-from pallas_kernels._same_bits import rounds_low
+from pallas_kernels._same_bits import keeps_same_bits
 from pallas_kernels._segment_blocks import needed_block_pairs, pad_to_blocks
 from pallas_kernels._splash_attention import splash_segment_attention
 
@@ -62,11 +62,11 @@ def reference_segment_attention(q, k, v, segment_ids) -> jax.Array:
 def runs_dense(impl: str, length: int, block: int | None = None, dtype=None) -> bool:
     """Whether `segment_attention` takes the dense path (and keeps T² scores for the
     backward): the reference, or rows of ≤ 2 blocks, where there is nothing to skip; but
-    not block-sparse rows in low precision (`dtype`), whose bits must be the sampler's
-    blocked online softmax's (`_same_bits`)."""
+    not block-sparse rows in low precision on CPU (`dtype`, `_same_bits.keeps_same_bits`),
+    whose bits must be the sampler's blocked online softmax's."""
     if impl == "reference":
         return True
-    if impl == "blocksparse" and dtype is not None and rounds_low(dtype):
+    if impl == "blocksparse" and dtype is not None and keeps_same_bits(dtype):
         return False
     return length <= 2 * (block or BLOCK)
 

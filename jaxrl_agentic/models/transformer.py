@@ -40,7 +40,7 @@ from flax import nnx
 from jaxrl_agentic.models.config import ModelConfig
 from jaxrl_agentic.models.rope import apply_rope, rope_cos_sin, rope_frequencies
 from pallas_kernels import _online_softmax as online_softmax
-from pallas_kernels._same_bits import fixed_order_sum, keeps_same_bits, rounds_low
+from pallas_kernels._same_bits import fixed_order_sum, keeps_same_bits
 from pallas_kernels.segment_attention import (
     BLOCK,
     resolve_attention_impl,
@@ -240,7 +240,7 @@ def _blocked_cached_attention(q, k_t, v, mask, block: int):
             *state, jnp.where(mask_blk, s, online_softmax.NEG), mask_blk,
             lambda probs: jnp.einsum("bkgqs,bksh->bkgqh", probs.astype(q.dtype),
                                      v_blk.astype(q.dtype), preferred_element_type=jnp.float32),
-            fixed_order=rounds_low(q.dtype))
+            fixed_order=keeps_same_bits(q.dtype))
 
     def fold_block(j, state):
         def cut(x, axis):
