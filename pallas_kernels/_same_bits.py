@@ -21,10 +21,10 @@ algorithm shared (`_online_softmax`). Three things made the last bits depend on 
   learner rows, blocked online softmax elsewhere (`segment_attention.runs_dense`).
 
 With all three, the 24-layer fixture's sampler and learner logprobs agree to 3e-7 (the
-float32 noise of the LM head's logsumexp), against 2.6e-3 before. Each costs time (the
-halving adds read the row log₂ D times; ~5–15% of a tiny fp32 learner step), and in float32
-compute there is no bf16 rounding to amplify a last bit (the two sides agree to ~1e-6
-anyway), so all of them apply only when the compute dtype is narrower than float32, and
+float32 noise of the LM head's logsumexp), against 2.6e-3 before. They cost ~8–10% of a
+bf16 CPU pipeline step, nearly all of it the classic emitters (docs/benchmarks.md), and in
+float32 compute there is no bf16 rounding to amplify a last bit (the two sides agree to
+~1e-6 anyway), so all of them apply only when the compute dtype is narrower than float32, and
 only on CPU (`keeps_same_bits`, the one switch every part reads): on a GPU or TPU the
 sampler's cached attention and the learner's flash/splash kernels are different algorithms
 anyway.

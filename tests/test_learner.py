@@ -34,6 +34,7 @@ from jaxrl_agentic.learner import (
 from jaxrl_agentic.models.config import ModelConfig
 from jaxrl_agentic.models.transformer import Transformer
 from jaxrl_agentic.parallel import make_mesh, stacked_layer_dims, train_state_shardings
+from tests.conftest import load_script
 
 MODEL_CFG = ModelConfig(
     vocab_size=64,
@@ -578,8 +579,7 @@ def test_bf16_learner_logprobs_agree_with_the_sampler():
     """bf16 compute, fp32 params: the learner's recomputed logprobs equal the sampler's on
     the logits path both take (the head in the compute dtype). With an fp32 head the gap
     was 2.8e-4 at this shape and 5e-3 at Qwen2.5-0.5B's."""
-    from jaxrl_agentic.sampler import Sampler
-
+    gap_script = load_script("scripts/analysis/bf16_gap.py")
     cfg = ModelConfig(model_type="qwen2", vocab_size=8192, hidden_size=128,
                       intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, head_dim=32, attention_bias=True,
@@ -587,22 +587,11 @@ def test_bf16_learner_logprobs_agree_with_the_sampler():
     model = Transformer(cfg, rngs=nnx.Rngs(0))
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 8192, 40).tolist() for _ in range(8)]
-    out = Sampler(model, max_total_len=256, eos_token_id=-1).generate(
-        prompts, max_new_tokens=32, temperature=1.0, seed=1)
-    samples = []
-    for prompt, tokens, logprobs in zip(prompts, out.tokens, out.logprobs, strict=True):
-        mask = np.r_[np.zeros(len(prompt)), np.ones(len(tokens))]
-        samples.append(Sample(tokens=np.array(prompt + tokens), loss_mask=mask,
-                              old_logprobs=np.r_[np.zeros(len(prompt)), logprobs],
-                              advantages=mask, prompt_len=len(prompt)))
-    graphdef, params = nnx.split(model)
+    samples = gap_script.sampled_samples(model, prompts, new_tokens=32)
+    sampled = gap_script.loss_token_values([s.old_logprobs for s in samples], samples)
     # Samples start at key-block boundaries, as the pipeline packs them in bf16 on CPU:
     # there the learner's attention folds the sampler's key blocks (`_same_bits`).
-    learner = Learner(graphdef, params, LearnerConfig(packing=PackingConfig(
-        micro_batch_max_tokens=256, sequence_length=256, sample_align=128)))
-    recomputed = learner.sample_logprobs(samples)
-    gap = np.concatenate([np.abs(s.old_logprobs - r)[s.loss_mask > 0]
-                          for s, r in zip(samples, recomputed, strict=True)])
+    gap = np.abs(sampled - gap_script.recomputed(model, samples, row=256, sample_align=128))
     assert gap.mean() <= 1e-5, gap.mean()
 
 
