@@ -22,12 +22,19 @@
     efficiency   = real tokens / computed slots (rows × row_len)
     tokens_per_s = real tokens of the mini-batch / median step time
 
-The attention is dense with a segment mask, so a row costs ``row_len²`` query-key pairs
-whatever it holds (``timed_*_attention_slots``): a long packed row buys fewer padding slots
-with more cross-segment pairs. Prints ONE JSON line.
+Attention is segment-aware (``pallas_kernels.segment_attention``): both layouts compute only
+the 128-token block pairs their segments need (``timed_*_block_pairs_computed_causal``), so
+its work follows Σ len² of the samples in either layout. What packing removes is padding
+slots: ``timed_slot_ratio`` = padded / packed slots the update computes
+(``update.computed_slots``), the speedup if every slot cost the same and nothing else
+differed. Since the attention's work does not shrink with the slots, the step's speedup
+stays below that ratio by the attention's share of the step; ``--ablate-attention``
+measures the rest alone (each layer's attention replaced by its queries: not a model, an
+ablation). Prints ONE JSON line.
 
     python scripts/bench/bench_packing.py                     # 8 groups × 4 episodes, 5 turns
     python scripts/bench/bench_packing.py --micro-batch-max-tokens 2048 --repeats 3
+    python scripts/bench/bench_packing.py --micro-batch-max-tokens 2048 --ablate-attention
 """
 
 from __future__ import annotations
@@ -60,7 +67,8 @@ from jaxrl_agentic.data.baseline_packing import pad_samples  # noqa: E402
 from jaxrl_agentic.data.samples import step_samples  # noqa: E402
 from jaxrl_agentic.envs import make  # noqa: E402
 from jaxrl_agentic.learner import Learner, LearnerConfig  # noqa: E402
-from jaxrl_agentic.models import load_pretrained  # noqa: E402
+
+from jaxrl_agentic.models import load_pretrained, transformer  # noqa: E402
 from jaxrl_agentic.models.tiny import default_tiny_model_dir  # noqa: E402
 from jaxrl_agentic.parallel import make_mesh, num_batch_shards  # noqa: E402
 from jaxrl_agentic.rollout.conversation import ChatFormatter  # noqa: E402
@@ -71,7 +79,6 @@ from jaxrl_agentic.update import computed_slots, pad_to_shards, put_batch  # noq
 from pallas_kernels import segment_attention  # noqa: E402
 
 ENV = "frozen_lake"
-
 
 def _parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -90,8 +97,10 @@ def _parse_args():
                         help="samples in the timed update (the trainer's default; 0 = all)")
     parser.add_argument("--repeats", type=int, default=5, help="timed updates per layout")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--ablate-attention", action="store_true",
+                        help="time the update with each layer's attention output replaced by "
+                             "its queries: the per-token work alone (not a model)")
     return parser.parse_args()
-
 
 def _rollout(model, tokenizer, args):
     """Real trajectories of the tiny model on frozen lake, and the wall time it took."""
@@ -111,12 +120,10 @@ def _rollout(model, tokenizer, args):
     trajs = runner.run(episodes, sample_seed=args.seed)
     return trajs, time.perf_counter() - start
 
-
 def _samples(trajs, seed):
     """Step-wise samples; one standard-normal advantage per trajectory (GRPO-like scale)."""
     rng = np.random.default_rng(seed)
     return [s for t in trajs for s in step_samples(t, float(rng.normal()))]
-
 
 def _time_interleaved(step, state, batches, lr, repeats):
     """(state, first-call seconds per batch, median seconds per batch). The state is
@@ -138,7 +145,6 @@ def _time_interleaved(step, state, batches, lr, repeats):
                 raise RuntimeError("the train step skipped a non-finite update")
     return state, first, [statistics.median(t) for t in times]
 
-
 def _layouts(samples, micro_batch_max_tokens, sequence_length, *, pow2_buckets=False):
     """(packed, padded) batches of the same samples. Exact row counts and a padded row as
     long as the longest sample; with ``pow2_buckets`` the packers' defaults instead (row
@@ -151,7 +157,6 @@ def _layouts(samples, micro_batch_max_tokens, sequence_length, *, pow2_buckets=F
                          **({} if pow2_buckets else {"length_bucket": 1}), **exact)
     return packed, padded
 
-
 def _trainer_efficiency(samples, mini_batch_size, packing, mesh, seed):
     """``tokens/efficiency`` as ``Learner.step`` reports it: shuffled mini-batches packed to
     one shared row count (``packing``: the run's defaults, ``fixed_rows`` on), real tokens
@@ -162,13 +167,16 @@ def _trainer_efficiency(samples, mini_batch_size, packing, mesh, seed):
     real = sum(token_stats(b)["real_tokens"] for b in packed)
     return real / sum(computed_slots(b, mesh, packing.row_prefixes) for b in packed)
 
-
 def _attention_block_pairs(batch):
     """(block pairs segment attention computes, block pairs of the causal triangle) over all
     rows of `batch` (`pallas_kernels.segment_attention.attended_block_pairs`)."""
     ids = batch.token_arrays()["segment_ids"].reshape(-1, batch.row_len)
     return segment_attention.attended_block_pairs(ids)
 
+def _ablate_attention():
+    """Every layer's attention output replaced by its queries (same shape, a gradient that
+    reaches q_proj): what the update costs without the attention's work."""
+    transformer.segment_attention = lambda q, k, v, segment_ids, impl=None: q * 1.0
 
 def main():
     args = _parse_args()
@@ -201,12 +209,15 @@ def main():
     timed = _layouts(minibatch, row_len, sequence_length)
     timed_stats = [token_stats(b) for b in timed]
 
+    placed = [pad_to_shards(layout, mesh, packing.pad_token_id) for layout in timed]
+    slots = [computed_slots(layout, mesh, packing.row_prefixes) for layout in placed]
+    if args.ablate_attention:  # after the rollout, which needs the real model
+        _ablate_attention()
     graphdef, params = nnx.split(model)
     config = LearnerConfig(learning_rate=1e-6, packing=packing)
     learner = Learner(graphdef, params, config, mesh)
     engine = learner.engine
-    batches = [put_batch(pad_to_shards(layout, mesh, packing.pad_token_id), engine.batch_keys,
-                         mesh) for layout in timed]
+    batches = [put_batch(layout, engine.batch_keys, mesh) for layout in placed]
     lr = np.float32(config.learning_rate)
     _, first_s, (packed_s, padded_s) = _time_interleaved(engine.update_step, learner.state,
                                                          batches, lr, args.repeats)
@@ -237,6 +248,10 @@ def main():
         "timed_padded_row_len": timed[1].row_len,
         "timed_packed_efficiency": round(timed_stats[0]["efficiency"], 4),
         "timed_padded_efficiency": round(timed_stats[1]["efficiency"], 4),
+        "timed_packed_computed_slots": slots[0],
+        "timed_padded_computed_slots": slots[1],
+        "timed_slot_ratio": round(slots[1] / slots[0], 3),
+        "attention_ablated": args.ablate_attention,
         "attention_block": segment_attention.BLOCK,
         "timed_packed_block_pairs_computed_causal": _attention_block_pairs(timed[0]),
         "timed_padded_block_pairs_computed_causal": _attention_block_pairs(timed[1]),
@@ -257,7 +272,6 @@ def main():
                    f"{len(minibatch)} samples already on device; median of {args.repeats} "
                    f"interleaved runs after 1 warm-up (compile) per layout"),
     }))
-
 
 if __name__ == "__main__":
     main()
