@@ -67,7 +67,6 @@ from jaxrl_agentic.data.baseline_packing import pad_samples  # noqa: E402
 from jaxrl_agentic.data.samples import step_samples  # noqa: E402
 from jaxrl_agentic.envs import make  # noqa: E402
 from jaxrl_agentic.learner import Learner, LearnerConfig  # noqa: E402
-
 from jaxrl_agentic.models import load_pretrained, transformer  # noqa: E402
 from jaxrl_agentic.models.tiny import default_tiny_model_dir  # noqa: E402
 from jaxrl_agentic.parallel import make_mesh, num_batch_shards  # noqa: E402
@@ -79,6 +78,7 @@ from jaxrl_agentic.update import computed_slots, pad_to_shards, put_batch  # noq
 from pallas_kernels import segment_attention  # noqa: E402
 
 ENV = "frozen_lake"
+
 
 def _parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -102,6 +102,7 @@ def _parse_args():
                              "its queries: the per-token work alone (not a model)")
     return parser.parse_args()
 
+
 def _rollout(model, tokenizer, args):
     """Real trajectories of the tiny model on frozen lake, and the wall time it took."""
     env, env_params = make(ENV)
@@ -120,10 +121,12 @@ def _rollout(model, tokenizer, args):
     trajs = runner.run(episodes, sample_seed=args.seed)
     return trajs, time.perf_counter() - start
 
+
 def _samples(trajs, seed):
     """Step-wise samples; one standard-normal advantage per trajectory (GRPO-like scale)."""
     rng = np.random.default_rng(seed)
     return [s for t in trajs for s in step_samples(t, float(rng.normal()))]
+
 
 def _time_interleaved(step, state, batches, lr, repeats):
     """(state, first-call seconds per batch, median seconds per batch). The state is
@@ -145,6 +148,7 @@ def _time_interleaved(step, state, batches, lr, repeats):
                 raise RuntimeError("the train step skipped a non-finite update")
     return state, first, [statistics.median(t) for t in times]
 
+
 def _layouts(samples, micro_batch_max_tokens, sequence_length, *, pow2_buckets=False):
     """(packed, padded) batches of the same samples. Exact row counts and a padded row as
     long as the longest sample; with ``pow2_buckets`` the packers' defaults instead (row
@@ -157,6 +161,7 @@ def _layouts(samples, micro_batch_max_tokens, sequence_length, *, pow2_buckets=F
                          **({} if pow2_buckets else {"length_bucket": 1}), **exact)
     return packed, padded
 
+
 def _trainer_efficiency(samples, mini_batch_size, packing, mesh, seed):
     """``tokens/efficiency`` as ``Learner.step`` reports it: shuffled mini-batches packed to
     one shared row count (``packing``: the run's defaults, ``fixed_rows`` on), real tokens
@@ -167,16 +172,19 @@ def _trainer_efficiency(samples, mini_batch_size, packing, mesh, seed):
     real = sum(token_stats(b)["real_tokens"] for b in packed)
     return real / sum(computed_slots(b, mesh, packing.row_prefixes) for b in packed)
 
+
 def _attention_block_pairs(batch):
     """(block pairs segment attention computes, block pairs of the causal triangle) over all
     rows of `batch` (`pallas_kernels.segment_attention.attended_block_pairs`)."""
     ids = batch.token_arrays()["segment_ids"].reshape(-1, batch.row_len)
     return segment_attention.attended_block_pairs(ids)
 
+
 def _ablate_attention():
     """Every layer's attention output replaced by its queries (same shape, a gradient that
     reaches q_proj): what the update costs without the attention's work."""
     transformer.segment_attention = lambda q, k, v, segment_ids, impl=None: q * 1.0
+
 
 def main():
     args = _parse_args()
@@ -272,6 +280,7 @@ def main():
                    f"{len(minibatch)} samples already on device; median of {args.repeats} "
                    f"interleaved runs after 1 warm-up (compile) per layout"),
     }))
+
 
 if __name__ == "__main__":
     main()
