@@ -199,6 +199,10 @@ def default_config() -> ml_collections.ConfigDict:
     # block, 128, in bf16 where the learner's attention is block-sparse (CPU), so the
     # sampler's logprobs are the learner's to the last bit in attention; else 1)
     c.sample_align = 0
+    # a sample that would straddle one more 128-token attention block than it needs starts
+    # on the next block edge when the row's slack allows it without a computed slot more:
+    # the same rows, fewer attention block pairs (data.packing.row_starts)
+    c.align_when_free = True
     # Micro-batch counts are rounded up to a multiple of this (0 = next power of two): a
     # handful of compiled shapes, without doubling the rows as powers of two can.
     c.rows_bucket = 4
@@ -309,8 +313,9 @@ def validate(c) -> None:
     _positive(c, "sample_align", allow_zero=True)
     _positive(c, "row_prefixes", allow_zero=True)
     _choice(c, "param_dtype", DTYPES)
-    if not isinstance(c.untie_word_embeddings, bool):
-        _fail("untie_word_embeddings", f"must be True or False, got {c.untie_word_embeddings!r}")
+    for field in ("untie_word_embeddings", "align_when_free"):
+        if not isinstance(c[field], bool):
+            _fail(field, f"must be True or False, got {c[field]!r}")
     for field in ("max_steps", "ppo_epochs", "mini_batch_size", "max_input_length",
                   "sequence_length", "micro_batch_max_tokens", "learning_rate",
                   "generation.temperature", "save_steps", "logging_steps", "eval_steps"):

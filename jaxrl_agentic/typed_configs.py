@@ -60,6 +60,7 @@ def packing_config(c, pad_token_id: int = 0) -> PackingConfig:
         row_len_ratio=c.row_len_ratio,
         sample_align=sample_align(c),
         row_prefixes=c.row_prefixes,
+        align_when_free=c.align_when_free,
     )
 
 

@@ -44,6 +44,7 @@ from jaxrl_agentic.data import (
     bucket_rows,
     pack_minibatches,
     pad_rows,
+    prefix_lengths,
     round_up_to_bucket,
     split_minibatches,
     spread_rows,
@@ -61,12 +62,6 @@ from jaxrl_agentic.parallel import (
 )
 
 _F32 = jnp.float32
-# A group's rows are cut at multiples of the attention block (`prefix_lengths`), so the
-# blocks a sample's keys fall in, and with them its values, do not depend on the cut.
-_PREFIX_BLOCK = 128
-# The shortest prefix worth its own compiled branch. At 512 the default recipe's rows
-# (512 tokens) keep their one program, and the values and curves measured with it.
-_PREFIX_MIN = 512
 # Batch arrays whose last axis is not the row's positions (never cut by a prefix).
 _NOT_POSITIONAL = ("loss_index",)
 
@@ -268,18 +263,6 @@ def constrain_rows(micro, mesh):
     if mesh is None:
         return micro
     return lax.with_sharding_constraint(micro, batch_sharding(mesh))
-
-
-def prefix_lengths(row_len: int, halvings: int) -> tuple[int, ...]:
-    """The lengths a group of rows may be computed at, ascending, the last ``row_len``:
-    ``row_len / 2^k`` (k ≤ ``halvings``) rounded down to a multiple of the attention block
-    (128), those of at least 512 tokens. Each is one branch of the compiled step."""
-    lengths = {row_len}
-    for k in range(1, halvings + 1):
-        n = (row_len >> k) // _PREFIX_BLOCK * _PREFIX_BLOCK
-        if n >= _PREFIX_MIN:
-            lengths.add(n)
-    return tuple(sorted(lengths))
 
 
 def used_length(segment_ids: jax.Array) -> jax.Array:

@@ -28,6 +28,7 @@ CASES = [
     (["--config.generation.top_p=1.5"], "config.generation.top_p"),
     (["--config.pg_clip=1.5"], "config.pg_clip: must lie in (0, 1)"),
     (["--config.untie_word_embeddings=maybe"], "untie_word_embeddings"),
+    (["--config.align_when_free=1"], "config.align_when_free: must be True or False"),
     (["--config.train_env_manager.tags=('lake',)"], "'lake' is not in custom_envs"),
     (["--config.learning_rate=-1"], "config.learning_rate: must be > 0"),
     (["--config.dual_clip=0.5"], "config.dual_clip"),

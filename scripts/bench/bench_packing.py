@@ -6,18 +6,22 @@
    one random advantage per trajectory).
 2. Lays the samples out two ways, both ``[n_micro, row_len]`` with segment ids: packed
    (``pack_samples``: first-fit-decreasing into rows of ``--micro-batch-max-tokens``,
-   default the sequence length) and padded (``pad_samples``: one sample per row, row length
-   = the longest sample). Row counts are exact (``rows_bucket=1``) so the figures measure
-   the layouts, not the row bucketing; ``*_pow2_buckets`` gives the efficiencies under
-   the packers' default power-of-two buckets, ``packed_efficiency_learner_step`` the
-   ``tokens/efficiency`` of ``Learner.step`` (mini-batches of ``--mini-batch-size`` packed
-   to one shared row count with the run's ``PackingConfig`` defaults; row groups holding
-   only padding are not computed). ``*_efficiency`` cover the whole rollout.
+   default the sequence length; samples moved to a 128-token block edge where that is free
+   and saves attention block pairs, as ``PackingConfig.align_when_free`` does) and padded
+   (``pad_samples``: one sample per row, row length = the longest sample). Row counts are
+   exact (``rows_bucket=1``) so the figures measure the layouts, not the row bucketing;
+   ``*_pow2_buckets`` gives the efficiencies under the packers' default power-of-two
+   buckets, ``packed_efficiency_learner_step`` the ``tokens/efficiency`` of
+   ``Learner.step`` (mini-batches of ``--mini-batch-size`` packed to one shared row count
+   with the run's ``PackingConfig`` defaults; row groups holding only padding are not
+   computed). ``*_efficiency`` cover the whole rollout.
 3. Times one optimizer update (forward + backward + AdamW over all micro-batch rows: the
    learner's own jitted ``engine.update_step``) on one random mini-batch of ``--mini-batch-size``
-   samples in each layout (``timed_*``): one warm-up call per layout (compiles; reported as
-   ``*_first_call_s``), then ``--repeats`` timed calls interleaved (packed, padded, packed,
-   ...) so both see the same load on shared cores; the median.
+   samples in each layout (``timed_*``), and in a third, the packed rows with their
+   samples back to back (``tight_*``: ``align_when_free`` off): one warm-up call per layout
+   (compiles; reported as ``*_first_call_s``), then ``--repeats`` timed calls interleaved
+   (packed, padded, tight, packed, ...) so all see the same load on shared cores; the
+   median.
 
     efficiency   = real tokens / computed slots (rows × row_len)
     tokens_per_s = real tokens of the mini-batch / median step time
@@ -64,6 +68,7 @@ from jaxrl_agentic.data import (  # noqa: E402
     token_stats,
 )
 from jaxrl_agentic.data.baseline_packing import pad_samples  # noqa: E402
+from jaxrl_agentic.data.packing import ATTENTION_BLOCK  # noqa: E402
 from jaxrl_agentic.data.samples import step_samples  # noqa: E402
 from jaxrl_agentic.envs import make  # noqa: E402
 from jaxrl_agentic.learner import Learner, LearnerConfig  # noqa: E402
@@ -149,14 +154,20 @@ def _time_interleaved(step, state, batches, lr, repeats):
     return state, first, [statistics.median(t) for t in times]
 
 
-def _layouts(samples, micro_batch_max_tokens, sequence_length, *, pow2_buckets=False):
+def _layouts(samples, micro_batch_max_tokens, sequence_length, *, pow2_buckets=False,
+             align_when_free=True):
     """(packed, padded) batches of the same samples. Exact row counts and a padded row as
     long as the longest sample; with ``pow2_buckets`` the packers' defaults instead (row
     counts and padded row length rounded up to powers of two, the latter capped at
-    ``sequence_length``)."""
+    ``sequence_length``). Packed samples start on an attention block edge where that is
+    free and saves block pairs, as ``PackingConfig.align_when_free`` lays them out
+    (``align_when_free=False``: back to back)."""
     exact = {} if pow2_buckets else {"rows_bucket": 1}
+    defaults = PackingConfig()
     packed = pack_samples(samples, micro_batch_max_tokens=micro_batch_max_tokens,
-                          sequence_length=sequence_length, **exact)
+                          sequence_length=sequence_length,
+                          block_align=ATTENTION_BLOCK if align_when_free else 0,
+                          row_prefixes=defaults.row_prefixes, **exact)
     padded = pad_samples(samples, sequence_length=sequence_length,
                          **({} if pow2_buckets else {"length_bucket": 1}), **exact)
     return packed, padded
@@ -214,7 +225,9 @@ def main():
     # One mini-batch (a random subset, as the trainer draws them): the timed update.
     order = np.random.default_rng(args.seed).permutation(len(samples))
     minibatch = [samples[i] for i in order[:size]]
-    timed = _layouts(minibatch, row_len, sequence_length)
+    # packed, padded, and packed back to back (align_when_free off): timed side by side.
+    timed = (*_layouts(minibatch, row_len, sequence_length),
+             _layouts(minibatch, row_len, sequence_length, align_when_free=False)[0])
     timed_stats = [token_stats(b) for b in timed]
 
     placed = [pad_to_shards(layout, mesh, packing.pad_token_id) for layout in timed]
@@ -227,8 +240,8 @@ def main():
     engine = learner.engine
     batches = [put_batch(layout, engine.batch_keys, mesh) for layout in placed]
     lr = np.float32(config.learning_rate)
-    _, first_s, (packed_s, padded_s) = _time_interleaved(engine.update_step, learner.state,
-                                                         batches, lr, args.repeats)
+    _, first_s, (packed_s, padded_s, tight_s) = _time_interleaved(
+        engine.update_step, learner.state, batches, lr, args.repeats)
 
     real = timed_stats[0]["real_tokens"]
     print(json.dumps({
@@ -263,11 +276,14 @@ def main():
         "attention_block": segment_attention.BLOCK,
         "timed_packed_block_pairs_computed_causal": _attention_block_pairs(timed[0]),
         "timed_padded_block_pairs_computed_causal": _attention_block_pairs(timed[1]),
+        "timed_tight_block_pairs_computed_causal": _attention_block_pairs(timed[2]),
         "packed_step_s": round(packed_s, 4),
         "padded_step_s": round(padded_s, 4),
         "packed_tokens_per_s": round(real / packed_s, 1),
         "padded_tokens_per_s": round(real / padded_s, 1),
         "speedup": round(padded_s / packed_s, 3),
+        "tight_step_s": round(tight_s, 4),
+        "speedup_of_align_when_free": round(tight_s / packed_s, 3),
         "packed_first_call_s": round(first_s[0], 2),
         "padded_first_call_s": round(first_s[1], 2),
         "rollout_s": round(rollout_s, 2),

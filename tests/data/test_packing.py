@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from jaxrl_agentic.data import packing
 from jaxrl_agentic.data.packing import (
     PackedBatch,
     PackingConfig,
@@ -343,3 +344,59 @@ def test_sample_align_lets_a_full_row_sample_fill_its_row():
 def test_sample_align_must_be_positive():
     with pytest.raises(ValueError, match="^sample_align: must be >= 1"):
         PackingConfig(sample_align=0)
+
+
+def brute_force_block_pairs(segment_ids: np.ndarray, block: int) -> int:
+    """Block pairs (i ≥ j) of some row in which a token of a segment attends to a token of
+    the same segment: for each segment, every pair of the blocks its tokens fall in (the
+    last of its tokens in block i follows all of its tokens in block j ≤ i)."""
+    pairs = set()
+    for r, row in enumerate(segment_ids):
+        for seg in set(row[row > 0].tolist()):
+            blocks = set((np.nonzero(row == seg)[0] // block).tolist())
+            pairs.update((r, i, j) for i in blocks for j in blocks if j <= i)
+    return len(pairs)
+
+
+def test_row_starts_hand_examples():
+    # 350 then 300 tokens: the second would start in block 2 and end in block 5 (4 blocks,
+    # 4·5/2 − 1 = 9 pairs); on the edge, 384, it spans 3 (6 pairs). 34 slots of slack.
+    assert packing.row_starts([350, 300], 1, 128, (1024,)) == [0, 384]
+    # ... but not past the length the row is computed at (650 tight, limit 660).
+    assert packing.row_starts([350, 300], 1, 128, (660,)) == [0, 350]
+    # 300 then 300: starting at 300 it spans blocks 2–4, as many as on the edge, and shares
+    # block 2 with the first sample: moving it would cost a pair.
+    assert packing.row_starts([300, 300], 1, 128, (1024,)) == [0, 300]
+    assert packing.row_starts([350, 300], 1, 0, (1024,)) == [0, 350]  # off
+    assert packing.row_starts([350, 300], 128, 128, (1024,)) == [0, 384]  # forced
+    assert packing.row_starts([50, 60], 16, 128, (512,)) == [0, 64]  # 50 → 64 (align 16)
+    # Pairs of the hand examples (the closed form against the count above).
+    assert packing.block_pairs([0, 350], [350, 300], 128) == 6 + 10 - 1
+    assert packing.block_pairs([0, 384], [350, 300], 128) == 6 + 6
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_align_when_free_keeps_rows_and_slots_and_never_adds_block_pairs(seed):
+    """Against the tight layout of the same samples: the same rows, every sample whole at
+    its place, no row's end past the prefix it was computed at (so no slot more), and
+    never more attention block pairs (brute force over token pairs); fewer in total."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(20, 700, 24).tolist()
+    samples = samples_of_lengths(lengths)
+    kwargs = dict(micro_batch_max_tokens=2048, sequence_length=1024, rows_bucket=1)
+    tight = PackingConfig(**kwargs, align_when_free=False).pack(samples)
+    free = PackingConfig(**kwargs).pack(samples)
+    np.testing.assert_array_equal(free.sample_index, tight.sample_index)
+    limits = np.asarray(packing.prefix_lengths(2048, PackingConfig().row_prefixes))
+    for r in range(tight.num_micro_batches):
+        used = [np.nonzero(b.segment_ids[r])[0].max(initial=-1) + 1 for b in (tight, free)]
+        assert used[1] <= limits[np.searchsorted(limits, used[0])]
+        for seg in range(1, free.segment_ids[r].max() + 1):
+            where = np.nonzero(free.segment_ids[r] == seg)[0]
+            i = free.sample_index[r, seg - 1]
+            np.testing.assert_array_equal(free.tokens[r, where], samples[i].tokens)
+            np.testing.assert_array_equal(free.positions[r, where], np.arange(lengths[i]))
+        row_pairs = [brute_force_block_pairs(b.segment_ids[r:r + 1], 128) for b in (tight, free)]
+        assert row_pairs[1] <= row_pairs[0]
+    assert (brute_force_block_pairs(free.segment_ids, 128)
+            < brute_force_block_pairs(tight.segment_ids, 128))
