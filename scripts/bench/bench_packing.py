@@ -5,7 +5,7 @@
    tiny model, and turns every turn into a step-wise sample (``data.samples.step_samples``,
    one random advantage per trajectory).
 2. Lays the samples out two ways, both ``[n_micro, row_len]`` with segment ids: packed
-   (``pack_samples``: first-fit-decreasing into rows of ``--micro-batch-max-tokens``,
+   (``PackingConfig.pack``: first-fit-decreasing into rows of ``--micro-batch-max-tokens``,
    default the sequence length; samples moved to a 128-token block edge where that is free
    and saves attention block pairs, as ``PackingConfig.align_when_free`` does) and padded
    (``pad_samples``: one sample per row, row length = the longest sample). Row counts are
@@ -63,12 +63,10 @@ sys.path.insert(0, common.ROOT)
 from jaxrl_agentic.data import (  # noqa: E402
     PackingConfig,
     pack_minibatches,
-    pack_samples,
     split_minibatches,
     token_stats,
 )
 from jaxrl_agentic.data.baseline_packing import pad_samples  # noqa: E402
-from jaxrl_agentic.data.packing import ATTENTION_BLOCK  # noqa: E402
 from jaxrl_agentic.data.samples import step_samples  # noqa: E402
 from jaxrl_agentic.envs import make  # noqa: E402
 from jaxrl_agentic.learner import Learner, LearnerConfig  # noqa: E402
@@ -163,11 +161,9 @@ def _layouts(samples, micro_batch_max_tokens, sequence_length, *, pow2_buckets=F
     free and saves block pairs, as ``PackingConfig.align_when_free`` lays them out
     (``align_when_free=False``: back to back)."""
     exact = {} if pow2_buckets else {"rows_bucket": 1}
-    defaults = PackingConfig()
-    packed = pack_samples(samples, micro_batch_max_tokens=micro_batch_max_tokens,
-                          sequence_length=sequence_length,
-                          block_align=ATTENTION_BLOCK if align_when_free else 0,
-                          row_prefixes=defaults.row_prefixes, **exact)
+    packed = PackingConfig(micro_batch_max_tokens=micro_batch_max_tokens,
+                           sequence_length=sequence_length, align_when_free=align_when_free,
+                           rows_bucket=0 if pow2_buckets else 1).pack(samples)
     padded = pad_samples(samples, sequence_length=sequence_length,
                          **({} if pow2_buckets else {"length_bucket": 1}), **exact)
     return packed, padded
