@@ -16,6 +16,7 @@ every term small: the textbook ``lse − E_p[z]`` cancels catastrophically when 
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -25,9 +26,33 @@ from jax import lax
 NEG_LOGIT = -1e30
 
 
+# `jax_default_matmul_precision` values -> what an fp32 kernel matmul asks for.
+_CONFIGURED_PRECISION = {
+    "highest": lax.Precision.HIGHEST, "float32": lax.Precision.HIGHEST,
+    "high": lax.Precision.HIGH, "tensorfloat32": lax.Precision.HIGH,
+    "bfloat16_3x": lax.Precision.HIGH,
+    "default": lax.Precision.DEFAULT, "bfloat16": lax.Precision.DEFAULT,
+    "fastest": lax.Precision.DEFAULT,
+}
+
+
 def matmul_precision(dtype) -> lax.Precision:
-    """fp32 operands get full fp32 products (TPU and Triton default to bf16/tf32 passes)."""
-    return lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else lax.Precision.DEFAULT
+    """The precision of the kernels' matmuls. Low-precision operands: DEFAULT (their own
+    precision, fp32 accumulation). fp32 operands: what ``jax_default_matmul_precision`` names
+    when it is set; unset, full fp32 (HIGHEST) on CPU and TPU, but TF32 (HIGH) on a GPU.
+
+    Why the GPU differs: unset, XLA runs every other fp32 matmul of the model as TF32 there
+    (as torch does with its TF32 switch on), so a full-fp32 kernel buys no end-to-end
+    accuracy, and Triton lowers HIGHEST to an IEEE dot on the CUDA cores instead of the
+    tensor cores (the fp32 learner at the Qwen2.5-0.5B shape ran at 2% MFU on an H200,
+    ``docs/benchmarks.md``). Set ``jax_default_matmul_precision="highest"`` for full fp32
+    everywhere (the GPU kernel checks do)."""
+    if jnp.dtype(dtype) != jnp.float32:
+        return lax.Precision.DEFAULT
+    configured = jax.config.jax_default_matmul_precision
+    if configured is not None:
+        return _CONFIGURED_PRECISION.get(str(configured).lower(), lax.Precision.HIGHEST)
+    return lax.Precision.HIGH if jax.default_backend() == "gpu" else lax.Precision.HIGHEST
 
 
 def block_logits(h, w, temperature: float):

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from jax.custom_derivatives import SymbolicZero
 
 from pallas_kernels._chunked import chunked_backward, chunked_forward
-from pallas_kernels._logprob_pallas import pallas_backward, pallas_forward
+from pallas_kernels._logprob_pallas import gpu_shared_bytes, pallas_backward, pallas_forward
 from pallas_kernels._shapes import is_pow2, round_up
 from pallas_kernels._softmax_math import matmul_precision
 
@@ -49,6 +49,10 @@ _CHUNK_TILE_BYTES = 64 * 2**20
 _TPU_VMEM_BUDGET = 12 * 2**20
 # GPU: aim for at least this many forward programs so every SM gets work.
 _GPU_MIN_PROGRAMS = 256
+# Shared memory the GPU kernels' pipelined D loop may use per program: under half of an
+# H100/H200's 227 KiB per block (two programs per SM) and under an A100's 163 KiB or a
+# consumer card's ~99 KiB.
+_GPU_SHARED_BUDGET = 96 * 2**10
 
 
 class LogprobBlocks(NamedTuple):
@@ -79,7 +83,9 @@ def choose_blocks(n: int, d: int, v: int, dtype, layout: str) -> LogprobBlocks:
              and fp32 dW tile double-buffered, three fp32 [block_n, block_v] temporaries),
              at most 2048.
     gpu:     powers of two: ``block_n`` in [16, 64], ``block_v`` = 128 (64 for tiny V),
-             ``block_d`` the largest power of two ≤ 128 dividing D (else 64, D gets padded),
+             ``block_d`` the largest power of two ≤ 128 dividing D (else 64, D gets padded)
+             whose pipelined tiles fit ``_GPU_SHARED_BUDGET`` (``gpu_shared_bytes``: 32 for
+             fp32, 64 for bf16 at block_n 64, block_v 128),
              and enough vocab splits for ``_GPU_MIN_PROGRAMS`` forward programs.
     """
     itemsize = jnp.dtype(dtype).itemsize
@@ -96,7 +102,9 @@ def choose_blocks(n: int, d: int, v: int, dtype, layout: str) -> LogprobBlocks:
     if layout == "gpu":
         block_n = min(64, max(16, _pow2_ceil(n)))
         block_v = 128 if v >= 128 else max(16, _pow2_ceil(v))
-        block_d = next((b for b in (128, 64, 32, 16) if d % b == 0), 64)
+        fits = [b for b in (128, 64, 32, 16)
+                if gpu_shared_bytes(block_n, block_v, b, itemsize) <= _GPU_SHARED_BUDGET]
+        block_d = next((b for b in fits if d % b == 0), fits[-1])
         n_blocks = -(-n // block_n)
         v_blocks = -(-v // block_v)
         splits = min(v_blocks, max(1, -(-_GPU_MIN_PROGRAMS // n_blocks)))

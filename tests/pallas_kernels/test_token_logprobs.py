@@ -17,6 +17,8 @@ from pallas_kernels import (
     resolve_impl,
     token_logprobs,
 )
+from pallas_kernels._logprob_pallas import gpu_shared_bytes
+from pallas_kernels._softmax_math import matmul_precision
 
 N, D, V, T = 37, 48, 300, 0.7
 
@@ -198,6 +200,37 @@ def test_block_choice_respects_hardware_rules(n, d, v, dtype):
 
     chunked = choose_blocks(n, d, v, dtype, "chunked")
     assert 1 <= chunked.block_v <= min(v, 32768)
+
+
+@pytest.mark.parametrize("d", [64, 896, 1536, 2048, 3584, 4096, 8192])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_gpu_blocks_fit_shared_memory(d, dtype):
+    """The GPU kernels' D loop must fit shared memory at every real hidden size. Before it
+    was a loop, all D chunks were live at once: Qwen2.5-0.5B (D = 896, fp32, 7 chunks of
+    128) asked an H200 for 1,146,880 bytes of its 232,448 and the learner could not start."""
+    blocks = choose_blocks(4096, d, 151936, dtype, "gpu")
+    itemsize = jnp.dtype(dtype).itemsize
+    used = gpu_shared_bytes(blocks.block_n, blocks.block_v, blocks.block_d, itemsize)
+    assert used <= 96 * 2**10 < 232_448
+    # The estimate reproduces the H200's figure for the unrolled loop (7 chunks live).
+    assert gpu_shared_bytes(64, 128, 128, 4, stages=896 // 128) == 1_146_880
+
+
+def test_fp32_kernel_precision_follows_config_and_gpu_default(monkeypatch):
+    """fp32 kernel matmuls: full fp32 on CPU/TPU; TF32 on a GPU, as XLA runs the rest of the
+    model there (full fp32 Triton dots measured 27x slower, docs/benchmarks.md); whatever
+    jax_default_matmul_precision names when set. Low precision operands: DEFAULT."""
+    hi, high, default = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGH,
+                         jax.lax.Precision.DEFAULT)
+    assert matmul_precision(jnp.float32) == hi  # this CPU
+    assert matmul_precision(jnp.bfloat16) == default
+    with jax.default_matmul_precision("tensorfloat32"):
+        assert matmul_precision(jnp.float32) == high
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert matmul_precision(jnp.float32) == high
+    with jax.default_matmul_precision("highest"):
+        assert matmul_precision(jnp.float32) == hi
+    assert matmul_precision(jnp.bfloat16) == default
 
 
 def test_rejects_bad_arguments(data):
