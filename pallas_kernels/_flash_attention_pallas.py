@@ -316,6 +316,18 @@ def _attention_bwd(scale, block_q, block_k, interpret, res, do):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
+def triton_block(dtype, head_dim: int) -> int:
+    """Query/key block that fits a Hopper SM's 227 KiB of shared memory with two pipeline
+    stages. Measured on an H200 (``docs/benchmarks.md``, "On a GPU"): bf16 ran at 128 with
+    head_dim 64 and 128; fp32 (TF32 dots) at 128 asked for 263,680 bytes and failed, at 64
+    ran. The tiles grow with block · head_dim (and fp32 doubles them), so the block halves
+    again past those head dims (not measured)."""
+    wide = jnp.dtype(dtype).itemsize >= 4
+    limit = 64 if wide else 128  # the largest head_dim measured at the larger block
+    block = 64 if wide else 128
+    return block if head_dim <= limit else block // 2
+
+
 @functools.partial(jax.jit, static_argnames=("block_q", "block_k", "interpret"))
 def pallas_segment_attention(q, k, v, segment_ids, *, block_q: int = 128, block_k: int = 128,
                              interpret: bool = False) -> jax.Array:

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels._blocksparse_attention import blocksparse_segment_attention
-from pallas_kernels._flash_attention_pallas import pallas_segment_attention
+from pallas_kernels._flash_attention_pallas import pallas_segment_attention, triton_block
 from pallas_kernels._same_bits import keeps_same_bits
 from pallas_kernels._segment_blocks import needed_block_pairs, pad_to_blocks
 from pallas_kernels._splash_attention import splash_segment_attention
@@ -71,14 +71,21 @@ def runs_dense(impl: str, length: int, block: int | None = None, dtype=None) -> 
     return length <= 2 * (block or BLOCK)
 
 
+def attention_block(impl: str, dtype, head_dim: int) -> int:
+    """The block `segment_attention` uses by default: `triton_block` for the GPU kernel
+    ("pallas" after resolving "auto"), else `BLOCK`."""
+    return triton_block(dtype, head_dim) if impl == "pallas" else BLOCK
+
+
 def segment_attention(q, k, v, segment_ids, *, impl: str = "auto", block: int | None = None
                       ) -> jax.Array:
     """Causal attention within segments (module docstring); `segment_ids` None = one
-    sequence per row; `block` defaults to `BLOCK`."""
-    block = block or BLOCK
+    sequence per row; `block` defaults to `attention_block` (for "pallas", what fits a GPU's
+    shared memory at q's dtype and head_dim)."""
+    impl = resolve_attention_impl(impl)
+    block = block or attention_block(impl, q.dtype, q.shape[-1])
     if segment_ids is None:
         segment_ids = jnp.ones(q.shape[:2], jnp.int32)
-    impl = resolve_attention_impl(impl)
     if runs_dense(impl, q.shape[1], block, q.dtype):
         return reference_segment_attention(q, k, v, segment_ids)
     if impl == "blocksparse":

@@ -12,8 +12,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels._flash_attention_pallas import block_bounds, pallas_segment_attention
-from pallas_kernels.segment_attention import reference_segment_attention
+from pallas_kernels._flash_attention_pallas import (
+    block_bounds,
+    pallas_segment_attention,
+    triton_block,
+)
+from pallas_kernels.segment_attention import attention_block, reference_segment_attention
 from tests.pallas_kernels.attention_cases import packed_row as _packed_row
 from tests.pallas_kernels.attention_cases import token_level_needed as _token_level_needed
 
@@ -144,3 +148,14 @@ def test_many_short_segments_skip_most_pairs():
     assert computed * 8 < causal
     # Packed rows: the ranges are exactly the block pairs that hold an attended pair.
     assert computed == int(_token_level_needed(seg, block, block).sum())
+
+
+def test_gpu_block_follows_dtype_and_head_dim():
+    """Measured on an H200: fp32 (TF32 dots) at 128-token blocks and head_dim 64 asked for
+    263,680 bytes of shared memory (232,448 available) and failed; 64 ran. bf16 ran at 128
+    with head_dim 64 (Qwen2.5-0.5B) and 128 (Qwen2.5-1.5B and up)."""
+    assert triton_block(jnp.float32, 64) == 64
+    assert triton_block(jnp.bfloat16, 64) == triton_block(jnp.bfloat16, 128) == 128
+    assert triton_block(jnp.float32, 128) == 32 and triton_block(jnp.bfloat16, 256) == 64
+    assert attention_block("pallas", jnp.float32, 64) == 64
+    assert attention_block("blocksparse", jnp.float32, 64) == 128  # CPU: not the GPU's rule
