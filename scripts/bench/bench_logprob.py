@@ -65,16 +65,28 @@ def _compile(impl, args, hidden, lm_head, targets, g):
 
 
 def _time_interleaved(programs, hidden, lm_head, repeats):
-    """Min wall time per program; runs alternate so both see the same machine load."""
-    for run in programs:
-        jax.block_until_ready(run(hidden, lm_head))  # warm-up: page in buffers
+    """(min wall time per program, each program's warm-up output); runs alternate so both
+    see the same machine load."""
+    outputs = [jax.block_until_ready(run(hidden, lm_head)) for run in programs]  # warm-up
     times = [[] for _ in programs]
     for _ in range(repeats):
         for run, bucket in zip(programs, times, strict=True):
             start = time.perf_counter()
             jax.block_until_ready(run(hidden, lm_head))
             bucket.append(time.perf_counter() - start)
-    return [min(t) for t in times]
+    return [min(t) for t in times], outputs
+
+
+def _max_rel_err(fused, ref):
+    """max |fused − ref| / max |ref| of the loss and of each gradient (float32)."""
+    (f_val, f_grads), (r_val, r_grads) = fused, ref
+    errors = {}
+    for name, a, b in zip(("loss", "d_hidden", "d_lm_head"), (f_val, *f_grads),
+                          (r_val, *r_grads), strict=True):
+        a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+        scale = jnp.maximum(jnp.max(jnp.abs(b)), 1e-30)
+        errors[name] = float(f"{float(jnp.max(jnp.abs(a - b)) / scale):.3g}")
+    return errors
 
 
 def main():
@@ -93,7 +105,8 @@ def main():
 
     ref_run, ref_peak = _compile("reference", args, hidden, lm_head, targets, g)
     fused_run, fused_peak = _compile(fused_impl, args, hidden, lm_head, targets, g)
-    ref_s, fused_s = _time_interleaved([ref_run, fused_run], hidden, lm_head, args.repeats)
+    (ref_s, fused_s), (ref_out, fused_out) = _time_interleaved(
+        [ref_run, fused_run], hidden, lm_head, args.repeats)
     print(json.dumps({
         "impl": fused_impl,
         "backend": jax.default_backend(),
@@ -105,6 +118,8 @@ def main():
         "ref_s": round(ref_s, 4),
         "fused_s": round(fused_s, 4),
         "time_ratio": round(fused_s / ref_s, 4),
+        "max_rel_err_vs_ref": _max_rel_err(fused_out, ref_out),
+        "matmul_precision": str(jax.config.jax_default_matmul_precision),
         "peak_method": "xla_memory_analysis(temp+argument+output-alias)",
         "timing": f"min of {args.repeats} interleaved runs after 1 warm-up",
     }))
