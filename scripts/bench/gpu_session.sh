@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The GPU checks, in priority order, sized for a short lease (about 8 minutes on an H200).
+# Each step is bounded by `timeout` and appends its JSON line(s) to OUT_DIR (default
+# ./gpu_out); a step that fails or times out leaves its stderr there and the next one runs.
+#
+#   bash scripts/bench/gpu_session.sh [OUT_DIR]
+#
+# 1. kernel correctness, compiled: segment attention (gpu_kernel_check.py) and the GPU
+#    logprob family (pytest, full fp32);
+# 2. logprobs at the 0.5B shape: Pallas vs chunked vs full logits (decides "auto" on GPU);
+# 3. segment attention vs cuDNN at 4k/16k-token packed rows (bf16, Qwen2.5-0.5B heads);
+# 4. the learner at the Qwen2.5-0.5B shape against torch (MFU).
+#
+# Needs the project's dependencies (the learner imports ml-collections; a bare CUDA image
+# may lack ml-collections, gymnax, gymnasium and tensorboardX) and torch with CUDA.
+set -uo pipefail
+OUT_DIR=${1:-gpu_out}
+mkdir -p "$OUT_DIR"
+export PYTHONUNBUFFERED=1
+cd "$(dirname "$0")/../.."
+
+step() {  # step NAME SECONDS COMMAND...
+  local name=$1 seconds=$2
+  shift 2
+  echo "== $name" >&2
+  timeout "$seconds" "$@" >>"$OUT_DIR/$name.jsonl" 2>>"$OUT_DIR/$name.err" \
+    || echo "== $name: exit $? (see $OUT_DIR/$name.err)" >&2
+}
+
+step kernels 90 python scripts/bench/gpu_kernel_check.py
+JAX_PLATFORMS=cuda JAX_DEFAULT_MATMUL_PRECISION=highest step logprob_tests 90 \
+  python -m pytest -q -n 0 tests/pallas_kernels/test_token_logprobs.py \
+  -k "pallas_gpu or chunked"
+for impl in pallas chunked; do
+  step logprob 40 python scripts/bench/bench_logprob.py --impl "$impl" --n 4096
+  step logprob 40 python scripts/bench/bench_logprob.py --impl "$impl" --n 4096 --dtype bfloat16
+done
+ATTN=(python scripts/bench/bench_attention.py --device gpu --dtype bfloat16 --min-len 256
+      --max-len 2048 --repeats 10 --heads 14 --kv-heads 2 --head-dim 64)
+step attention 60 "${ATTN[@]}" --row-len 4096 --rows 4
+step attention 60 "${ATTN[@]}" --row-len 16384 --rows 1
+step learner 300 python scripts/bench/bench_learner.py --device gpu --sizes qwen0.5b \
+  --samples 64 --row-len 4096 --torch-micro-tokens 4096 --repeats 3
+cat "$OUT_DIR"/*.jsonl
