@@ -216,6 +216,48 @@ def test_gpu_blocks_fit_shared_memory(d, dtype):
     assert gpu_shared_bytes(64, 128, 128, 4, stages=896 // 128) == 1_146_880
 
 
+def _sub_jaxprs(eqn):
+    for value in eqn.params.values():
+        for x in value if isinstance(value, (tuple, list)) else (value,):
+            if hasattr(x, "eqns"):
+                yield x
+            elif hasattr(getattr(x, "jaxpr", None), "eqns"):
+                yield x.jaxpr
+
+
+def _static_dots(jaxpr) -> int:
+    """dot_general equations in a jaxpr, each loop body counted once."""
+    return sum((e.primitive.name == "dot_general") + sum(map(_static_dots, _sub_jaxprs(e)))
+               for e in jaxpr.eqns)
+
+
+def _kernel_dots(jaxpr, found=None) -> dict[str, int]:
+    found = {} if found is None else found
+    for e in jaxpr.eqns:
+        if e.primitive.name == "pallas_call":
+            params = e.params
+            name = str(params.get("name_and_src_info", params.get("name"))).split()[0]
+            found[name] = _static_dots(e.params["jaxpr"])
+        for sub in _sub_jaxprs(e):
+            _kernel_dots(sub, found)
+    return found
+
+
+@pytest.mark.parametrize("d", [128, 896])
+def test_gpu_kernels_loop_over_d_instead_of_unrolling(d):
+    """The GPU kernels' code (and so their shared memory) must not grow with D: one matmul
+    in the forward, three in the backward (recompute, dh, dW), each inside the D loop. The
+    unrolled version had 28 and 84 at D = 896 (fp32, block_d 32)."""
+    h, w = jnp.ones((64, d)), jnp.ones((d, 256))
+    y = jnp.zeros((64,), jnp.int32)
+
+    def loss(h, w):
+        return jnp.sum(pallas_token_logprobs(h, w, y, T, family="gpu", interpret=True))
+
+    jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(h, w).jaxpr
+    assert _kernel_dots(jaxpr) == {"token_logprobs_fwd_gpu": 1, "token_logprobs_bwd_gpu": 3}
+
+
 def test_fp32_kernel_precision_follows_config_and_gpu_default(monkeypatch):
     """fp32 kernel matmuls: full fp32 on CPU/TPU; TF32 on a GPU, as XLA runs the rest of the
     model there (full fp32 Triton dots measured 27x slower, docs/benchmarks.md); whatever
