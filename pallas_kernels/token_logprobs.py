@@ -83,9 +83,9 @@ def choose_blocks(n: int, d: int, v: int, dtype, layout: str) -> LogprobBlocks:
              and fp32 dW tile double-buffered, three fp32 [block_n, block_v] temporaries),
              at most 2048.
     gpu:     powers of two: ``block_n`` in [16, 64], ``block_v`` = 128 (64 for tiny V),
-             ``block_d`` the largest power of two ≤ 128 dividing D (else 64, D gets padded)
-             whose pipelined tiles fit ``_GPU_SHARED_BUDGET`` (``gpu_shared_bytes``: 32 for
-             fp32, 64 for bf16 at block_n 64, block_v 128),
+             ``block_d`` the largest power of two ≤ 128 dividing D whose pipelined tiles
+             fit ``_GPU_SHARED_BUDGET`` (``gpu_shared_bytes``: 32 for fp32, 64 for bf16 at
+             block_n 64, block_v 128), else the smallest that fits (D gets padded),
              and enough vocab splits for ``_GPU_MIN_PROGRAMS`` forward programs.
     """
     itemsize = jnp.dtype(dtype).itemsize
