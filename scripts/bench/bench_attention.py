@@ -60,6 +60,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, common.ROOT)
 
+from pallas_kernels._shapes import round_up  # noqa: E402
 from pallas_kernels._softmax_math import matmul_precision  # noqa: E402
 from pallas_kernels.segment_attention import (  # noqa: E402
     BLOCK,
@@ -142,13 +143,18 @@ def _cudnn_row_causal_loss(weights):
     return total
 
 
+def _cudnn_padded_attention(q, k, v, lens):
+    """cuDNN causal attention over a padded batch (one sample per row, `lens` real tokens)."""
+    return jax.nn.dot_product_attention(q, k, v, is_causal=True, query_seq_lengths=lens,
+                                        key_value_seq_lengths=lens, implementation="cudnn")
+
+
 def _cudnn_padded_loss(lengths, weights):
-    """Σ out·w of cuDNN causal attention over a padded batch (one sample per row)."""
+    """Σ out·w of `_cudnn_padded_attention`."""
     lens = jnp.asarray(lengths, jnp.int32)
 
     def total(q, k, v):
-        out = jax.nn.dot_product_attention(q, k, v, is_causal=True, query_seq_lengths=lens,
-                                           key_value_seq_lengths=lens, implementation="cudnn")
+        out = _cudnn_padded_attention(q, k, v, lens)
         return jnp.sum(out.astype(jnp.float32) * weights)
     return total
 
@@ -167,11 +173,11 @@ def padded_batch(x, ids, lengths, width):
     return out
 
 
-def forward_diffs(impl, q, k, v, seg, ids, lengths, names, block=None):
-    """Max |Δ| (float32) of the sparse path's forward output against each exact alternative in
-    `names` ("dense", "cudnn_padded"), over the real tokens: the timed paths compute the
-    same function at this shape."""
-    width = -(-max(lengths) // BLOCK) * BLOCK
+def forward_diffs(impl, q, k, v, seg, ids, lengths, dense, padded, block=None):
+    """Max |Δ| (float32) of the sparse path's forward output against the dense reference
+    (if `dense`) and cuDNN on the padded batch (if `padded`, its q, k, v are given), over the
+    real tokens: the timed paths compute the same function at this shape."""
+    width = round_up(max(lengths), BLOCK)
     mask = np.arange(width)[None, :] < np.asarray(lengths)[:, None]
 
     def packed(impl):
@@ -180,19 +186,11 @@ def forward_diffs(impl, q, k, v, seg, ids, lengths, names, block=None):
         return padded_batch(np.asarray(out.astype(jnp.float32)), ids, lengths, width)
 
     sparse = packed(impl)
-    diffs = {}
-    for name in names:
-        if name == "dense":
-            other = packed("reference")
-        else:
-            pq, pk, pv = (jnp.asarray(padded_batch(np.asarray(x), ids, lengths, width))
-                          for x in (q, k, v))
-            lens = jnp.asarray(lengths, jnp.int32)
-            other = np.asarray(jax.nn.dot_product_attention(
-                pq, pk, pv, is_causal=True, query_seq_lengths=lens, key_value_seq_lengths=lens,
-                implementation="cudnn").astype(jnp.float32))
-        diffs[name] = float(np.abs(sparse - other)[mask].max())
-    return diffs
+    others = {"dense": packed("reference")} if dense else {}
+    if padded is not None:
+        out = _cudnn_padded_attention(*padded, jnp.asarray(lengths, jnp.int32))
+        others["cudnn_padded"] = np.asarray(out.astype(jnp.float32))
+    return {name: float(np.abs(sparse - other)[mask].max()) for name, other in others.items()}
 
 
 def useful_flops(lengths, heads, head_dim, forward_only):
@@ -223,12 +221,13 @@ def main():
     if args.row_len <= args.dense_max_len:
         cases["dense"] = (_timed(_packed_loss("reference", seg, weights), args.forward_only),
                           (q, k, v))
+    padded = None
     if args.device == "gpu":
-        width = -(-max(lengths) // BLOCK) * BLOCK
-        padded = [jnp.asarray(padded_batch(x, ids, lengths, width)) for x in (q, k, v)]
+        width = round_up(max(lengths), BLOCK)
+        padded = tuple(jnp.asarray(padded_batch(x, ids, lengths, width)) for x in (q, k, v))
         padded_w = jnp.asarray(padded_batch(weights, ids, lengths, width))
         cases["cudnn_padded"] = (_timed(_cudnn_padded_loss(lengths, padded_w),
-                                        args.forward_only), tuple(padded))
+                                        args.forward_only), padded)
         cases["cudnn_row_causal"] = (_timed(_cudnn_row_causal_loss(weights), args.forward_only),
                                      (q, k, v))
     first, errors = {}, {}
@@ -248,8 +247,8 @@ def main():
             jax.block_until_ready(fn(*inputs))
             times[name].append(time.perf_counter() - start)
     median = {name: statistics.median(ts) for name, ts in times.items()}
-    diffs = forward_diffs(impl, q, k, v, seg, ids, lengths,
-                          [n for n in ("dense", "cudnn_padded") if n in cases], args.block) \
+    diffs = forward_diffs(impl, q, k, v, seg, ids, lengths, "dense" in cases,
+                          padded if "cudnn_padded" in cases else None, args.block) \
         if "sparse" in cases else {}
     flops = useful_flops(lengths, args.heads, args.head_dim, args.forward_only)
     computed, causal = attended_block_pairs(ids, args.block)
