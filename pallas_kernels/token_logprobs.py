@@ -15,7 +15,12 @@ Implementations (``impl``):
   "chunked"    ``lax.scan`` over vocab blocks (``_chunked``), custom VJP, never holds [N, V].
   "pallas"     Pallas kernels (``_logprob_pallas``): the Mosaic layout on TPU (and in
                interpret mode on CPU), the Triton layout on GPU.
-  "auto"       TPU → pallas, GPU → pallas, CPU → chunked.
+  "auto"       TPU → pallas, GPU → chunked, CPU → chunked. On a GPU the Triton kernel
+               measured 5–8× slower than XLA's full-logits GEMMs at the Qwen2.5-0.5B head
+               (H200, ``docs/benchmarks.md`` "On a GPU"; its one-kernel backward
+               ``atomic_add``s every [block_n, block_d] and [block_d, block_v] tile), while
+               "chunked" is made of those same cuBLAS GEMMs plus one recompute and keeps
+               the fused paths' memory bound (0.15× the reference on CPU).
 
 Fused paths keep only ``(hidden, W, targets, lse[, H])`` as residuals and recompute logits
 blockwise in the backward; all softmax math runs in fp32 whatever the input dtype. Tied
@@ -132,12 +137,12 @@ def default_platform() -> str:
 
 
 def resolve_impl(impl: str, platform: str | None = None) -> str:
-    """What "auto" means here: pallas on TPU/GPU, chunked on CPU."""
+    """What "auto" means here: pallas on TPU, chunked on GPU and CPU (module docstring)."""
     if impl not in IMPLS:
         raise ValueError(f"unknown impl {impl!r}; expected one of {IMPLS}")
     if impl != "auto":
         return impl
-    return "pallas" if (platform or default_platform()) in FAMILIES else "chunked"
+    return "pallas" if (platform or default_platform()) == "tpu" else "chunked"
 
 
 # ----------------------------------------------------------------------------- reference

@@ -157,7 +157,8 @@ def test_bf16_inputs(data, impl):
 def test_auto_dispatch():
     assert resolve_impl("auto", "cpu") == "chunked"
     assert resolve_impl("auto", "tpu") == "pallas"
-    assert resolve_impl("auto", "gpu") == "pallas"
+    # The Triton kernel measured 5–8× slower than the GEMMs "chunked" is made of (H200).
+    assert resolve_impl("auto", "gpu") == "chunked"
     assert resolve_impl("reference", "tpu") == "reference"
     with pytest.raises(ValueError, match="unknown impl"):
         resolve_impl("fast")
