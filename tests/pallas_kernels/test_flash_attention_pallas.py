@@ -80,15 +80,21 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_matches_dense_reference(case):
+# The per-query-head dK/dV grid on the GQA cases (N/K = 2) and the ragged-block one.
+QUERY_HEAD_GRID_CASES = ("packed_gqa_fp32", "arbitrary_ids_fp32", "uneven_blocks_fp32",
+                         "packed_gqa_bf16")
+
+
+@pytest.mark.parametrize("case,dkdv_grid", [(c, "kv_heads") for c in CASES]
+                         + [(c, "query_heads") for c in QUERY_HEAD_GRID_CASES])
+def test_matches_dense_reference(case, dkdv_grid):
     kind, length, n_heads, kv_heads, head_dim, block_q, block_k, dtype, tol = CASES[case]
     q, k, v, w, rng = _inputs(2, length, n_heads, kv_heads, head_dim, dtype, seed=len(case))
     seg = _segments(kind, 2, length, rng)
 
     def kernel(q, k, v, seg):
         return pallas_segment_attention(q, k, v, seg, block_q=block_q, block_k=block_k,
-                                        interpret=True)
+                                        interpret=True, dkdv_grid=dkdv_grid)
 
     out, grads = _value_and_grads(kernel, q, k, v, seg, w)
     # The reference always runs in fp32 from the same (possibly bf16-rounded) inputs.
@@ -148,6 +154,13 @@ def test_many_short_segments_skip_most_pairs():
     assert computed * 8 < causal
     # Packed rows: the ranges are exactly the block pairs that hold an attended pair.
     assert computed == int(_token_level_needed(seg, block, block).sum())
+
+
+def test_unknown_dkdv_grid_is_a_clear_error():
+    q = jnp.zeros((1, 64, 2, 16))
+    with pytest.raises(ValueError, match="dkdv_grid='per_block'"):
+        pallas_segment_attention(q, q, q, jnp.ones((1, 64), jnp.int32), block_q=32,
+                                 block_k=32, interpret=True, dkdv_grid="per_block")
 
 
 def test_gpu_block_follows_dtype_and_head_dim():
