@@ -77,11 +77,12 @@ def attention_block(impl: str, dtype, head_dim: int) -> int:
     return triton_block(dtype, head_dim) if impl == "pallas" else BLOCK
 
 
-def segment_attention(q, k, v, segment_ids, *, impl: str = "auto", block: int | None = None
-                      ) -> jax.Array:
+def segment_attention(q, k, v, segment_ids, *, impl: str = "auto", block: int | None = None,
+                      dkdv_grid: str = "kv_heads") -> jax.Array:
     """Causal attention within segments (module docstring); `segment_ids` None = one
     sequence per row; `block` defaults to `attention_block` (for "pallas", what fits a GPU's
-    shared memory at q's dtype and head_dim)."""
+    shared memory at q's dtype and head_dim); `dkdv_grid`: the "pallas" backward's dK/dV
+    layout (`_flash_attention_pallas`; other impls ignore it)."""
     impl = resolve_attention_impl(impl)
     block = block or attention_block(impl, q.dtype, q.shape[-1])
     if segment_ids is None:
@@ -94,7 +95,7 @@ def segment_attention(q, k, v, segment_ids, *, impl: str = "auto", block: int | 
     if impl == "splash":
         return splash_segment_attention(q, k, v, segment_ids, interpret=interpret)
     return pallas_segment_attention(q, k, v, segment_ids, block_q=block, block_k=block,
-                                    interpret=interpret)
+                                    interpret=interpret, dkdv_grid=dkdv_grid)
 
 
 def attended_block_pairs(segment_ids, block: int | None = None) -> tuple[int, int]:

@@ -33,7 +33,10 @@ implementation is credited with the same work and the ratios are time ratios. Th
 reference is skipped above ``--dense-max-len`` (its T² fp32 scores). ``max_abs_diff_vs``: the
 sparse path's forward output against the dense reference and cuDNN padded, over the real
 tokens (not timed): the timed paths compute one function. ``--forward-only``
-times the forward alone (what logprob passes and prefill run).
+times the forward alone (what logprob passes and prefill run). ``--dkdv-grid both`` (with
+``--impl pallas``) also times the kernel with its dK/dV grid over query heads instead of kv
+heads (case ``sparse_query_heads``; ``speedup_of_query_heads_grid`` = sparse /
+sparse_query_heads, so > 1 means the query-head grid is faster).
 
     python scripts/bench/bench_attention.py                       # 2,048-token rows
     python scripts/bench/bench_attention.py --row-len 4096 --rows 2
@@ -60,6 +63,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, common.ROOT)
 
+from pallas_kernels._flash_attention_pallas import DKDV_GRIDS  # noqa: E402
 from pallas_kernels._shapes import round_up  # noqa: E402
 from pallas_kernels._softmax_math import matmul_precision  # noqa: E402
 from pallas_kernels.segment_attention import (  # noqa: E402
@@ -85,6 +89,9 @@ def _parse_args():
     parser.add_argument("--block", type=int, default=None,
                         help="tokens per block of the sparse path (default: segment_attention's "
                              "own, attention_block: 128 on CPU, by dtype and head_dim on GPU)")
+    parser.add_argument("--dkdv-grid", choices=(*DKDV_GRIDS, "both"), default="kv_heads",
+                        help="the Pallas backward's dK/dV grid; both: time the query-head "
+                             "grid too, as case sparse_query_heads, beside the kv-head one")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--forward-only", action="store_true",
@@ -124,12 +131,13 @@ def _timed(loss, forward_only: bool):
     return jax.jit(loss if forward_only else jax.grad(loss, argnums=(0, 1, 2)))
 
 
-def _packed_loss(impl, seg, weights, block=None):
+def _packed_loss(impl, seg, weights, block=None, dkdv_grid="kv_heads"):
     """Σ out·w over the packed rows, one row at a time (as the train step's micro-batches)."""
     def total(q, k, v):
         def row(carry, xs):
             q, k, v, s, w = xs
-            out = segment_attention(q[None], k[None], v[None], s[None], impl=impl, block=block)
+            out = segment_attention(q[None], k[None], v[None], s[None], impl=impl, block=block,
+                                    dkdv_grid=dkdv_grid)
             return carry + jnp.sum(out.astype(jnp.float32) * w), None
         return jax.lax.scan(row, jnp.float32(0), (q, k, v, seg, weights))[0]
     return total
@@ -216,8 +224,13 @@ def main():
     impl = resolve_attention_impl(args.impl)
     args.block = args.block or attention_block(impl, dtype, args.head_dim)
     # name -> (jitted function, its inputs)
-    cases = {"sparse": (_timed(_packed_loss(impl, seg, weights, args.block), args.forward_only),
-                        (q, k, v))}
+    grid = "kv_heads" if args.dkdv_grid == "both" else args.dkdv_grid
+    cases = {"sparse": (_timed(_packed_loss(impl, seg, weights, args.block, grid),
+                               args.forward_only), (q, k, v))}
+    if args.dkdv_grid == "both":
+        cases["sparse_query_heads"] = (
+            _timed(_packed_loss(impl, seg, weights, args.block, "query_heads"),
+                   args.forward_only), (q, k, v))
     if args.row_len <= args.dense_max_len:
         cases["dense"] = (_timed(_packed_loss("reference", seg, weights), args.forward_only),
                           (q, k, v))
@@ -265,6 +278,7 @@ def main():
         "dtype": args.dtype,
         "pass": "forward" if args.forward_only else "forward+backward",
         "block": args.block,
+        "dkdv_grid": args.dkdv_grid,
         "kernel_fp32_matmul_precision": str(matmul_precision(jnp.float32)),
         "block_pairs_computed": computed,
         "block_pairs_causal": causal,
@@ -286,6 +300,9 @@ def main():
     }
     if "dense" in median and "sparse" in median:
         record["speedup"] = round(median["dense"] / median["sparse"], 3)
+    if "sparse_query_heads" in median and "sparse" in median:  # > 1: the query-head grid wins
+        record["speedup_of_query_heads_grid"] = round(
+            median["sparse"] / median["sparse_query_heads"], 3)
     for name in ("cudnn_padded", "cudnn_row_causal"):
         if name in median and "sparse" in median:
             record[f"speedup_vs_{name}"] = round(median[name] / median["sparse"], 3)

@@ -28,13 +28,16 @@ def main():
     kernel = cases.pallas_segment_attention
     cases.pallas_segment_attention = lambda *a, **kw: kernel(*a, **{**kw, "interpret": False})
     results = {}
-    for case in cases.CASES:
+    runs = [(c, "kv_heads") for c in cases.CASES] + [
+        (c, "query_heads") for c in cases.QUERY_HEAD_GRID_CASES]
+    for case, grid in runs:
+        name = case if grid == "kv_heads" else f"{case}/{grid}"
         start = time.perf_counter()
         try:
-            cases.test_matches_dense_reference(case)
-            results[case] = f"passed in {time.perf_counter() - start:.1f} s"
+            cases.test_matches_dense_reference(case, grid)
+            results[name] = f"passed in {time.perf_counter() - start:.1f} s"
         except Exception as e:  # noqa: BLE001 - report every case, then go on
-            results[case] = f"FAILED {type(e).__name__}: {str(e)[:300]}"
+            results[name] = f"FAILED {type(e).__name__}: {str(e)[:300]}"
     print(json.dumps({"backend": jax.default_backend(),
                       "device_kind": jax.devices()[0].device_kind,
                       "all_passed": all(r.startswith("passed") for r in results.values()),

@@ -7,8 +7,10 @@
 #
 # 1. kernel correctness, compiled: segment attention (gpu_kernel_check.py) and the GPU
 #    logprob family (pytest, full fp32);
-# 2. logprobs at the 0.5B shape: Pallas vs chunked vs full logits (decides "auto" on GPU);
-# 3. segment attention vs cuDNN at 4k/16k-token packed rows (bf16, Qwen2.5-0.5B heads);
+# 2. logprobs at the 0.5B shape: Pallas vs chunked vs full logits (checks that "auto" on GPU,
+#    chunked since stop 52, is within ~1.5x of the full-logits GEMMs);
+# 3. segment attention vs cuDNN at 4k/16k-token packed rows (bf16, Qwen2.5-0.5B heads), with
+#    the kernel's dK/dV grid over kv heads (default) and over query heads side by side;
 # 4. the learner at the Qwen2.5-0.5B shape against torch (MFU).
 #
 # Needs the project's dependencies (the learner imports ml-collections; a bare CUDA image
@@ -37,8 +39,8 @@ for impl in pallas chunked; do
 done
 ATTN=(python scripts/bench/bench_attention.py --device gpu --dtype bfloat16 --min-len 256
       --max-len 2048 --repeats 10 --heads 14 --kv-heads 2 --head-dim 64)
-step attention 60 "${ATTN[@]}" --row-len 4096 --rows 4
-step attention 60 "${ATTN[@]}" --row-len 16384 --rows 1
+step attention 75 "${ATTN[@]}" --row-len 4096 --rows 4 --dkdv-grid both
+step attention 75 "${ATTN[@]}" --row-len 16384 --rows 1 --dkdv-grid both
 step learner 300 python scripts/bench/bench_learner.py --device gpu --sizes qwen0.5b \
   --samples 64 --row-len 4096 --torch-micro-tokens 4096 --repeats 3
 cat "$OUT_DIR"/*.jsonl
