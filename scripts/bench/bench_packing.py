@@ -34,7 +34,11 @@ slots: ``timed_slot_ratio`` = padded / packed slots the update computes
 differed. Since the attention's work does not shrink with the slots, the step's speedup
 stays below that ratio by the attention's share of the step; ``--ablate-attention``
 measures the rest alone (each layer's attention replaced by its queries: not a model, an
-ablation). Prints ONE JSON line.
+ablation). ``timed_sorted_padded_efficiency``: the slot efficiency of the padded layout a
+careful padded trainer uses instead of one sample per row (samples sorted by length,
+micro-batches of at most the row's tokens, each padded to its longest;
+``baseline_packing.dynamic_batches``), untimed: its micro-batches have a shape per length.
+Prints ONE JSON line.
 
     python scripts/bench/bench_packing.py                     # 8 groups × 4 episodes, 5 turns
     python scripts/bench/bench_packing.py --micro-batch-max-tokens 2048 --repeats 3
@@ -66,7 +70,7 @@ from jaxrl_agentic.data import (  # noqa: E402
     split_minibatches,
     token_stats,
 )
-from jaxrl_agentic.data.baseline_packing import pad_samples  # noqa: E402
+from jaxrl_agentic.data.baseline_packing import dynamic_batches, pad_samples  # noqa: E402
 from jaxrl_agentic.data.samples import step_samples  # noqa: E402
 from jaxrl_agentic.envs import make  # noqa: E402
 from jaxrl_agentic.learner import Learner, LearnerConfig  # noqa: E402
@@ -169,6 +173,16 @@ def _layouts(samples, micro_batch_max_tokens, sequence_length, *, pow2_buckets=F
     return packed, padded
 
 
+def _sorted_padded_efficiency(samples, row_len, sequence_length):
+    """Real tokens / slots of the padded layout a padded trainer would pick instead:
+    samples sorted by length, micro-batches of at most ``row_len`` padded slots, each padded
+    to its longest sample (``dynamic_batches``, exact lengths and row counts)."""
+    batches = dynamic_batches(samples, row_len, sequence_length=sequence_length,
+                              length_bucket=1, rows_bucket=1)
+    slots = sum(b.num_micro_batches * b.row_len for b in batches)
+    return sum(len(s) for s in samples) / slots
+
+
 def _trainer_efficiency(samples, mini_batch_size, packing, mesh, seed):
     """``tokens/efficiency`` as ``Learner.step`` reports it: shuffled mini-batches packed to
     one shared row count (``packing``: the run's defaults, ``fixed_rows`` on), real tokens
@@ -265,6 +279,8 @@ def main():
         "timed_padded_row_len": timed[1].row_len,
         "timed_packed_efficiency": round(timed_stats[0]["efficiency"], 4),
         "timed_padded_efficiency": round(timed_stats[1]["efficiency"], 4),
+        "timed_sorted_padded_efficiency": round(
+            _sorted_padded_efficiency(minibatch, row_len, sequence_length), 4),
         "timed_packed_computed_slots": slots[0],
         "timed_padded_computed_slots": slots[1],
         "timed_slot_ratio": round(slots[1] / slots[0], 3),
