@@ -125,3 +125,11 @@ def test_sample_align_must_not_be_negative():
     c.sample_align = -1  # (0 = automatic; ConfigDict refuses a non-integer itself)
     with pytest.raises(ConfigError, match="^config.sample_align: must be >= 0, got -1"):
         validate(c)
+
+
+def test_cudnn_attention_off_a_gpu_is_a_one_line_config_error():
+    c = default_config()
+    c.attention_impl = "cudnn"  # tests run on CPU
+    with pytest.raises(ConfigError, match="^config.attention_impl: 'cudnn' needs an NVIDIA "
+                                          "GPU \\(JAX runs on 'cpu'\\)$"):
+        validate(c)

@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
-# The GPU checks, in priority order, sized for a short lease (about 8 minutes on an H200).
+# The GPU checks, in priority order, sized for a short lease (about 10 minutes on an H200).
 # Each step is bounded by `timeout` and appends its JSON line(s) to OUT_DIR (default
 # ./gpu_out); a step that fails or times out leaves its stderr there and the next one runs.
 #
 #   bash scripts/bench/gpu_session.sh [OUT_DIR]
+#   ONLY="kernels attention_cudnn" bash scripts/bench/gpu_session.sh OUT_DIR   # some steps
 #
-# 1. kernel correctness, compiled: segment attention (gpu_kernel_check.py) and the GPU
-#    logprob family (pytest, full fp32);
+# (all steps take about 10 minutes; a device call is limited to 10, so split them with ONLY:
+#  steps kernels, logprob_tests, logprob, attention, attention_cudnn, learner)
+#
+# 1. kernel correctness, compiled: segment attention, Pallas and cuDNN packed
+#    (gpu_kernel_check.py), and the GPU logprob family (pytest, full fp32);
 # 2. logprobs at the 0.5B shape: Pallas vs chunked vs full logits (checks that "auto" on GPU,
 #    chunked since stop 52, is within ~1.5x of the full-logits GEMMs);
 # 3. segment attention vs cuDNN at 4k/16k-token packed rows (bf16, Qwen2.5-0.5B heads), with
-#    the kernel's dK/dV grid over kv heads (default) and over query heads side by side;
+#    the kernel's dK/dV grid over kv heads (default) and over query heads side by side, and
+#    attention_impl="cudnn" (cuDNN's packed layout) against the same cuDNN padded batch;
 # 4. the learner at the Qwen2.5-0.5B shape against torch (MFU).
 #
 # Needs the project's dependencies (the learner imports ml-collections; a bare CUDA image
@@ -24,6 +29,7 @@ cd "$(dirname "$0")/../.."
 step() {  # step NAME SECONDS COMMAND...
   local name=$1 seconds=$2
   shift 2
+  if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then return; fi
   echo "== $name" >&2
   timeout "$seconds" "$@" >>"$OUT_DIR/$name.jsonl" 2>>"$OUT_DIR/$name.err" \
     || echo "== $name: exit $? (see $OUT_DIR/$name.err)" >&2
@@ -41,6 +47,8 @@ ATTN=(python scripts/bench/bench_attention.py --device gpu --dtype bfloat16 --mi
       --max-len 2048 --repeats 10 --heads 14 --kv-heads 2 --head-dim 64)
 step attention 75 "${ATTN[@]}" --row-len 4096 --rows 4 --dkdv-grid both
 step attention 75 "${ATTN[@]}" --row-len 16384 --rows 1 --dkdv-grid both
+step attention_cudnn 75 "${ATTN[@]}" --row-len 4096 --rows 4 --impl cudnn
+step attention_cudnn 75 "${ATTN[@]}" --row-len 16384 --rows 1 --impl cudnn
 step learner 300 python scripts/bench/bench_learner.py --device gpu --sizes qwen0.5b \
   --samples 64 --row-len 4096 --torch-micro-tokens 4096 --repeats 3
 cat "$OUT_DIR"/*.jsonl
