@@ -7,7 +7,7 @@
 #   ONLY="kernels attention_cudnn" bash scripts/bench/gpu_session.sh OUT_DIR   # some steps
 #
 # (all steps take about 10 minutes; a device call is limited to 10, so split them with ONLY:
-#  steps kernels, logprob_tests, logprob, attention, attention_cudnn, learner)
+#  steps kernels, logprob_tests, logprob, attention, attention_cudnn, learner, learner_bf16)
 #
 # 1. kernel correctness, compiled: segment attention, Pallas and cuDNN packed
 #    (gpu_kernel_check.py), and the GPU logprob family (pytest, full fp32);
@@ -16,7 +16,8 @@
 # 3. segment attention vs cuDNN at 4k/16k-token packed rows (bf16, Qwen2.5-0.5B heads), with
 #    the kernel's dK/dV grid over kv heads (default) and over query heads side by side, and
 #    attention_impl="cudnn" (cuDNN's packed layout) against the same cuDNN padded batch;
-# 4. the learner at the Qwen2.5-0.5B shape against torch (MFU).
+# 4. the learner at the Qwen2.5-0.5B shape against torch (MFU): fp32 (TF32), then bf16 with
+#    the Pallas attention and with cuDNN's packed attention.
 #
 # Needs the project's dependencies (the learner imports ml-collections; a bare CUDA image
 # may lack ml-collections, gymnax, gymnasium and tensorboardX) and torch with CUDA.
@@ -49,6 +50,9 @@ step attention 75 "${ATTN[@]}" --row-len 4096 --rows 4 --dkdv-grid both
 step attention 75 "${ATTN[@]}" --row-len 16384 --rows 1 --dkdv-grid both
 step attention_cudnn 75 "${ATTN[@]}" --row-len 4096 --rows 4 --impl cudnn
 step attention_cudnn 75 "${ATTN[@]}" --row-len 16384 --rows 1 --impl cudnn
-step learner 300 python scripts/bench/bench_learner.py --device gpu --sizes qwen0.5b \
-  --samples 64 --row-len 4096 --torch-micro-tokens 4096 --repeats 3
+LEARNER=(python scripts/bench/bench_learner.py --device gpu --sizes qwen0.5b --samples 64
+         --row-len 4096 --torch-micro-tokens 4096 --repeats 3)
+step learner 300 "${LEARNER[@]}"
+step learner_bf16 300 "${LEARNER[@]}" --dtype bfloat16 --attention-impl pallas
+step learner_bf16 300 "${LEARNER[@]}" --dtype bfloat16 --attention-impl cudnn
 cat "$OUT_DIR"/*.jsonl
