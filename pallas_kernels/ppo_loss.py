@@ -66,6 +66,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.token_logprobs import default_platform
 
@@ -102,6 +103,17 @@ class _PPOConfig:
     block_rows: int
     interpret: bool
     policy_loss: str = "ppo"
+    platform: str = "cpu"
+
+    @property
+    def compiler_params(self):
+        """Triton's, named, on a GPU: a ``pallas_call`` without them lowers to Mosaic GPU
+        where JAX's ``jax_pallas_use_mosaic_gpu`` is on (the default of JAX 0.10), which
+        cannot lower this kernel's row sums ("No support for axes yet";
+        ``tests/pallas_kernels/test_lowering.py``). TPU: Mosaic's defaults."""
+        if self.interpret or self.platform != "gpu":
+            return None
+        return pltriton.CompilerParams(num_warps=4, num_stages=1)
 
 
 def _check(logprobs, others, clip_low, clip_high, dual_clip, kl_estimator, policy_loss="ppo"):
@@ -308,6 +320,7 @@ def _pallas_sums(cfg: _PPOConfig, logprobs, old, adv, w, ref):
         grid=(n_blocks,),
         in_specs=[block] * len(tiles),
         out_specs=[partial] * _N_SUMS,
+        compiler_params=cfg.compiler_params,
         interpret=cfg.interpret,
         name="masked_ppo_loss_fwd",
     )(*tiles)
@@ -335,6 +348,7 @@ def _pallas_ppo_bwd(cfg, residuals, g):
         grid=(rows // cfg.block_rows,),
         in_specs=[block] * len(tiles) + [pl.BlockSpec((2, _LANES), lambda i: (0, 0))],
         out_specs=block,
+        compiler_params=cfg.compiler_params,
         interpret=cfg.interpret,
         name="masked_ppo_loss_bwd",
     )(*tiles, g_rows)
@@ -382,5 +396,5 @@ def masked_ppo_loss(logprobs, old_logprobs, advantages, loss_weights, ref_logpro
                          f"got {block_rows}")
     cfg = _PPOConfig(clip_low, clip_high, dual_clip, kl_estimator, ref_logprobs is not None,
                      block_rows, platform == "cpu" if interpret is None else bool(interpret),
-                     policy_loss)
+                     policy_loss, platform)
     return _pallas_ppo(cfg, logprobs, old_logprobs, advantages, loss_weights, ref_logprobs)
