@@ -1,0 +1,70 @@
+"""The learner's whole update step lowers for a GPU and for a TPU, checked on a CPU.
+
+The kernel-level lowering tests (``tests/pallas_kernels/test_lowering.py``) check each
+kernel alone. Here the learner is built as it is on an accelerator: JAX's default backend
+reads "gpu" (or "tpu") while the ``Learner`` is made and its ``update_step`` traced, so
+every "auto" dispatch takes the accelerator's path (Pallas attention and the Triton PPO
+kernel on a GPU; splash, the Mosaic logprob and PPO kernels on a TPU), and the step is
+lowered with ``lowering_platforms``. A dispatch or integration error on those paths (the
+PPO kernel lowering to Mosaic GPU under JAX 0.10, for one) fails here instead of at a
+user's first update. Compilation and numbers still need the device.
+"""
+
+import importlib
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxrl_agentic.data import PackingConfig
+from jaxrl_agentic.data.types import Sample
+from jaxrl_agentic.learner import Learner, LearnerConfig
+from jaxrl_agentic.models import load_pretrained
+from jaxrl_agentic.models.tiny import default_tiny_model_dir
+from jaxrl_agentic.update import pad_to_shards, put_batch
+
+
+def _samples(n=8, seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        length = int(rng.integers(200, 400))
+        mask = np.zeros(length, np.float32)
+        mask[length // 2:] = 1.0
+        out.append(Sample(tokens=rng.integers(0, 500, length), loss_mask=mask,
+                          old_logprobs=np.zeros(length, np.float32),
+                          advantages=0.5 * mask, traj_id=i, prompt_len=length // 2))
+    return out
+
+
+@pytest.mark.parametrize("backend, platform, marker, expected", [
+    # Attention forward, dq and dk/dv in each compiled row-prefix branch, and the PPO kernel.
+    ("gpu", "cuda", "__gpu$xla.gpu.triton", 10),
+    # Splash, the Mosaic logprob kernels and the PPO kernel.
+    ("tpu", "tpu", "tpu_custom_call", 16),
+])
+def test_update_step_lowers_for_the_accelerator(backend, platform, marker, expected,
+                                                monkeypatch):
+    model, _ = load_pretrained(default_tiny_model_dir(), dtype="bfloat16",
+                               param_dtype="float32")
+    graphdef, params = nnx.split(model)
+    packing = PackingConfig(micro_batch_max_tokens=1024, sequence_length=1024)
+    config = LearnerConfig(learning_rate=1e-5, mini_batch_size=8, packing=packing)
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    # (the package exports functions of these modules' names, hence import_module)
+    for module in ("pallas_kernels.token_logprobs", "pallas_kernels.ppo_loss"):
+        monkeypatch.setattr(importlib.import_module(module), "default_platform",
+                            lambda: backend)
+    try:
+        learner = Learner(graphdef, params, config)
+        engine = learner.engine
+        batch = put_batch(pad_to_shards(packing.pack(_samples()), engine.mesh,
+                                        packing.pad_token_id), engine.batch_keys, engine.mesh)
+        text = engine.update_step.trace(learner.state, batch, np.float32(1e-5)).lower(
+            lowering_platforms=(platform,)).as_text()
+    finally:
+        # Traces made while the backend read "gpu"/"tpu" must not serve later CPU tests of
+        # this worker from JAX's caches.
+        jax.clear_caches()
+    assert text.count(marker) == expected
