@@ -1,4 +1,5 @@
-"""The learner's whole update step lowers for a GPU and for a TPU, checked on a CPU.
+"""The learner's update step and logprob recomputation lower for a GPU and for a TPU, checked
+on a CPU.
 
 The kernel-level lowering tests (``tests/pallas_kernels/test_lowering.py``) check each
 kernel alone. Here the learner is built as it is on an accelerator: JAX's default backend
@@ -11,6 +12,7 @@ user's first update. Compilation and numbers still need the device.
 """
 
 import importlib
+import re
 
 import jax
 import numpy as np
@@ -19,7 +21,7 @@ from flax import nnx
 
 from jaxrl_agentic.data import PackingConfig
 from jaxrl_agentic.data.types import Sample
-from jaxrl_agentic.learner import Learner, LearnerConfig
+from jaxrl_agentic.learner import LOGPROB_BATCH_KEYS, Learner, LearnerConfig
 from jaxrl_agentic.models import load_pretrained
 from jaxrl_agentic.models.tiny import default_tiny_model_dir
 from jaxrl_agentic.update import pad_to_shards, put_batch
@@ -38,14 +40,28 @@ def _samples(n=8, seed=0):
     return out
 
 
-@pytest.mark.parametrize("backend, platform, marker, expected", [
-    # Attention forward, dq and dk/dv in each compiled row-prefix branch, and the PPO kernel.
-    ("gpu", "cuda", "__gpu$xla.gpu.triton", 10),
-    # Splash, the Mosaic logprob kernels and the PPO kernel.
-    ("tpu", "tpu", "tpu_custom_call", 16),
+GPU_UPDATE = {"segment_attention_fwd", "segment_attention_dq", "segment_attention_dkdv",
+              "masked_ppo_loss_fwd", "masked_ppo_loss_bwd"}
+TPU_UPDATE = {"splash_mha_fwd_segmented_residuals", "splash_mha_dq_segmented_no_residuals",
+              "splash_mha_dkv_segmented_no_residuals", "token_logprobs_fwd",
+              "token_logprobs_bwd_dh", "token_logprobs_bwd_dw", "masked_ppo_loss_fwd",
+              "masked_ppo_loss_bwd"}
+
+
+def _kernels(text):
+    """Names of the Pallas kernels in a lowered module (``pallas_call(name=...)``)."""
+    return set(re.findall(r"(?:segment_attention|masked_ppo_loss|token_logprobs|splash_mha)"
+                          r"_[a-z_]+", text))
+
+
+@pytest.mark.parametrize("backend, platform, update_kernels, recompute_kernels", [
+    # GPU: logprobs are the chunked scan (plain JAX), so no logprob kernel.
+    ("gpu", "cuda", GPU_UPDATE, {"segment_attention_fwd"}),
+    ("tpu", "tpu", TPU_UPDATE, {"splash_mha_fwd_segmented_no_residuals",
+                                "token_logprobs_fwd"}),
 ])
-def test_update_step_lowers_for_the_accelerator(backend, platform, marker, expected,
-                                                monkeypatch):
+def test_update_step_lowers_for_the_accelerator(backend, platform, update_kernels,
+                                                recompute_kernels, monkeypatch):
     model, _ = load_pretrained(default_tiny_model_dir(), dtype="bfloat16",
                                param_dtype="float32")
     graphdef, params = nnx.split(model)
@@ -63,8 +79,15 @@ def test_update_step_lowers_for_the_accelerator(backend, platform, marker, expec
                                         packing.pad_token_id), engine.batch_keys, engine.mesh)
         text = engine.update_step.trace(learner.state, batch, np.float32(1e-5)).lower(
             lowering_platforms=(platform,)).as_text()
+        # The logprob recomputation (old and reference logprobs): forward kernels only.
+        logprob_batch = put_batch(pad_to_shards(packing.pack(_samples()), engine.mesh,
+                                                packing.pad_token_id), LOGPROB_BATCH_KEYS,
+                                  engine.mesh)
+        recompute = learner.compute_logprobs.trace(learner.state.params, logprob_batch).lower(
+            lowering_platforms=(platform,)).as_text()
     finally:
         # Traces made while the backend read "gpu"/"tpu" must not serve later CPU tests of
         # this worker from JAX's caches.
         jax.clear_caches()
-    assert text.count(marker) == expected
+    assert _kernels(text) == update_kernels
+    assert _kernels(recompute) == recompute_kernels
