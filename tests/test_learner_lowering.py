@@ -54,24 +54,34 @@ def _kernels(text):
                           r"_[a-z_]+", text))
 
 
-@pytest.mark.parametrize("backend, platform, update_kernels, recompute_kernels", [
+@pytest.mark.parametrize("backend, platform, attention_impl, update_kernels, recompute_kernels", [
     # GPU: logprobs are the chunked scan (plain JAX), so no logprob kernel.
-    ("gpu", "cuda", GPU_UPDATE, {"segment_attention_fwd"}),
-    ("tpu", "tpu", TPU_UPDATE, {"splash_mha_fwd_segmented_no_residuals",
-                                "token_logprobs_fwd"}),
+    ("gpu", "cuda", "auto", GPU_UPDATE, {"segment_attention_fwd"}),
+    # cuDNN's packed attention, with the Pallas kernel as its fallback branch.
+    ("gpu", "cuda", "cudnn", GPU_UPDATE, {"segment_attention_fwd"}),
+    ("tpu", "tpu", "auto", TPU_UPDATE, {"splash_mha_fwd_segmented_no_residuals",
+                                        "token_logprobs_fwd"}),
 ])
-def test_update_step_lowers_for_the_accelerator(backend, platform, update_kernels,
-                                                recompute_kernels, monkeypatch):
+def test_update_step_lowers_for_the_accelerator(backend, platform, attention_impl,
+                                                update_kernels, recompute_kernels,
+                                                monkeypatch):
     model, _ = load_pretrained(default_tiny_model_dir(), dtype="bfloat16",
                                param_dtype="float32")
     graphdef, params = nnx.split(model)
     packing = PackingConfig(micro_batch_max_tokens=1024, sequence_length=1024)
-    config = LearnerConfig(learning_rate=1e-5, mini_batch_size=8, packing=packing)
+    config = LearnerConfig(learning_rate=1e-5, mini_batch_size=8, packing=packing,
+                           attention_impl=attention_impl)
     monkeypatch.setattr(jax, "default_backend", lambda: backend)
     # (the package exports functions of these modules' names, hence import_module)
     for module in ("pallas_kernels.token_logprobs", "pallas_kernels.ppo_loss"):
         monkeypatch.setattr(importlib.import_module(module), "default_platform",
                             lambda: backend)
+    if attention_impl == "cudnn":  # cuDNN asks the local GPU; answer as an H100 would
+        from jax._src.cudnn import fused_attention_stablehlo as cudnn
+
+        monkeypatch.setattr(cudnn, "check_cudnn_version", lambda: 91000)
+        monkeypatch.setattr(cudnn, "check_compute_capability", lambda capability: True)
+        monkeypatch.setattr(cudnn, "is_cuda_compute_capability_equal", lambda capability: False)
     try:
         learner = Learner(graphdef, params, config)
         engine = learner.engine
@@ -91,3 +101,7 @@ def test_update_step_lowers_for_the_accelerator(backend, platform, update_kernel
         jax.clear_caches()
     assert _kernels(text) == update_kernels
     assert _kernels(recompute) == recompute_kernels
+    cudnn_calls = {"__cudnn$fmhaSoftmax", "__cudnn$fmhaSoftmaxBackward"}
+    assert {c for c in cudnn_calls if f"@{c}(" in text} == (
+        cudnn_calls if attention_impl == "cudnn" else set())
+    assert ("@__cudnn$fmhaSoftmax(" in recompute) == (attention_impl == "cudnn")
