@@ -23,7 +23,7 @@ along the row: then every id is exactly one run, and the runs are the segments. 
 (``data.packing``) always are. Any other row (more runs than the static bound, an id that
 comes back after another one) cannot be given to cuDNN without changing the function, so
 the whole call then takes ``fallback`` instead (a ``lax.cond`` on the rows' data: exact
-either way, both compiled once).
+either way, both compiled once); so does a call whose rows are all padding.
 
 Padding positions belong to no segment; their output is set to 0 with ``jnp.where`` (which
 also stops any gradient there), whatever cuDNN leaves in them.
@@ -66,6 +66,13 @@ def segment_runs(segment_ids, max_segments: int):
     return offsets.astype(jnp.int32), lengths, expressible
 
 
+def takes_packed_path(lengths, expressible) -> jax.Array:
+    """Whether a call goes to cuDNN: every row expressible, and at least one segment in the
+    call (a call of padding rows only would hand cuDNN zero sequences, which its packed
+    layout is not documented to accept)."""
+    return jnp.all(expressible) & jnp.any(lengths > 0)
+
+
 def cudnn_packed_attention(q, k, v, offsets, lengths):
     """cuDNN's causal attention over the packed segments ``offsets``/``lengths``
     (``segment_runs``), scale ``H^-½``. Positions outside every segment are left as cuDNN
@@ -100,4 +107,5 @@ def cudnn_segment_attention(q, k, v, segment_ids, *, fallback, max_segments: int
         out = packed_attention(q, k, v, offsets, lengths)
         return jnp.where((segment_ids > 0)[:, :, None, None], out, jnp.zeros((), out.dtype))
 
-    return jax.lax.cond(jnp.all(expressible), packed, fallback, q, k, v, segment_ids)
+    return jax.lax.cond(takes_packed_path(lengths, expressible), packed, fallback, q, k, v,
+                        segment_ids)

@@ -13,7 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels._cudnn_attention import cudnn_segment_attention, segment_runs
+from pallas_kernels._cudnn_attention import (
+    cudnn_segment_attention,
+    segment_runs,
+    takes_packed_path,
+)
 from pallas_kernels.segment_attention import reference_segment_attention, resolve_attention_impl
 from tests.pallas_kernels.attention_cases import packed_row
 
@@ -138,6 +142,17 @@ def test_packed_rows_take_the_packed_path_exactly():
 def test_rows_cudnn_cannot_express_take_the_fallback(seg):
     (value, _), (ref_value, _) = _run(seg.astype(np.int32))
     assert _close(value, 2.0 * ref_value, 2e-2)
+
+
+def test_which_calls_go_to_cudnn():
+    def goes(rows, max_segments=4):
+        offsets, lengths, ok = segment_runs(jnp.asarray(np.stack(rows), jnp.int32), max_segments)
+        return bool(takes_packed_path(lengths, ok))
+
+    assert goes([PACKED_ROWS[0], PACKED_ROWS[2]])  # a padding row beside a packed one
+    assert not goes([np.zeros(64), np.zeros(64)])  # nothing to attend: zero sequences
+    assert not goes([PACKED_ROWS[0], np.array([2] * 32 + [1] * 32)])  # one row inexpressible
+    assert not goes([PACKED_ROWS[0]], max_segments=2)  # 3 runs > 2
 
 
 def test_float32_and_cpu_are_clear_errors():
