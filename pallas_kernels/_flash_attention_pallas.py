@@ -275,66 +275,48 @@ def _backward(q, k, v, seg, out, lse, do, kv_bounds, q_bounds, *, scale, block_q
         name="segment_attention_dq",
     )(*inputs, kv_bounds, do, lse, delta)
 
-    if dkdv_grid == "query_heads":
-        dk, dv = _dkdv_per_query_head(*inputs, q_bounds, do, lse, delta, scale=scale,
-                                      block_q=block_q, block_k=block_k, params=params,
-                                      interpret=interpret)
-        return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
-    # dk/dv: grid over kv heads; each program reads the G query heads of its kv head.
-    q_group = pl.BlockSpec((None, tp, group, hd), lambda bi, h, j: (bi, 0, h, 0))
-    kv_block = pl.BlockSpec((None, block_k, None, hd), lambda bi, h, j: (bi, j, h, 0))
-    row_group = pl.BlockSpec((None, group, tp), lambda bi, h, j: (bi, h, 0))
-    dk, dv = pl.pallas_call(
-        functools.partial(_dkdv_kernel, scale=scale, block_q=block_q, block_k=block_k,
-                          group=group),
-        out_shape=[jax.ShapeDtypeStruct(k.shape, _F32)] * 2,
-        grid=(b, kv_heads, tp // block_k),
-        in_specs=[
-            q_group, kv_block, kv_block,
-            pl.BlockSpec((None, tp), lambda bi, h, j: (bi, 0)),
-            pl.BlockSpec((None, None, 2), lambda bi, h, j: (bi, j, 0)),
-            q_group, row_group, row_group,
-        ],
-        out_specs=[kv_block, kv_block],
-        compiler_params=params,
-        interpret=interpret,
-        name="segment_attention_dkdv",
-    )(*inputs, q_bounds, do, lse, delta)
+    dk, dv = _dkdv(*inputs, q_bounds, do, lse, delta, scale=scale, block_q=block_q,
+                   block_k=block_k, params=params, interpret=interpret,
+                   per_query_head=dkdv_grid == "query_heads")
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 
 
-def _dkdv_per_query_head(q, k, v, seg, q_bounds, do, lse, delta, *, scale, block_q, block_k,
-                         params, interpret):
-    """dK, dV on grid (B, N, key blocks): ``_dkdv_kernel`` with a group of one, each program
-    reading its own query head and the key block of that head's kv head, writing fp32
-    per-query-head results; the G heads of each kv head are then summed (the module
-    docstring's dk/dv ``"query_heads"``)."""
+def _dkdv(q, k, v, seg, q_bounds, do, lse, delta, *, scale, block_q, block_k, params,
+          interpret, per_query_head: bool):
+    """dK, dV (fp32) by ``_dkdv_kernel`` (module docstring's dk/dv). Over kv heads, each
+    program reads the G query heads of its kv head (a q block of G heads) and writes its kv
+    head's dK, dV. Over query heads, each program reads one query head (a group of one) and
+    the key block of that head's kv head, and writes per-query-head results, which are then
+    summed over each kv head's G heads."""
     b, tp, n, hd = q.shape
     kv_heads = k.shape[2]
     group = n // kv_heads
-    q_head = pl.BlockSpec((None, tp, 1, hd), lambda bi, h, j: (bi, 0, h, 0))
-    row_head = pl.BlockSpec((None, 1, tp), lambda bi, h, j: (bi, h, 0))
+    heads, per_program = (n, 1) if per_query_head else (kv_heads, group)
+    q_heads = pl.BlockSpec((None, tp, per_program, hd), lambda bi, h, j: (bi, 0, h, 0))
+    rows = pl.BlockSpec((None, per_program, tp), lambda bi, h, j: (bi, h, 0))
     kv_block = pl.BlockSpec((None, block_k, None, hd),
-                            lambda bi, h, j: (bi, j, lax.div(h, group), 0))
+                            lambda bi, h, j: (bi, j, lax.div(h, group // per_program), 0))
     out_block = pl.BlockSpec((None, block_k, None, hd), lambda bi, h, j: (bi, j, h, 0))
+    out_shape = (b, tp, heads, hd)
     dk, dv = pl.pallas_call(
         functools.partial(_dkdv_kernel, scale=scale, block_q=block_q, block_k=block_k,
-                          group=1),
-        out_shape=[jax.ShapeDtypeStruct(q.shape, _F32)] * 2,
-        grid=(b, n, tp // block_k),
+                          group=per_program),
+        out_shape=[jax.ShapeDtypeStruct(out_shape, _F32)] * 2,
+        grid=(b, heads, tp // block_k),
         in_specs=[
-            q_head, kv_block, kv_block,
+            q_heads, kv_block, kv_block,
             pl.BlockSpec((None, tp), lambda bi, h, j: (bi, 0)),
             pl.BlockSpec((None, None, 2), lambda bi, h, j: (bi, j, 0)),
-            q_head, row_head, row_head,
+            q_heads, rows, rows,
         ],
         out_specs=[out_block, out_block],
         compiler_params=params,
         interpret=interpret,
-        name="segment_attention_dkdv_per_query_head",
+        name="segment_attention_dkdv" + ("_per_query_head" if per_query_head else ""),
     )(q, k, v, seg, q_bounds, do, lse, delta)
-    # Query head n belongs to kv head n // G: heads are grouped contiguously.
-    return (x.reshape(b, tp, kv_heads, group, hd).sum(axis=3) for x in (dk, dv))
+    if per_query_head:  # query head n belongs to kv head n // G: groups are contiguous
+        dk, dv = (x.reshape(b, tp, kv_heads, group, hd).sum(axis=3) for x in (dk, dv))
+    return dk, dv
 
 
 # ----------------------------------------------------------------------------- custom VJP
