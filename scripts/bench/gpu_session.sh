@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# The GPU checks, in priority order, sized for a short lease (about 10 minutes on an H200).
+# The GPU checks, in priority order, each bounded by its own timeout.
 # Each step is bounded by `timeout` and appends its JSON line(s) to OUT_DIR (default
 # ./gpu_out); a step that fails or times out leaves its stderr there and the next one runs.
 #
 #   bash scripts/bench/gpu_session.sh [OUT_DIR]
 #   ONLY="kernels attention_cudnn" bash scripts/bench/gpu_session.sh OUT_DIR   # some steps
 #
-# (all steps take about 10 minutes; a device call is limited to 10, so split them with ONLY:
-#  steps kernels, logprob_tests, logprob, attention, attention_cudnn, learner, learner_bf16)
+# (all steps together may take up to ~20 minutes, the three learner runs most of it; a device
+#  call is limited to 10, so split them with ONLY. Steps: kernels, logprob_tests, logprob,
+#  attention, attention_cudnn, learner, learner_bf16.)
 #
 # 1. kernel correctness, compiled: segment attention, Pallas and cuDNN packed
 #    (gpu_kernel_check.py), and the GPU logprob family (pytest, full fp32);
