@@ -28,6 +28,7 @@ with its learning rate → one host fetch of all metrics.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -428,6 +429,23 @@ class UpdateLoss:
     advance: Callable = lambda state: {}
 
 
+def kernels_see_mesh(mesh):
+    """Decorator: ``fn`` is traced with ``mesh`` as JAX's abstract mesh, so the accelerator
+    kernels inside it run once per device on that device's rows
+    (``pallas_kernels._per_shard``: XLA cannot partition a Pallas kernel, and refuses a
+    Mosaic one outright). On CPU the kernels are plain JAX and do not look at it."""
+    def wrap(fn):
+        if mesh is None:
+            return fn
+
+        @functools.wraps(fn)
+        def traced(*args):
+            with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+                return fn(*args)
+        return traced
+    return wrap
+
+
 def make_update_step(loss: UpdateLoss, config: UpdateConfig, mesh, state_shardings,
                      compiler_options: dict | None = None):
     """Jitted ``update_step(state, batch, lr) -> (state, metrics)``: one update (module doc).
@@ -440,6 +458,7 @@ def make_update_step(loss: UpdateLoss, config: UpdateConfig, mesh, state_shardin
     """
     optimizer = make_optimizer(config)
 
+    @kernels_see_mesh(mesh)
     def update_step(state, batch: dict[str, jax.Array], lr: jax.Array):
         def micro_objective(params, micro):
             sums, denominator = loss.micro_sums(params, micro, state)
@@ -486,6 +505,7 @@ def make_per_token(fn, keys: Sequence[str], mesh, param_shardings, halvings: int
     up to ``halvings`` halvings); reads ``keys``; ``compiler_options`` as
     :func:`make_update_step`'s."""
 
+    @kernels_see_mesh(mesh)
     def compute(params, batch):
         return scan_row_groups(lambda micro: fn(params, micro), {k: batch[k] for k in keys},
                                mesh, halvings)

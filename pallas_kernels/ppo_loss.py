@@ -68,6 +68,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
+from pallas_kernels._per_shard import P, batch_spec, kernel_mesh, per_shard
 from pallas_kernels.token_logprobs import default_platform
 
 LOG_RATIO_CLAMP = 20.0
@@ -397,4 +398,30 @@ def masked_ppo_loss(logprobs, old_logprobs, advantages, loss_weights, ref_logpro
     cfg = _PPOConfig(clip_low, clip_high, dual_clip, kl_estimator, ref_logprobs is not None,
                      block_rows, platform == "cpu" if interpret is None else bool(interpret),
                      policy_loss, platform)
-    return _pallas_ppo(cfg, logprobs, old_logprobs, advantages, loss_weights, ref_logprobs)
+    return _sums_per_device(cfg, logprobs, old_logprobs, advantages, loss_weights, ref_logprobs)
+
+
+def _sums_per_device(cfg, logprobs, old, adv, w, ref):
+    """The kernel on each device's tokens (``_per_shard``), its partial sums added up outside
+    the ``shard_map`` (so the gradient needs no collective of its own); when the tokens do
+    not divide over the devices, every device sums them all and one copy is kept."""
+    tokens = (logprobs, old, adv, w) + ((ref,) if cfg.has_ref else ())
+
+    def kernel(*xs):
+        sums = _pallas_ppo(cfg, *xs[:4], xs[4] if cfg.has_ref else None)
+        return tuple(s.reshape(1) for s in sums)
+
+    def in_specs(mesh):
+        return (P(batch_spec(mesh, logprobs.shape[0])),) * len(tokens)
+
+    def out_specs(mesh):
+        rows = batch_spec(mesh, logprobs.shape[0])
+        return (P(rows) if rows else P(None),) * _N_SUMS
+
+    mesh = kernel_mesh()
+    if mesh is None:
+        return _pallas_ppo(cfg, logprobs, old, adv, w, ref)
+    parts = per_shard(kernel, in_specs, out_specs)(*tokens)
+    if batch_spec(mesh, logprobs.shape[0]) is None:  # one full copy per device: keep one
+        return PPOLossSums(*(p[0] for p in parts))
+    return PPOLossSums(*(jnp.sum(p) for p in parts))

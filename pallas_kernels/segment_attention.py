@@ -34,6 +34,7 @@ import jax.numpy as jnp
 from pallas_kernels._blocksparse_attention import blocksparse_segment_attention
 from pallas_kernels._cudnn_attention import cudnn_segment_attention
 from pallas_kernels._flash_attention_pallas import pallas_segment_attention, triton_block
+from pallas_kernels._per_shard import P, batch_spec, head_spec, per_shard
 from pallas_kernels._same_bits import keeps_same_bits
 from pallas_kernels._segment_blocks import needed_block_pairs, pad_to_blocks
 from pallas_kernels._splash_attention import splash_segment_attention
@@ -101,16 +102,27 @@ def segment_attention(q, k, v, segment_ids, *, impl: str = "auto", block: int | 
     if impl == "blocksparse":
         return blocksparse_segment_attention(q, k, v, segment_ids, block=block)
     interpret = jax.default_backend() == "cpu"
-    if impl == "splash":
-        return splash_segment_attention(q, k, v, segment_ids, interpret=interpret)
 
     def pallas(q, k, v, segment_ids):
         return pallas_segment_attention(q, k, v, segment_ids, block_q=block, block_k=block,
                                         interpret=interpret, dkdv_grid=dkdv_grid)
 
-    if impl == "cudnn":
-        return cudnn_segment_attention(q, k, v, segment_ids, fallback=pallas)
-    return pallas(q, k, v, segment_ids)
+    def kernel(q, k, v, segment_ids):
+        if impl == "splash":
+            return splash_segment_attention(q, k, v, segment_ids, interpret=interpret)
+        if impl == "cudnn":
+            return cudnn_segment_attention(q, k, v, segment_ids, fallback=pallas)
+        return pallas(q, k, v, segment_ids)
+
+    return per_shard(kernel, lambda mesh: _row_specs(mesh, q, k)[0],
+                     lambda mesh: _row_specs(mesh, q, k)[1])(q, k, v, segment_ids)
+
+
+def _row_specs(mesh, q, k):
+    """(in_specs, out_spec) of a kernel call on each device (`_per_shard`): rows over the
+    batch axes, heads over the tensor axis, where they divide."""
+    x = P(batch_spec(mesh, q.shape[0]), None, head_spec(mesh, q.shape[2], k.shape[2]), None)
+    return (x, x, x, P(x[0], None)), x
 
 
 def attended_block_pairs(segment_ids, block: int | None = None) -> tuple[int, int]:

@@ -40,6 +40,7 @@ from jax.custom_derivatives import SymbolicZero
 
 from pallas_kernels._chunked import chunked_backward, chunked_forward
 from pallas_kernels._logprob_pallas import gpu_shared_bytes, pallas_backward, pallas_forward
+from pallas_kernels._per_shard import P, batch_spec, per_shard
 from pallas_kernels._shapes import is_pow2, round_up
 from pallas_kernels._softmax_math import matmul_precision
 
@@ -274,9 +275,21 @@ def token_logprobs(hidden, lm_head, targets, temperature=1.0, *, return_entropy=
         _check_blocks(blocks, "chunked")
         cfg = _FusedConfig("chunked", "tpu", temperature, bool(return_entropy), blocks, False)
         return _fused(cfg, hidden, lm_head, targets)
-    return pallas_token_logprobs(hidden, lm_head, targets, temperature,
-                                 return_entropy=return_entropy, block_n=block_n,
-                                 block_v=block_v)
+
+    def kernel(hidden, lm_head, targets):
+        return pallas_token_logprobs(hidden, lm_head, targets, temperature,
+                                     return_entropy=return_entropy, block_n=block_n,
+                                     block_v=block_v)
+
+    # On a mesh, each device runs the kernel on its own tokens with the whole LM head
+    # (`_per_shard`); the LM head's gradient is summed over devices by the shard_map.
+    def out_specs(mesh):
+        tokens = P(batch_spec(mesh, hidden.shape[0]))
+        return (tokens, tokens) if return_entropy else tokens
+
+    return per_shard(kernel, lambda mesh: (P(batch_spec(mesh, hidden.shape[0]), None),
+                                           P(None, None), P(batch_spec(mesh, hidden.shape[0]))),
+                     out_specs)(hidden, lm_head, targets)
 
 
 def pallas_token_logprobs(hidden, lm_head, targets, temperature=1.0, *, return_entropy=False,

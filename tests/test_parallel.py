@@ -23,6 +23,7 @@ from jaxrl_agentic.parallel import (
     param_partition_spec,
     shard_params,
 )
+from tests.cpu_devices import run_with_cpu_devices
 
 MESH_8 = {"data": 2, "fsdp": 2, "tensor": 2}
 
@@ -189,19 +190,7 @@ _SCRIPT = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def sharded_report():
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8")
-    env["JAX_PLATFORMS"] = "cpu"
-    env["CACHE_DIR"] = jax.config.jax_compilation_cache_dir or ""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
-    proc = subprocess.run(
-        [sys.executable, "-c", _SCRIPT], env=env, cwd=root, capture_output=True, text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))
-    return json.loads(line[len("RESULT"):])
+    return run_with_cpu_devices(_SCRIPT, 8)
 
 
 def test_sharded_train_steps_match_single_device(sharded_report):

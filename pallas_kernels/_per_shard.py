@@ -1,0 +1,73 @@
+"""Run an accelerator kernel once per device, on that device's rows (``jax.shard_map``).
+
+XLA cannot partition a Pallas kernel: a Mosaic (TPU) ``pallas_call`` inside a ``jit`` over
+several devices is refused when it is lowered ("Mosaic kernels cannot be automatically
+partitioned. Please wrap the call in a shard_map."), and a Triton (GPU) one is given
+replicated operands, so every device would compute every row. The learner traces its steps
+under ``jax.set_mesh(mesh)``; when that mesh spans more than one device, the kernel
+wrappers call the kernel through :func:`per_shard`, with every mesh axis manual, as
+Mosaic requires. Their operands are laid out by the learner's mesh convention
+(``jaxrl_agentic.parallel``): rows (or tokens) over ``BATCH_AXES``, attention heads over
+``HEAD_AXIS``. Without a mesh, or on one device, the kernel is called as it is.
+
+Every kernel using this maps rows to rows (attention, per-token logprobs) or returns
+per-shard partial sums that the caller adds up outside (the PPO loss): no collective inside,
+so differentiation through the ``shard_map`` needs nothing of its own.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+from jax.sharding import PartitionSpec as P
+
+BATCH_AXES = ("data", "fsdp")
+HEAD_AXIS = "tensor"
+
+
+def kernel_mesh():
+    """The context mesh (``jax.set_mesh``) when it spans more than one device, else None."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh is None or mesh.empty or math.prod(mesh.shape.values()) == 1:
+        return None
+    return mesh
+
+
+def axis_size(mesh, names) -> int:
+    """Devices along the mesh axes ``names`` that the mesh has (1 for none)."""
+    return math.prod(mesh.shape[n] for n in names if n in mesh.shape)
+
+
+def batch_spec(mesh, rows: int):
+    """The ``PartitionSpec`` entry for a leading axis of ``rows``: split over the mesh's
+    batch axes when they divide it, else None (every device then computes every row:
+    redundant, still exact)."""
+    axes = tuple(a for a in BATCH_AXES if a in mesh.shape)
+    return axes if axes and rows % axis_size(mesh, axes) == 0 else None
+
+
+def head_spec(mesh, *heads: int):
+    """The entry for a heads axis: split over ``HEAD_AXIS`` when it divides every count."""
+    if HEAD_AXIS not in mesh.shape or any(h % mesh.shape[HEAD_AXIS] for h in heads):
+        return None
+    return HEAD_AXIS
+
+
+def per_shard(fn, in_specs, out_specs):
+    """``fn`` under ``jax.shard_map`` over the context mesh when it has more than one device
+    (module docstring), else ``fn`` itself. ``in_specs`` / ``out_specs`` are
+    ``PartitionSpec`` trees, or callables of the mesh that return them."""
+    mesh = kernel_mesh()
+    if mesh is None:
+        return fn
+
+    def resolve(specs):
+        return specs(mesh) if callable(specs) else specs
+
+    return jax.shard_map(fn, mesh=mesh, in_specs=resolve(in_specs),
+                         out_specs=resolve(out_specs), check_vma=False)
+
+
+__all__ = ["BATCH_AXES", "HEAD_AXIS", "P", "axis_size", "batch_spec", "head_spec",
+           "kernel_mesh", "per_shard"]
