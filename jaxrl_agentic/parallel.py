@@ -34,9 +34,11 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-MESH_AXES = ("data", "fsdp", "tensor")
+# Batch rows over ("data", "fsdp"): the kernels' per-device split reads the same names.
+from pallas_kernels._per_shard import BATCH_AXES, HEAD_AXIS
+
+MESH_AXES = ("data", "fsdp", HEAD_AXIS)
 STACKED_LAYERS = "layers"  # the module whose weights carry a leading layer axis
-BATCH_AXES = ("data", "fsdp")
 
 # (module name, parameter name) → mesh axis of each dimension. Kernels are [in, out]
 # (flax Linear), the embedding is [V, D].

@@ -61,6 +61,7 @@ from jaxrl_agentic.parallel import (
     stacked_layer_dims,
     to_host,
 )
+from pallas_kernels._per_shard import use_mesh_for_kernels
 
 _F32 = jnp.float32
 # Batch arrays whose last axis is not the row's positions (never cut by a prefix).
@@ -440,7 +441,7 @@ def kernels_see_mesh(mesh):
 
         @functools.wraps(fn)
         def traced(*args):
-            with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            with use_mesh_for_kernels(mesh):
                 return fn(*args)
         return traced
     return wrap

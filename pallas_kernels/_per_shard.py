@@ -26,6 +26,17 @@ BATCH_AXES = ("data", "fsdp")
 HEAD_AXIS = "tensor"
 
 
+def use_mesh_for_kernels(mesh):
+    """Context manager: ``mesh`` as JAX's abstract mesh while a step is traced (inside
+    ``jit``, where ``jax.set_mesh`` is refused), for :func:`kernel_mesh` to find.
+    ``jax.sharding.use_abstract_mesh`` is public from JAX 0.8; 0.7 has it only in
+    ``jax._src.mesh``."""
+    use = getattr(jax.sharding, "use_abstract_mesh", None)
+    if use is None:
+        from jax._src.mesh import use_abstract_mesh as use
+    return use(mesh.abstract_mesh)
+
+
 def kernel_mesh():
     """The context mesh (``jax.set_mesh``) when it spans more than one device, else None."""
     mesh = jax.sharding.get_abstract_mesh()
@@ -70,4 +81,4 @@ def per_shard(fn, in_specs, out_specs):
 
 
 __all__ = ["BATCH_AXES", "HEAD_AXIS", "P", "axis_size", "batch_spec", "head_spec",
-           "kernel_mesh", "per_shard"]
+           "kernel_mesh", "per_shard", "use_mesh_for_kernels"]
