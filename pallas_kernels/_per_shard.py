@@ -65,19 +65,16 @@ def head_spec(mesh, *heads: int):
     return HEAD_AXIS
 
 
-def per_shard(fn, in_specs, out_specs):
+def per_shard(fn, specs):
     """``fn`` under ``jax.shard_map`` over the context mesh when it has more than one device
-    (module docstring), else ``fn`` itself. ``in_specs`` / ``out_specs`` are
-    ``PartitionSpec`` trees, or callables of the mesh that return them."""
+    (module docstring), else ``fn`` itself. ``specs(mesh) -> (in_specs, out_specs)``, the
+    ``PartitionSpec`` trees for that mesh."""
     mesh = kernel_mesh()
     if mesh is None:
         return fn
-
-    def resolve(specs):
-        return specs(mesh) if callable(specs) else specs
-
-    return jax.shard_map(fn, mesh=mesh, in_specs=resolve(in_specs),
-                         out_specs=resolve(out_specs), check_vma=False)
+    in_specs, out_specs = specs(mesh)
+    return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                         check_vma=False)
 
 
 __all__ = ["BATCH_AXES", "HEAD_AXIS", "P", "axis_size", "batch_spec", "head_spec",

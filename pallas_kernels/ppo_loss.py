@@ -411,17 +411,12 @@ def _sums_per_device(cfg, logprobs, old, adv, w, ref):
         sums = _pallas_ppo(cfg, *xs[:4], xs[4] if cfg.has_ref else None)
         return tuple(s.reshape(1) for s in sums)
 
-    def in_specs(mesh):
-        return (P(batch_spec(mesh, logprobs.shape[0])),) * len(tokens)
-
-    def out_specs(mesh):
-        rows = batch_spec(mesh, logprobs.shape[0])
-        return (P(rows) if rows else P(None),) * _N_SUMS
-
     mesh = kernel_mesh()
     if mesh is None:
         return _pallas_ppo(cfg, logprobs, old, adv, w, ref)
-    parts = per_shard(kernel, in_specs, out_specs)(*tokens)
-    if batch_spec(mesh, logprobs.shape[0]) is None:  # one full copy per device: keep one
+    rows = batch_spec(mesh, logprobs.shape[0])
+    parts = per_shard(kernel, lambda mesh: ((P(rows),) * len(tokens),
+                                            (P(rows),) * _N_SUMS))(*tokens)
+    if rows is None:  # one full copy per device: keep one
         return PPOLossSums(*(p[0] for p in parts))
     return PPOLossSums(*(jnp.sum(p) for p in parts))

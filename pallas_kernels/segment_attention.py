@@ -114,8 +114,7 @@ def segment_attention(q, k, v, segment_ids, *, impl: str = "auto", block: int | 
             return cudnn_segment_attention(q, k, v, segment_ids, fallback=pallas)
         return pallas(q, k, v, segment_ids)
 
-    return per_shard(kernel, lambda mesh: _row_specs(mesh, q, k)[0],
-                     lambda mesh: _row_specs(mesh, q, k)[1])(q, k, v, segment_ids)
+    return per_shard(kernel, lambda mesh: _row_specs(mesh, q, k))(q, k, v, segment_ids)
 
 
 def _row_specs(mesh, q, k):

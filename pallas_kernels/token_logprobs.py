@@ -283,13 +283,13 @@ def token_logprobs(hidden, lm_head, targets, temperature=1.0, *, return_entropy=
 
     # On a mesh, each device runs the kernel on its own tokens with the whole LM head
     # (`_per_shard`); the LM head's gradient is summed over devices by the shard_map.
-    def out_specs(mesh):
-        tokens = P(batch_spec(mesh, hidden.shape[0]))
-        return (tokens, tokens) if return_entropy else tokens
+    def specs(mesh):
+        rows = batch_spec(mesh, hidden.shape[0])
+        tokens = P(rows)
+        return ((P(rows, None), P(None, None), tokens),
+                (tokens, tokens) if return_entropy else tokens)
 
-    return per_shard(kernel, lambda mesh: (P(batch_spec(mesh, hidden.shape[0]), None),
-                                           P(None, None), P(batch_spec(mesh, hidden.shape[0]))),
-                     out_specs)(hidden, lm_head, targets)
+    return per_shard(kernel, specs)(hidden, lm_head, targets)
 
 
 def pallas_token_logprobs(hidden, lm_head, targets, temperature=1.0, *, return_entropy=False,
