@@ -38,6 +38,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxrl_agentic.models.config import ModelConfig
+from jaxrl_agentic.models.dense_grad import projection_dot_general
 from jaxrl_agentic.models.rope import apply_rope, rope_cos_sin, rope_frequencies
 from pallas_kernels import _online_softmax as online_softmax
 from pallas_kernels._same_bits import fixed_order_sum, keeps_same_bits
@@ -123,6 +124,8 @@ def _linear(cfg: ModelConfig, n_in: int, n_out: int, bias: bool, rngs: nnx.Rngs)
         # Accumulate and return float32 (the MXU/tensor-core contract): only the matmul's
         # inputs are rounded to the compute dtype, never its output (module docstring).
         preferred_element_type=jnp.float32,
+        # The weight gradient without XLA:CPU's slow transposed writes (`dense_grad`).
+        dot_general=projection_dot_general,
         rngs=rngs,
     )
 
