@@ -80,3 +80,20 @@ def test_cpu_takes_the_custom_weight_gradient_other_backends_the_plain_dot(monke
                        x, jnp.ones((3, 4, 5))) == {"dot_general"}
     monkeypatch.setattr(dense_grad.jax, "default_backend", lambda: "gpu")
     assert _primitives(lambda x, w: projection_dot_general(x, w, dims), x, w) == {"dot_general"}
+
+
+def test_remat_dots_policy_still_keeps_the_projection_outputs(capsys):
+    """`remat="dots"` saves the projections' outputs (`REMAT_POLICIES`): the custom weight
+    gradient must not hide them from the policy, or "dots" would recompute every matmul."""
+    dims = (((2,), (0,)), ((), ()))
+
+    def two_projections(x, w1, w2):
+        h = projection_dot_general(x, w1, dims)
+        return jnp.sum(projection_dot_general(jnp.tanh(h), w2, dims))
+
+    policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+    jax.ad_checkpoint.print_saved_residuals(jax.checkpoint(two_projections, policy=policy),
+                                           jnp.ones((1, 8, 4)), jnp.ones((4, 6)),
+                                           jnp.ones((6, 3)))
+    saved = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("f32[1,8,6] output of dot_general") for line in saved), saved
