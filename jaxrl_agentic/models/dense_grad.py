@@ -24,7 +24,8 @@ unchanged, so the sampler's and the learner's forward passes compute what they d
 
 Only on CPU: GPUs and TPUs hand transposed operands to their matmul units without a copy, and
 the barrier would only cost them a buffer. Any other dimension numbers than a projection's
-(contract x's last axis with W's first, no batch axes) take `lax.dot_general` as it is.
+(contract x's last axis with W's first, no batch axes), or an explicit `out_sharding`, take
+`lax.dot_general` as it is.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def projection_dot_general(lhs, rhs, dimension_numbers, precision=None,
                            preferred_element_type=None, out_sharding=None):
     """`lax.dot_general`'s signature (what `nnx.Linear(dot_general=...)` calls); the weight
     gradient of a projection on CPU as in the module docstring."""
-    if jax.default_backend() != "cpu" or not _is_projection(lhs, rhs, dimension_numbers):
+    if (jax.default_backend() != "cpu" or out_sharding is not None
+            or not _is_projection(lhs, rhs, dimension_numbers)):
         return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                                preferred_element_type=preferred_element_type,
                                out_sharding=out_sharding)
