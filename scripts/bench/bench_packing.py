@@ -34,15 +34,21 @@ slots: ``timed_slot_ratio`` = padded / packed slots the update computes
 differed. Since the attention's work does not shrink with the slots, the step's speedup
 stays below that ratio by the attention's share of the step; ``--ablate-attention``
 measures the rest alone (each layer's attention replaced by its queries: not a model, an
-ablation). ``timed_sorted_padded_efficiency``: the slot efficiency of the padded layout a
-careful padded trainer uses instead of one sample per row (samples sorted by length,
-micro-batches of at most the row's tokens, each padded to its longest;
-``baseline_packing.dynamic_batches``), untimed: its micro-batches have a shape per length.
+ablation; XLA then also prunes the unused k and v projections). ``--with-ablation`` times
+that ablated update beside the real one, interleaved in the same run:
+``speedup_attention_ablated`` is about the speedup packing would reach if attention cost
+nothing, a ceiling no attention kernel can raise, and ``*_attention_s`` the attention's
+share of each layout's step (full minus ablated). ``timed_sorted_padded_efficiency``: the
+slot efficiency of the padded layout a careful padded trainer uses instead of one sample per
+row (samples sorted by length, micro-batches of at most the row's tokens, each padded to its
+longest; ``baseline_packing.dynamic_batches``), untimed: its micro-batches have a shape per
+length.
 Prints ONE JSON line.
 
     python scripts/bench/bench_packing.py                     # 8 groups × 4 episodes, 5 turns
     python scripts/bench/bench_packing.py --micro-batch-max-tokens 2048 --repeats 3
     python scripts/bench/bench_packing.py --micro-batch-max-tokens 2048 --ablate-attention
+    python scripts/bench/bench_packing.py --micro-batch-max-tokens 2048 --with-ablation
 """
 
 from __future__ import annotations
@@ -107,7 +113,16 @@ def _parse_args():
     parser.add_argument("--ablate-attention", action="store_true",
                         help="time the update with each layer's attention output replaced by "
                              "its queries: the per-token work alone (not a model)")
-    return parser.parse_args()
+    parser.add_argument("--with-ablation", action="store_true",
+                        help="also time the packed and padded updates with attention ablated "
+                             "(as --ablate-attention), interleaved with the real ones in this "
+                             "run: speedup_attention_ablated, the speedup no attention kernel "
+                             "can beat on this mini-batch")
+    args = parser.parse_args()
+    if args.ablate_attention and args.with_ablation:
+        parser.error("--with-ablation times the ablated update beside the real one; "
+                     "--ablate-attention replaces the real one: pick one")
+    return args
 
 
 def _rollout(model, tokenizer, args):
@@ -135,25 +150,42 @@ def _samples(trajs, seed):
     return [s for t in trajs for s in step_samples(t, float(rng.normal()))]
 
 
-def _time_interleaved(step, state, batches, lr, repeats):
-    """(state, first-call seconds per batch, median seconds per batch). The state is
-    donated by the step, so it is threaded through every call."""
-    first = []
-    for batch in batches:
-        start = time.perf_counter()
-        state, metrics = step(state, batch, lr)
-        jax.block_until_ready((state, metrics))
-        first.append(time.perf_counter() - start)
-    times = [[] for _ in batches]
+def _call(run, batch):
+    """Seconds of one update of ``run`` (``[step, state, batches, lr]``) on ``batch``; the
+    state is donated by the step, so the new one is threaded back into ``run``."""
+    start = time.perf_counter()
+    run[1], metrics = run[0](run[1], batch, run[3])
+    jax.block_until_ready((run[1], metrics))
+    if int(metrics["nonfinite"]):
+        raise RuntimeError("the train step skipped a non-finite update")
+    return time.perf_counter() - start
+
+
+def _warm_up(run):
+    """First-call seconds per batch of ``run`` (each call traces and compiles)."""
+    return [_call(run, batch) for batch in run[2]]
+
+
+def _time_interleaved(runs, repeats):
+    """Median seconds per batch of each (warmed-up) run: ``repeats`` rounds, each timing
+    every batch of every run once, so all see the same load on shared cores."""
+    times = [[[] for _ in run[2]] for run in runs]
     for _ in range(repeats):
-        for batch, bucket in zip(batches, times, strict=True):
-            start = time.perf_counter()
-            state, metrics = step(state, batch, lr)
-            jax.block_until_ready((state, metrics))
-            bucket.append(time.perf_counter() - start)
-            if int(metrics["nonfinite"]):
-                raise RuntimeError("the train step skipped a non-finite update")
-    return state, first, [statistics.median(t) for t in times]
+        for run, buckets in zip(runs, times, strict=True):
+            for batch, bucket in zip(run[2], buckets, strict=True):
+                bucket.append(_call(run, batch))
+    return [[statistics.median(t) for t in buckets] for buckets in times]
+
+
+def _update_run(model, placed, packing, mesh):
+    """``[step, state, batches, lr]`` of a fresh learner's update on the ``placed`` layouts
+    (traced at its first call: an ablation patched in before then applies to it alone)."""
+    graphdef, params = nnx.split(model)
+    config = LearnerConfig(learning_rate=1e-6, packing=packing)
+    learner = Learner(graphdef, params, config, mesh)
+    engine = learner.engine
+    batches = [put_batch(layout, engine.batch_keys, mesh) for layout in placed]
+    return [engine.update_step, learner.state, batches, np.float32(config.learning_rate)]
 
 
 def _layouts(samples, micro_batch_max_tokens, sequence_length, *, pow2_buckets=False,
@@ -244,14 +276,26 @@ def main():
     slots = [computed_slots(layout, mesh, packing.row_prefixes) for layout in placed]
     if args.ablate_attention:  # after the rollout, which needs the real model
         _ablate_attention()
-    graphdef, params = nnx.split(model)
-    config = LearnerConfig(learning_rate=1e-6, packing=packing)
-    learner = Learner(graphdef, params, config, mesh)
-    engine = learner.engine
-    batches = [put_batch(layout, engine.batch_keys, mesh) for layout in placed]
-    lr = np.float32(config.learning_rate)
-    _, first_s, (packed_s, padded_s, tight_s) = _time_interleaved(
-        engine.update_step, learner.state, batches, lr, args.repeats)
+    runs = [_update_run(model, placed, packing, mesh)]
+    first_s = _warm_up(runs[0])
+    if args.with_ablation:
+        # The real update is traced by its warm-up above, before the patch; the ablated
+        # learner is traced after it, so one process times both side by side.
+        _ablate_attention()
+        runs.append(_update_run(model, placed[:2], packing, mesh))
+        _warm_up(runs[1])
+    medians = _time_interleaved(runs, args.repeats)
+    packed_s, padded_s, tight_s = medians[0]
+    ablated = {}
+    if args.with_ablation:
+        ablated_packed_s, ablated_padded_s = medians[1]
+        ablated = {
+            "ablated_packed_step_s": round(ablated_packed_s, 4),
+            "ablated_padded_step_s": round(ablated_padded_s, 4),
+            "speedup_attention_ablated": round(ablated_padded_s / ablated_packed_s, 3),
+            "packed_attention_s": round(packed_s - ablated_packed_s, 4),
+            "padded_attention_s": round(padded_s - ablated_padded_s, 4),
+        }
 
     real = timed_stats[0]["real_tokens"]
     print(json.dumps({
@@ -295,11 +339,12 @@ def main():
         "padded_tokens_per_s": round(real / padded_s, 1),
         "speedup": round(padded_s / packed_s, 3),
         "tight_step_s": round(tight_s, 4),
+        **ablated,
         "speedup_of_align_when_free": round(tight_s / packed_s, 3),
         "packed_first_call_s": round(first_s[0], 2),
         "padded_first_call_s": round(first_s[1], 2),
         "rollout_s": round(rollout_s, 2),
-        "model_params": int(sum(x.size for x in jax.tree.leaves(params))),
+        "model_params": int(sum(x.size for x in jax.tree.leaves(nnx.split(model)[1]))),
         "model": {k: getattr(model.cfg, k) for k in (
             "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
             "num_attention_heads", "num_key_value_heads", "head_dim")},
