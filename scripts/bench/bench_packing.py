@@ -54,11 +54,14 @@ Prints ONE JSON line.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 import common
 
@@ -150,12 +153,22 @@ def _samples(trajs, seed):
     return [s for t in trajs for s in step_samples(t, float(rng.normal()))]
 
 
-def _call(run, batch):
-    """Seconds of one update of ``run`` (``[step, state, batches, lr]``) on ``batch``; the
-    state is donated by the step, so the new one is threaded back into ``run``."""
+@dataclasses.dataclass
+class _Run:
+    """One learner's jitted update, its current state and the batches it is timed on."""
+
+    step: Callable
+    state: Any
+    batches: list
+    lr: np.float32
+
+
+def _call(run: _Run, batch):
+    """Seconds of one update of ``run`` on ``batch``; the state is donated by the step, so
+    the new one replaces it in ``run``."""
     start = time.perf_counter()
-    run[1], metrics = run[0](run[1], batch, run[3])
-    jax.block_until_ready((run[1], metrics))
+    run.state, metrics = run.step(run.state, batch, run.lr)
+    jax.block_until_ready((run.state, metrics))
     if int(metrics["nonfinite"]):
         raise RuntimeError("the train step skipped a non-finite update")
     return time.perf_counter() - start
@@ -163,29 +176,29 @@ def _call(run, batch):
 
 def _warm_up(run):
     """First-call seconds per batch of ``run`` (each call traces and compiles)."""
-    return [_call(run, batch) for batch in run[2]]
+    return [_call(run, batch) for batch in run.batches]
 
 
 def _time_interleaved(runs, repeats):
     """Median seconds per batch of each (warmed-up) run: ``repeats`` rounds, each timing
     every batch of every run once, so all see the same load on shared cores."""
-    times = [[[] for _ in run[2]] for run in runs]
+    times = [[[] for _ in run.batches] for run in runs]
     for _ in range(repeats):
         for run, buckets in zip(runs, times, strict=True):
-            for batch, bucket in zip(run[2], buckets, strict=True):
+            for batch, bucket in zip(run.batches, buckets, strict=True):
                 bucket.append(_call(run, batch))
     return [[statistics.median(t) for t in buckets] for buckets in times]
 
 
-def _update_run(model, placed, packing, mesh):
-    """``[step, state, batches, lr]`` of a fresh learner's update on the ``placed`` layouts
-    (traced at its first call: an ablation patched in before then applies to it alone)."""
+def _update_run(model, placed, packing, mesh) -> _Run:
+    """A fresh learner's update on the ``placed`` layouts (traced at its first call: an
+    ablation patched in before then applies to it alone)."""
     graphdef, params = nnx.split(model)
     config = LearnerConfig(learning_rate=1e-6, packing=packing)
     learner = Learner(graphdef, params, config, mesh)
     engine = learner.engine
     batches = [put_batch(layout, engine.batch_keys, mesh) for layout in placed]
-    return [engine.update_step, learner.state, batches, np.float32(config.learning_rate)]
+    return _Run(engine.update_step, learner.state, batches, np.float32(config.learning_rate))
 
 
 def _layouts(samples, micro_batch_max_tokens, sequence_length, *, pow2_buckets=False,
