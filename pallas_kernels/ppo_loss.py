@@ -6,17 +6,21 @@
     ppo:   r_t = exp(clamp(d_t))
            pg_t = max(−A·r, −A·clip(r))
     gspo:  s_i = exp(clamp(mean_{u ∈ i} d_u))      one ratio per sample (segment) i, the mean
-           pg_t = max(−A·s_i, −A·clip(s_i))         over its loss tokens (w ≠ 0); s carries the
-                                                    gradient of every token of the sample
+           s_t = sg(s_i)·π_t / sg(π_t)              over its loss tokens (w ≠ 0); token t's copy
+           pg_t = max(−A_t·s_t, −A_t·clip(s_t))     carries only logp_t's gradient (GSPO-token)
     cispo: r_t = exp(clamp(d_t))
            pg_t = −sg(clip(r))·A·logp_t             no token leaves the gradient (sg = stop grad)
 
     pg_t = min(pg_t, −A·c)                        dual clip (ppo/gspo), only where A < 0
     kl_t = k1: x    k2: ½x²    k3: exp(−x) − (−x) − 1   with  x = logp − ref  (k3: −x clamped ±20)
 
-GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization"): the gradient of
-``−A·s_i`` is ``−A·s_i·(1/|i|)·Σ_u ∇logp_u``, the same as the paper's token form
-``s_t = sg[s_i]·π_t / sg[π_t]``. ``segment_ids`` ([N]) identify the samples: each sample is one
+GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization"), in its GSPO-token form: every
+token of sample ``i`` sees the value ``s_i``, and token ``u`` gets the gradient
+``−w_u·A_u·s_i·∇logp_u`` (0 where its branch is clipped or ``|mean d| ≥ 20``), as verl's
+``log s_t = logp_t − sg(logp_t) + sg(mean d)``. With one advantage per sample this equals the
+sequence form ``−A·∇s_i``; with per-token or per-turn advantages (turn_grpo, gigpo, gae,
+merged step samples, TIS folded into A) the sequence form would spread the sample's mean
+advantage over every token instead. ``segment_ids`` ([N]) identify the samples: each sample is one
 contiguous run of equal ids, and neighbouring samples have different ids (for a flattened
 ``[B, T]`` packed batch offset the ids per row, e.g. ``algos.losses.flat_segment_ids``).
 CISPO (MiniMax-M1, 2025): the clipped importance weight is a constant, so a token whose
@@ -160,6 +164,10 @@ def sequence_mean(values, active, segment_ids):
     return (total / jnp.maximum(count, 1.0))[run]
 
 
+def _clamp_log_ratio(x):
+    return lax.clamp(-LOG_RATIO_CLAMP, x, LOG_RATIO_CLAMP)
+
+
 def reference_ppo_loss(logprobs, old_logprobs, advantages, loss_weights, ref_logprobs=None, *,
                        clip_low=0.2, clip_high=None, dual_clip=None, kl_estimator="k3",
                        policy_loss="ppo", segment_ids=None):
@@ -175,11 +183,16 @@ def reference_ppo_loss(logprobs, old_logprobs, advantages, loss_weights, ref_log
     active = w != 0
     counted = (w > 0).astype(_F32)
     log_ratio = jnp.where(active, logp - sg(old_logprobs.astype(_F32)), 0.0)
-    token_log_ratio = lax.clamp(-LOG_RATIO_CLAMP, log_ratio, LOG_RATIO_CLAMP)
+    token_log_ratio = _clamp_log_ratio(log_ratio)
     if policy_loss == "gspo":
-        # Clamp after the mean: the sequence ratio is the one exp() sees.
-        log_ratio = sequence_mean(log_ratio, active, segment_ids)
-    log_ratio = lax.clamp(-LOG_RATIO_CLAMP, log_ratio, LOG_RATIO_CLAMP)
+        # GSPO-token (module doc): the value is the sample's clamped mean log-ratio, the
+        # gradient is each token's own logp's, and none beyond the clamp (as for ppo).
+        seq = sequence_mean(log_ratio, active, segment_ids)
+        inside = active & (jnp.abs(seq) < LOG_RATIO_CLAMP)
+        own = jnp.where(inside, logp - sg(logp), 0.0)
+        log_ratio = jnp.where(active, own + sg(_clamp_log_ratio(seq)), 0.0)
+    else:
+        log_ratio = _clamp_log_ratio(log_ratio)
     adv = jnp.where(active, sg(advantages.astype(_F32)), 0.0)
     ratio = jnp.exp(log_ratio)
     dual_active = jnp.zeros_like(active)

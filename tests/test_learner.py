@@ -143,8 +143,10 @@ def reference_loss(params, samples, config, kl_coef):
         log_ratio = lp - padded(s.old_logprobs)[1:]
         ratio = jnp.exp(log_ratio)
         high = config.pg_clip_high or config.pg_clip
-        if config.policy_loss == "gspo":  # one ratio per sample: exp(mean log-ratio)
-            ratio = jnp.exp(jnp.sum(m * log_ratio) / jnp.maximum(m.sum(), 1)) * jnp.ones_like(lp)
+        if config.policy_loss == "gspo":  # GSPO-token: exp(mean log-ratio), own gradient
+            sg = jax.lax.stop_gradient
+            mean = jnp.sum(m * log_ratio) / jnp.maximum(m.sum(), 1)
+            ratio = jnp.exp(lp - sg(lp) + sg(mean))
         clipped = jnp.clip(ratio, 1 - config.pg_clip, 1 + high)
         if config.policy_loss == "cispo":
             pg = -jax.lax.stop_gradient(clipped) * a * lp

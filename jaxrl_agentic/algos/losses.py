@@ -12,7 +12,8 @@ Policy objective (per token ``t`` with weight ``w_t``; see ``pallas_kernels.ppo_
     H_t      = −Σ_v p_v log p_v                                 (entropy of the same softmax)
     pg_t     = max(−A_t·r_t, −A_t·clip(r_t, 1−ε_lo, 1+ε_hi)),   r_t = exp(logp_t − old_t)
                (dual clip: min(pg_t, −A_t·c) where A_t < 0)                    policy_loss="ppo"
-    pg_t     = same with r_t → s_i = exp(mean_{u ∈ i} (logp_u − old_u)) of t's sample  "gspo"
+    pg_t     = same with r_t → s_t = sg(s_i)·π_t/sg(π_t),                           "gspo"
+               s_i = exp(mean_{u ∈ i} (logp_u − old_u)) of t's sample (GSPO-token form)
     pg_t     = −sg(clip(r_t, 1−ε_lo, 1+ε_hi))·A_t·logp_t                         "cispo"
     kl_t     = k1 | k2 | k3 of (logp_t − ref_t)                  (``algos/kl.py``)
 

@@ -304,6 +304,35 @@ def test_gspo_sequence_ratio_by_hand(impl):
     assert abs(float(ppo.pg) - float(sums.pg)) > 0.03
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_gspo_token_form_keeps_each_tokens_own_advantage(impl):
+    # One on-policy 4-token sample with per-turn advantages [1, 1, −1, −1] and
+    # seq-mean-token-mean weights 1/4: s_i = 1, nothing is clipped, so the GSPO-token
+    # gradient is −w_u·A_u·s_i = [−.25, −.25, .25, .25]. The sequence form (−A·∇s_i spread
+    # over the sample) would give Σ_t w_t·A_t·(1/4) = 0 on every token.
+    logp = jnp.asarray([-0.5, -1.0, -1.5, -2.0])
+    adv = jnp.asarray([1.0, 1.0, -1.0, -1.0])
+    w, seg = jnp.full(4, 0.25), jnp.ones(4, jnp.int32)
+    (_, sums), grad = _loss_and_grad(impl, logp, adv, w, policy_loss="gspo",
+                                     segment_ids=seg)(logp)
+    np.testing.assert_allclose(grad, [-0.25, -0.25, 0.25, 0.25], atol=1e-7)
+    np.testing.assert_allclose(sums.pg, 0.0, atol=1e-7)
+    np.testing.assert_allclose(sums.ratio, 4.0, rtol=1e-6)
+
+
+def test_gspo_token_form_clips_per_token():
+    # s_i = 1.5 (outside [0.8, 1.2]) on a 2-token sample with A = [+1, −1]: the A > 0 token
+    # takes the clipped branch (no gradient); the A < 0 token keeps −A·s_i = 1.5.
+    logp = jnp.asarray([0.0, 0.0])
+    old = jnp.full(2, -np.log(1.5), jnp.float32)
+    adv, w, seg = jnp.asarray([1.0, -1.0]), jnp.ones(2), jnp.asarray([1, 1])
+    (_, sums), grad = _loss_and_grad("reference", old, adv, w, policy_loss="gspo",
+                                     segment_ids=seg)(logp)
+    np.testing.assert_allclose(grad, [0.0, 1.5], rtol=1e-6)
+    np.testing.assert_allclose(sums.pg, -1.2 + 1.5, rtol=1e-6)
+    assert (float(sums.clipped_high), float(sums.clipped_low)) == (1.0, 0.0)
+
+
 def test_gspo_single_token_samples_equal_ppo():
     # With one loss token per sample the sequence ratio is the token ratio.
     seg, mask, logp, old, adv = _packed_batch()
