@@ -34,6 +34,13 @@ Tools (`envs/tools.py`): `first_prompt(text, tools=schemas)` renders the templat
 so consecutive tool messages are rendered together, as the template groups them (Qwen2.5
 wraps them in one user turn of `<tool_response>` blocks).
 
+Environment and tool text is data, not markup: a message whose content holds the text of a
+special token (``<|im_end|>``, ``<|im_start|>``: a tool error echoing the model's reply, an
+observation quoting a chat log) would otherwise be tokenised into real control tokens and
+forge a turn boundary in the next prompt. Such content is encoded with its special-token
+strings as plain text (``split_special_tokens``); the template around it keeps its control
+tokens. Content without them is encoded exactly as before, in one piece with the template.
+
 `reply_prefix` (e.g. "<answer>") is appended to every generation prompt, so the model's
 reply starts after it, and is put back in front of the reply text before parsing. The
 prefix tokens are context (loss mask 0), not generated tokens: the "assistant prefill" of
@@ -59,6 +66,11 @@ class ChatFormatter:
         if tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer has no eos_token; multi-turn rollouts need one")
         self.tokenizer = tokenizer
+        # The strings the tokenizer turns into special (control) tokens, longest first.
+        self._control_strings = sorted(
+            {t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values()
+             if t.special} | set(getattr(tokenizer, "all_special_tokens", [])),
+            key=len, reverse=True)
         self.system_prompt = system_prompt
         self.reply_prefix = reply_prefix
         self.reply_suffix = reply_suffix
@@ -94,12 +106,33 @@ class ChatFormatter:
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
+    def encode_plain(self, text: str) -> list[int]:
+        """Ids of `text` with every special-token string in it as plain text."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False,
+                                          split_special_tokens=True))
+
+    def _encode_rendered(self, text: str, contents: list[str]) -> list[int]:
+        """Ids of rendered template `text` in which `contents` (environment or tool text, in
+        order) appear verbatim: control strings in a content stay plain text (module doc)."""
+        marked = [c for c in contents if any(m in c for m in self._control_strings)]
+        if not marked:
+            return self.encode(text)
+        ids, pos = [], 0
+        for content in marked:
+            start = text.find(content, pos)
+            if start < 0:
+                raise ValueError("the chat template does not render a message's content "
+                                 "verbatim; cannot keep its special-token text plain")
+            ids += self.encode(text[pos:start]) + self.encode_plain(content)
+            pos = start + len(content)
+        return ids + self.encode(text[pos:])
+
     def first_prompt(self, user_content: str, tools: list[dict] | None = None) -> list[int]:
         """Ids of [system] + first user message + the assistant generation prompt; `tools`
         (JSON schemas) go to the template, which lists them in the system prompt."""
         messages = self._system() + [{"role": "user", "content": user_content}]
-        return (self.encode(self._render(messages, generation_prompt=True, tools=tools))
-                + self._prefix_ids)
+        text = self._render(messages, generation_prompt=True, tools=tools)
+        return self._encode_rendered(text, [user_content]) + self._prefix_ids
 
     def _next_prompt_text(self, user_content: str) -> str:
         return self._appended_text([{"role": "user", "content": user_content}])
@@ -130,7 +163,8 @@ class ChatFormatter:
     def next_prompt(self, user_content: str) -> list[int]:
         """Ids to append after an assistant turn that ended with EOS: template tail + user
         message + generation prompt (+ reply prefix)."""
-        return self.encode(self._next_prompt_text(user_content)) + self._prefix_ids
+        return (self._encode_rendered(self._next_prompt_text(user_content), [user_content])
+                + self._prefix_ids)
 
     def tool_prompt(self, results: list[str] | tuple[str, ...]) -> list[int]:
         """Ids to append after an assistant turn that ended with EOS and called tools: the
@@ -138,7 +172,8 @@ class ChatFormatter:
         if not results:
             raise ValueError("tool_prompt needs at least one tool result")
         messages = [{"role": "tool", "content": r} for r in results]
-        return self.encode(self._appended_text(messages)) + self._prefix_ids
+        return self._encode_rendered(self._appended_text(messages), list(results)) + \
+            self._prefix_ids
 
     def decode_reply(self, ids) -> str:
         """The reply text as the environment parses it: prefix + generated text + suffix."""
