@@ -46,7 +46,8 @@ def get_config():
     c.custom_envs = {"calculator": env_spec(
         "calculator", env_backend="python", max_turns=3, max_tokens_per_step=64,
         format_penalty=0.1, step_timeout_s=30.0, operations=1, tool_error_penalty=0.1,
-        max_calls_per_turn=2, call_timeout_s=1.0, max_steps_in_episode=3)}
+        max_calls_per_turn=2, call_timeout_s=1.0, max_steps_in_episode=3,
+        call_style="compact")}  # the tiny template shows one-line calls; Qwen's use newlines
     c.train_env_manager = env_manager(num_env_groups=4, group_size=8, tags=("calculator",))
     c.val_env_manager = env_manager(num_env_groups=32, group_size=1, tags=("calculator",))
     return c

@@ -19,6 +19,7 @@ affects it, and reused by later runs.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -221,7 +222,9 @@ def _python_warmup_runner(c, i: int, tag: str, spec, env_config: dict, formatter
                           "set format_warmup.steps=0")
     factory = make_python_env(spec.env_type, format_penalty=spec.format_penalty, **env_config)
     scripted = ScriptedSampler(
-        text_policy_replies(formatter, policies[spec.env_type], c.seed + 7919 * i),
+        text_policy_replies(formatter, functools.partial(
+            policies[spec.env_type], call_style=env_config.get("call_style", "qwen")),
+            c.seed + 7919 * i),
         max_total_len=c.max_input_length + spec.max_tokens_per_step + 1)
     return PythonRolloutRunner(factory, scripted, formatter, tag=tag,
                                max_turns=min(spec.max_turns, c.format_warmup.max_turns),

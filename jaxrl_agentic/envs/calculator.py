@@ -10,7 +10,7 @@ no powers, bounded length and nesting, so no expression can run long.
     factory = make_python_env("calculator", operations=1)   # one-operation problems only
     env = factory(EpisodeSpec(seed=3, group_id=0, member=0), run_seed=0)
     text = env.reset(3)          # instructions + "Problem: …"
-    env.step('<tool_call>{"name": "calculate", "arguments": {"expression": "37 * 48"}}'
+    env.step('<tool_call>\n{"name": "calculate", "arguments": {"expression": "37 * 48"}}\n'
              '</tool_call>')     # → PyStep(tool_messages=("1776",), ...)
     env.step("<answer>1776</answer>")
 
@@ -28,13 +28,7 @@ from fractions import Fraction
 from typing import Any
 
 from jaxrl_agentic.envs.python_env import register_python_env
-from jaxrl_agentic.envs.tools import (
-    CALL_CLOSE,
-    CALL_OPEN,
-    Tool,
-    ToolEnv,
-    tool_responses,
-)
+from jaxrl_agentic.envs.tools import Tool, ToolEnv, format_tool_call, tool_responses
 
 MAX_EXPRESSION_CHARS = 200
 MAX_NESTING = 20
@@ -235,9 +229,8 @@ class CalculatorEnv(ToolEnv):
         return Fraction(given) == answer
 
 
-def _call(expression: str) -> str:
-    return (f'{CALL_OPEN}{{"name": "calculate", "arguments": {{"expression": "{expression}"}}}}'
-            f"{CALL_CLOSE}")
+def _call(expression: str, call_style: str) -> str:
+    return format_tool_call("calculate", {"expression": expression}, call_style)
 
 
 def _problem(text: str) -> str | None:
@@ -259,7 +252,11 @@ class CalculatorOracle:
     its template, asks `calculate` for the template's expression, and answers the result.
 
     `reply(new_text)`: `new_text` is what arrived since its last reply (the first user
-    message, or the tool messages as `tool_response_text` renders them)."""
+    message, or the tool messages as `tool_response_text` renders them). `call_style`: the
+    form of its calls (`envs.tools.CALL_STYLES`)."""
+
+    def __init__(self, call_style: str = "qwen"):
+        self.call_style = call_style
 
     def reply(self, new_text: str) -> str:
         results = tool_responses(new_text)
@@ -269,14 +266,15 @@ class CalculatorOracle:
         for pattern, expression in _TEMPLATES:
             m = pattern.match(problem)
             if m:
-                return _call(expression.format(**m.groupdict()))
+                return _call(expression.format(**m.groupdict()), self.call_style)
         return "<answer>unknown</answer>"
 
 
-def random_calculator_policy(rng: random.Random):
-    """A format-only policy: a well-formed call combining the problem's numbers in a random
-    order with random operators, then the result as the answer. It teaches the call and
-    answer format and copying numbers, not which operation a problem needs."""
+def random_calculator_policy(rng: random.Random, call_style: str = "qwen"):
+    """A format-only policy: a well-formed call (in `call_style`) combining the problem's
+    numbers in a random order with random operators, then the result as the answer. It
+    teaches the call and answer format and copying numbers, not which operation a problem
+    needs."""
 
     def reply(new_text: str) -> str:
         results = tool_responses(new_text)
@@ -288,19 +286,21 @@ def random_calculator_policy(rng: random.Random):
         expression = numbers[0]
         for n in numbers[1:]:
             expression += f" {rng.choice('+-*/')} {n}"
-        return _call(expression)
+        return _call(expression, call_style)
 
     return reply
 
 
 def calculator_factory(*, operations: int = 0, format_penalty: float = 0.1,
                        tool_error_penalty: float = 0.1, max_calls_per_turn: int = 3,
-                       call_timeout_s: float = 1.0, max_steps_in_episode: int = 4):
+                       call_timeout_s: float = 1.0, max_steps_in_episode: int = 4,
+                       max_tool_error_penalty: float = 0.5, call_style: str = "qwen"):
     """`make_python_env("calculator", **config)`: the episode factory."""
     options = dict(operations=operations, format_penalty=format_penalty,
                    tool_error_penalty=tool_error_penalty,
                    max_calls_per_turn=max_calls_per_turn, call_timeout_s=call_timeout_s,
-                   max_steps_in_episode=max_steps_in_episode)
+                   max_steps_in_episode=max_steps_in_episode,
+                   max_tool_error_penalty=max_tool_error_penalty, call_style=call_style)
     CalculatorEnv(**options)  # bad values fail here, at config time, not in a worker thread
 
     def factory(spec, run_seed: int) -> CalculatorEnv:

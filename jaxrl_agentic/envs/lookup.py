@@ -24,7 +24,7 @@ import re
 from typing import Any
 
 from jaxrl_agentic.envs.python_env import register_python_env
-from jaxrl_agentic.envs.tools import CALL_CLOSE, CALL_OPEN, Tool, ToolEnv, tool_responses
+from jaxrl_agentic.envs.tools import Tool, ToolEnv, format_tool_call, tool_responses
 
 MAX_SEARCH_RESULTS = 5
 _SYLLABLES = ("al", "ba", "cor", "da", "el", "fen", "gar", "hal", "ir", "jo", "ka", "lin",
@@ -139,9 +139,8 @@ class LookupEnv(ToolEnv):
         raise AssertionError("unreachable: not every resident is their own city's mayor")
 
 
-def _call(name: str, argument: str, value: str) -> str:
-    return (f'{CALL_OPEN}{{"name": "{name}", "arguments": {{"{argument}": "{value}"}}}}'
-            f"{CALL_CLOSE}")
+def _call(name: str, argument: str, value: str, call_style: str) -> str:
+    return format_tool_call(name, {argument: value}, call_style)
 
 
 def _fields(record: str) -> dict[str, str]:
@@ -152,7 +151,8 @@ class LookupOracle:
     """Answers every question from the messages alone (search, get, get, answer; the
     mayor's name takes one more get). `reply(new_text)` as `CalculatorOracle.reply`."""
 
-    def __init__(self):
+    def __init__(self, call_style: str = "qwen"):
+        self.call_style = call_style
         self.plan: tuple[str, str, str, str] | None = None
         self.name = ""
         self.records_seen = 0
@@ -166,7 +166,7 @@ class LookupOracle:
                 if m:
                     self.plan, self.name = (question, kind, link, field), m.group(1)
                     self.records_seen = 0
-                    return _call("search", "query", self.name)
+                    return _call("search", "query", self.name, self.call_style)
             return "<answer>unknown</answer>"
         _, kind, link, field = self.plan
         result = results[-1]
@@ -174,25 +174,27 @@ class LookupOracle:
             for line in result.splitlines():
                 key, _, name = line.partition(": ")
                 if name == self.name and key.startswith(kind + "/"):
-                    return _call("get", "key", key)
+                    return _call("get", "key", key, self.call_style)
             return "<answer>unknown</answer>"
         fields = _fields(result)
         self.records_seen += 1
         if self.records_seen == 1:  # the named record: follow the link
-            return _call("get", "key", fields[link])
+            return _call("get", "key", fields[link], self.call_style)
         if self.records_seen == 2 and field == "mayor":  # the mayor is a key: get its name
-            return _call("get", "key", fields["mayor"])
+            return _call("get", "key", fields["mayor"], self.call_style)
         return f"<answer>{fields['name'] if field == 'mayor' else fields[field]}</answer>"
 
 
 def lookup_factory(*, num_people: int = 12, num_cities: int = 5, format_penalty: float = 0.1,
                    tool_error_penalty: float = 0.1, max_calls_per_turn: int = 3,
-                   call_timeout_s: float = 1.0, max_steps_in_episode: int = 6):
+                   call_timeout_s: float = 1.0, max_steps_in_episode: int = 6,
+                   max_tool_error_penalty: float = 0.5, call_style: str = "qwen"):
     """`make_python_env("lookup", **config)`: the episode factory."""
     options = dict(num_people=num_people, num_cities=num_cities, format_penalty=format_penalty,
                    tool_error_penalty=tool_error_penalty,
                    max_calls_per_turn=max_calls_per_turn, call_timeout_s=call_timeout_s,
-                   max_steps_in_episode=max_steps_in_episode)
+                   max_steps_in_episode=max_steps_in_episode,
+                   max_tool_error_penalty=max_tool_error_penalty, call_style=call_style)
     LookupEnv(**options)  # bad values fail here, at config time
 
     def factory(spec, run_seed: int) -> LookupEnv:

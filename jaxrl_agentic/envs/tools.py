@@ -8,19 +8,27 @@ function-calling format of Qwen2.5/Qwen3 (and of OpenAI's API):
          "required": ["expression"]}, fn=calculate)
 
 The chat template lists the schemas in the system prompt (`tool.schema`, passed as the
-template's `tools`). A reply calls tools with one block per call,
+template's `tools`). A reply calls tools with one block per call, in Qwen2.5's form (its
+chat template asks for the JSON on a line of its own; `format_tool_call`,
+`call_style="qwen"`):
 
-    <tool_call>{"name": "calculate", "arguments": {"expression": "347 * 12"}}</tool_call>
+    <tool_call>
+    {"name": "calculate", "arguments": {"expression": "347 * 12"}}
+    </tool_call>
 
-and ends the episode with `<answer>…</answer>`. The results come back as `tool` messages,
-one per call in order (Qwen's template wraps each in `<tool_response>…</tool_response>`).
+and ends the episode with `<answer>…</answer>`. `call_style="compact"` writes the block on
+one line (the tiny model's template shows that form); the parser accepts both. The results
+come back as `tool` messages, one per call in order (Qwen's template wraps each in
+`<tool_response>…</tool_response>`).
 
 Garbled calls are part of the game, never exceptions: bad JSON, an unclosed block, an
 unknown tool, arguments that do not fit the schema, a tool that raised, a call past its
 timeout, a call beyond `max_calls_per_turn`, a call in the same reply as the answer. Each
 one is answered with an `Error: …` tool message, counted in the step's `tool_errors`
-(`tool_timeouts` too for a timeout), and charged `tool_error_penalty`. `parse_tool_calls`
-never raises, whatever the text.
+(`tool_timeouts` too for a timeout), and charged `tool_error_penalty`, up to
+`max_tool_error_penalty` per episode: unbounded, 40 garbled calls would cost −4 against a
++1 task reward and swamp the group-normalised advantages of every episode beside it.
+`parse_tool_calls` never raises, whatever the text.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from jaxrl_agentic.envs.parsing import _ANSWER  # one answer-tag rule for every 
 from jaxrl_agentic.envs.python_env import PyStep, PythonTextEnv, text_state_hash
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+CALL_STYLES = ("qwen", "compact")
 RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
 # Tool messages longer than this are cut: a runaway result must not blow the context.
 MAX_RESULT_CHARS = 2000
@@ -73,6 +82,16 @@ class ToolCall:
     name: str | None
     arguments: dict[str, Any] | None
     error: str | None = None
+
+
+def format_tool_call(name: str, arguments: Mapping[str, Any], call_style: str = "qwen") -> str:
+    """One `<tool_call>` block: the JSON on its own line ("qwen") or inline ("compact")."""
+    if call_style not in CALL_STYLES:
+        raise ValueError(f"call_style must be one of {CALL_STYLES}, got {call_style!r}")
+    body = json.dumps({"name": name, "arguments": dict(arguments)}, ensure_ascii=False)
+    if call_style == "qwen":
+        return f"{CALL_OPEN}\n{body}\n{CALL_CLOSE}"
+    return f"{CALL_OPEN}{body}{CALL_CLOSE}"
 
 
 def parse_tool_calls(reply: str) -> list[ToolCall]:
@@ -223,7 +242,9 @@ class ToolEnv(PythonTextEnv):
       `call_timeout_s`), the rest are errors; the results are the step's `tool_messages`;
     - else (neither): the format penalty, and a user message saying what a reply needs.
 
-    Every erroneous call costs `tool_error_penalty`. `PyStep.action` is 0 for an answer,
+    Every erroneous call costs `tool_error_penalty`, at most `max_tool_error_penalty` in all
+    per episode (module doc). `call_style` is the call form the hints show (`CALL_STYLES`).
+    `PyStep.action` is 0 for an answer,
     1 for a turn of tool calls, -1 for neither; `action_is_valid` means "an answer, or
     calls none of which was garbled"; `action_is_effective`: a call returned a result.
     """
@@ -234,12 +255,17 @@ class ToolEnv(PythonTextEnv):
     def __init__(self, tools: Sequence[Tool], *, format_penalty: float = 0.1,
                  tool_error_penalty: float = 0.1, correct_reward: float = 1.0,
                  max_calls_per_turn: int = 3, call_timeout_s: float = 1.0,
-                 max_steps_in_episode: int = 6):
+                 max_steps_in_episode: int = 6, max_tool_error_penalty: float = 0.5,
+                 call_style: str = "qwen"):
         if max_calls_per_turn < 1:
             raise ValueError(f"max_calls_per_turn must be >= 1, got {max_calls_per_turn}")
-        if call_timeout_s < 0 or format_penalty < 0 or tool_error_penalty < 0:
-            raise ValueError("call_timeout_s, format_penalty and tool_error_penalty must be "
-                             ">= 0")
+        if min(call_timeout_s, format_penalty, tool_error_penalty, max_tool_error_penalty) < 0:
+            raise ValueError("call_timeout_s, format_penalty, tool_error_penalty and "
+                             "max_tool_error_penalty must be >= 0")
+        if call_style not in CALL_STYLES:
+            raise ValueError(f"call_style must be one of {CALL_STYLES}, got {call_style!r}")
+        self.max_tool_error_penalty, self.call_style = float(max_tool_error_penalty), call_style
+        self._error_penalty_charged = 0.0
         self.tool_list = list(tools)
         self.tools = {t.name: t for t in self.tool_list}
         self.format_penalty, self.tool_error_penalty = float(format_penalty), float(
@@ -266,6 +292,7 @@ class ToolEnv(PythonTextEnv):
     def reset(self, seed: int) -> str:
         self.question, self.answer = self.new_task(seed)
         self._transcript = [self.question]
+        self._error_penalty_charged = 0.0
         return f"{self.instructions}\n{self.question}"
 
     def state_hash(self) -> bytes:
@@ -281,16 +308,15 @@ class ToolEnv(PythonTextEnv):
         given = parse_answer(reply)
         if given is not None:
             correct = self.is_correct(given, self.answer)
-            penalty = self.tool_error_penalty * len(calls)  # calls the answer cut off
+            penalty = self._error_penalty(len(calls))  # calls the answer cut off
             return PyStep(observation="", reward=(self.correct_reward if correct else 0.0)
                           - penalty, terminated=True, action_is_valid=not calls,
                           action_is_effective=True, success=correct, action=0,
                           tool_calls=len(calls), tool_errors=len(calls))
         if not calls:
+            example = format_tool_call("NAME", {"ARGUMENT": "VALUE"}, self.call_style)
             return PyStep(observation=("Your reply had no tool call and no answer. Call a tool "
-                                       f"with {CALL_OPEN}{{\"name\": ..., \"arguments\": "
-                                       f"{{...}}}}{CALL_CLOSE} or reply "
-                                       "<answer>ANSWER</answer>."),
+                                       f"with {example} or reply <answer>ANSWER</answer>."),
                           reward=-self.format_penalty, terminated=False, action_is_valid=False,
                           action_is_effective=False, success=False, action=INVALID_ACTION)
         results = [run_tool_call(c, self.tools, self.call_timeout_s)
@@ -300,11 +326,20 @@ class ToolEnv(PythonTextEnv):
                     for _ in calls[self.max_calls_per_turn:]]
         errors = sum(r.error for r in results)
         self._transcript.extend(r.content for r in results)
-        return PyStep(observation="", reward=0.0 - self.tool_error_penalty * errors,
+        return PyStep(observation="", reward=0.0 - self._error_penalty(errors),
                       terminated=False, action_is_valid=errors == 0,
                       action_is_effective=errors < len(results), success=False, action=1,
                       tool_messages=tuple(r.content for r in results), tool_calls=len(calls),
                       tool_errors=errors, tool_timeouts=sum(r.timeout for r in results))
+
+
+    def _error_penalty(self, errors: int) -> float:
+        """`tool_error_penalty` per erroneous call, until the episode has paid
+        `max_tool_error_penalty`."""
+        penalty = min(self.tool_error_penalty * errors,
+                      self.max_tool_error_penalty - self._error_penalty_charged)
+        self._error_penalty_charged += penalty
+        return penalty
 
 
 TOOL_METRICS = ("tool/calls", "tool/errors", "tool/timeouts")

@@ -128,6 +128,21 @@ def test_the_warmup_policy_writes_only_well_formed_calls():
     assert 0 < solved < 64  # random operators: sometimes right, not always
 
 
+@pytest.mark.parametrize("call_style", ["qwen", "compact"])
+def test_oracle_and_warmup_policy_write_the_call_style_asked_for(call_style):
+    # Qwen2.5's template asks for "<tool_call>\n{…}\n</tool_call>"; the hint, the oracle and
+    # the warm-up policy follow the env's call_style.
+    env = make_python_env("calculator", call_style=call_style)(EpisodeSpec(0, 0, 0), 0)
+    text = env.reset(0)
+    newline = call_style == "qwen"
+    for reply in (CalculatorOracle(call_style).reply(text),
+                  random_calculator_policy(random.Random(0), call_style)(text)):
+        assert reply.startswith("<tool_call>\n" if newline else "<tool_call>{"), reply
+        assert reply.endswith("\n</tool_call>" if newline else "}</tool_call>"), reply
+    hint = env.step("no idea").observation
+    assert ("<tool_call>\n{" in hint) == newline
+
+
 def test_bad_config_fails_when_the_factory_is_made():
     with pytest.raises(ValueError, match="operations"):
         make_python_env("calculator", operations=3)

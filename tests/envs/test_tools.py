@@ -13,6 +13,7 @@ from jaxrl_agentic.envs.tools import (
     ToolCall,
     ToolEnv,
     check_arguments,
+    format_tool_call,
     parse_answer,
     parse_tool_calls,
     run_tool_call,
@@ -115,6 +116,40 @@ def test_tool_env_rules():
     env.reset(0)
     wrong = env.step("<answer>8</answer>")
     assert wrong.terminated and not wrong.success and wrong.reward == 0.0
+
+
+def test_the_tool_error_penalty_of_an_episode_is_bounded():
+    # 40 garbled calls and a right answer: 0.1 each would be −4.0 against a +1 reward;
+    # the episode pays at most max_tool_error_penalty (0.5 by default) in all.
+    env = Adder(max_calls_per_turn=40)
+    env.reset(0)
+    garbled = f"{CALL_OPEN}{{oops}}{CALL_CLOSE}"
+    first = env.step(garbled * 4)
+    assert first.tool_errors == 4 and abs(first.reward + 0.4) < 1e-12
+    second = env.step(garbled * 36)
+    assert second.tool_errors == 36 and abs(second.reward + 0.1) < 1e-12  # 0.5 reached
+    last = env.step(garbled + "<answer>7</answer>")
+    assert last.success and last.tool_errors == 1 and last.reward == 1.0
+    # A new episode starts with nothing paid; the bound is a setting.
+    env.reset(1)
+    assert abs(env.step(garbled * 2).reward + 0.2) < 1e-12
+    strict = Adder(max_calls_per_turn=40, max_tool_error_penalty=2.0)
+    strict.reset(0)
+    assert abs(strict.step(garbled * 30).reward + 2.0) < 1e-12
+
+
+def test_calls_are_written_in_qwens_form_and_parsed_in_both():
+    # Qwen2.5's template asks for the JSON on a line of its own between the tags.
+    qwen = format_tool_call("calculate", {"expression": "37 * 48"})
+    assert qwen == ('<tool_call>\n{"name": "calculate", "arguments": {"expression": '
+                    '"37 * 48"}}\n</tool_call>')
+    compact = format_tool_call("calculate", {"expression": "37 * 48"}, "compact")
+    assert compact == qwen.replace("\n", "")
+    for reply in (qwen, compact):
+        assert parse_tool_calls(reply) == [ToolCall("calculate", {"expression": "37 * 48"})]
+    env = Adder()
+    env.reset(0)
+    assert format_tool_call("NAME", {"ARGUMENT": "VALUE"}) in env.step("seven?").observation
 
 
 def test_tool_responses_inverts_tool_response_text():
