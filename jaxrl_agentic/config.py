@@ -38,10 +38,11 @@ ROLLOUT_BATCHING = ("turn", "continuous")
 
 
 def env_spec(env_type: str, max_turns: int = 10, max_tokens_per_step: int = 64,
-             format_penalty: float = 0.1, env_backend: str = "jax", step_timeout_s: float = 0.0,
+             format_penalty: float = 0.1, env_backend: str = "jax", step_timeout_s: float = 60.0,
              env_max_workers: int = 0, **env_config) -> ml_collections.ConfigDict:
     """`env_backend="python"`: host-side environments stepped in a thread pool, each step
-    with a deadline of `step_timeout_s` (0 = none); see rollout/python_runner.py."""
+    with a deadline of `step_timeout_s` (0 = none; a late or raising call ends its episode,
+    counted); see rollout/python_runner.py."""
     return ml_collections.ConfigDict(dict(
         env_type=env_type,
         env_config=dict(env_config),
@@ -124,6 +125,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.pg_clip = 0.2
     c.pg_clip_high = 0.0  # 0 = same as pg_clip
     c.dual_clip = 0.0  # 0 = off; else c (≈ 3)
+    # CISPO's own weight bounds clip(r, 1 − low, 1 + high): low ≥ 1 = none (MiniMax-M1)
+    c.cispo_clip_low = 1.0
+    c.cispo_clip_high = 0.28
     c.init_kl_coef = 0.0
     c.target_kl = 0.0  # 0 = fixed coefficient
     c.kl_horizon = 10000.0  # adaptive KL: samples over which β moves by at most ±20%
@@ -150,7 +154,8 @@ def default_config() -> ml_collections.ConfigDict:
     # needs recompute_old_logprobs (else π_old is the behaviour policy and the weight is 1)
     c.tis_imp_ratio_cap = 0.0
     c.tis_level = "token"  # token | sequence | geometric (algos/importance.py)
-    c.tis_mode = "truncate"  # truncate: min(w, cap); mask: drop what exceeds the cap
+    c.tis_mode = "truncate"  # truncate: min(w, cap); mask: drop what leaves [lower, cap]
+    c.tis_lower_cap = 0.0  # mask mode's lower bound; 0 = 1 / tis_imp_ratio_cap (verl's)
     # the learner's logprobs under the sampler's top-k / top-p restriction (and the sampler's
     # reported logprobs too), so the ratio is that of the distribution sampled from
     c.logprob_under_sampling_filter = False
@@ -362,11 +367,14 @@ def validate(c) -> None:
         for field in ("max_turns", "max_tokens_per_step"):
             if not isinstance(spec[field], int) or spec[field] < 1:
                 _fail(f"custom_envs.{tag}.{field}", f"must be an integer >= 1, got {spec[field]!r}")
-        if c.sample_mode == "step" and \
-                c.max_input_length + spec.max_tokens_per_step > c.sequence_length:
+        # A turn's prompt is at most max_input_length (the episode ends before a longer
+        # one) and its reply at most max_tokens_per_step, so this bounds a step sample and,
+        # since a trajectory is its last turn's prompt plus reply, a trajectory sample too.
+        if c.max_input_length + spec.max_tokens_per_step > c.sequence_length:
             _fail("sequence_length", f"{c.sequence_length} < max_input_length + "
                   f"max_tokens_per_step of {tag} = "
-                  f"{c.max_input_length + spec.max_tokens_per_step}: step samples would be cut")
+                  f"{c.max_input_length + spec.max_tokens_per_step}: {c.sample_mode} samples "
+                  "would be cut")
         from jaxrl_agentic.envs import registered_envs
 
         backend = spec.get("env_backend", "jax")

@@ -55,7 +55,7 @@ from jaxrl_agentic.algos.losses import (
     policy_loss,
 )
 from jaxrl_agentic.algos.reductions import REDUCTIONS, loss_denominator, loss_weights
-from jaxrl_agentic.data import Sample, token_stats, updates_per_step
+from jaxrl_agentic.data import Sample, token_stats, trained_loss_mask, updates_per_step
 from jaxrl_agentic.models.transformer import REMAT_POLICIES, in_compute_dtype
 from jaxrl_agentic.parallel import make_mesh, place, stacked_layer_dims, train_state_shardings
 from jaxrl_agentic.update import (
@@ -74,7 +74,7 @@ from jaxrl_agentic.update import (
     mean_over_applied,
     per_sample_outputs,
 )
-from pallas_kernels import restricted_token_logprobs, token_logprobs
+from pallas_kernels import OUT_OF_SUPPORT_LOGPROB, restricted_token_logprobs, token_logprobs
 from pallas_kernels._same_bits import compiler_options
 from pallas_kernels.segment_attention import IMPLS as ATTENTION_IMPLS
 
@@ -125,7 +125,10 @@ class LearnerConfig(UpdateConfig):
     ``recompute_old_logprobs``: replace the sampler's logprobs by the learner's at the start
     of each pipeline step. ``tis_imp_ratio_cap`` C (0 = off, needs recompute): importance
     weights of the sampler/learner gap at ``tis_level`` (token, sequence, geometric) in
-    ``tis_mode`` (truncate, mask), ``algos/importance.py``. ``top_k`` / ``top_p``: the
+    ``tis_mode`` (truncate, mask; the mask's band is ``[tis_lower_cap, C]``, None = 1/C),
+    ``algos/importance.py``. ``cispo_clip_low`` / ``cispo_clip_high``: CISPO's weight bounds
+    ``clip(r, 1 − ε_lo, 1 + ε_hi)`` (ε_lo ≥ 1: no lower bound, as MiniMax-M1), apart from
+    PPO's ``pg_clip`` so that each keeps its own range. ``top_k`` / ``top_p``: the
     sampler's support restriction; with ``logprob_under_sampling_filter`` every logprob the
     learner computes is that of the renormalised distribution the sampler drew from
     (``pallas_kernels/restricted_logprobs.py``), so the ratio is that of the distribution
@@ -154,6 +157,9 @@ class LearnerConfig(UpdateConfig):
     tis_imp_ratio_cap: float = 0.0
     tis_level: str = "token"
     tis_mode: str = "truncate"
+    tis_lower_cap: float | None = None
+    cispo_clip_low: float = 1.0
+    cispo_clip_high: float = 0.28
     top_k: int = 0
     top_p: float = 1.0
     logprob_under_sampling_filter: bool = False
@@ -197,11 +203,24 @@ class LearnerConfig(UpdateConfig):
              "policy and every weight is 1)"),
             (self.tis_level in TIS_LEVELS, "tis_level", f"choose one of {', '.join(TIS_LEVELS)}"),
             (self.tis_mode in TIS_MODES, "tis_mode", f"choose one of {', '.join(TIS_MODES)}"),
+            (self.tis_lower_cap is None or 0 < self.tis_lower_cap <= max(
+                self.tis_imp_ratio_cap, 0), "tis_lower_cap",
+             "must lie in (0, tis_imp_ratio_cap] (0 = 1/tis_imp_ratio_cap)"),
+            (self.cispo_clip_low >= 0, "cispo_clip_low",
+             "must be >= 0 (>= 1: no lower bound on the weight)"),
+            (self.cispo_clip_high > 0, "cispo_clip_high", "must be > 0"),
             (self.top_k >= 0, "top_k", "must be >= 0 (0 = off)"),
             (0 < self.top_p <= 1, "top_p", "must lie in (0, 1]"),
             (not self.logprob_under_sampling_filter or self.restricts_support,
              "logprob_under_sampling_filter", "needs generation top_k > 0 or top_p < 1"),
         ], self)
+
+    @property
+    def ratio_bounds(self) -> tuple[float, float | None]:
+        """``(ε_lo, ε_hi)`` of the policy loss: CISPO's own weight bounds, else PPO's clip."""
+        if self.policy_loss == "cispo":
+            return self.cispo_clip_low, self.cispo_clip_high
+        return self.pg_clip, self.pg_clip_high
 
     @property
     def restricts_support(self) -> bool:
@@ -342,8 +361,8 @@ def micro_batch_sums(
         jnp.where(valid, take(weights), 0.0),
         None if ref is None else at_loss(ref),
         temperature=config.temperature,
-        clip_low=config.pg_clip,
-        clip_high=config.pg_clip_high,
+        clip_low=config.ratio_bounds[0],
+        clip_high=config.ratio_bounds[1],
         dual_clip=config.dual_clip,
         kl_coef=kl_coef,
         kl_estimator=config.kl_estimator,
@@ -423,15 +442,19 @@ def make_train_step(graphdef, config: LearnerConfig, mesh, state_shardings,
 
 
 def make_compute_logprobs(graphdef, config: LearnerConfig, mesh, param_shardings,
-                          compiler_options: dict | None = None):
+                          compiler_options: dict | None = None,
+                          logprob_filter: tuple[int, float] | None = None):
     """Jitted ``compute_logprobs(params, batch) -> [n_micro, row_len]`` fp32 token logprobs.
 
     Entry ``t`` is ``log π(token_t | tokens < t of its segment)`` at ``config.temperature``
     on the loss tokens (computed only there, module doc); 0 everywhere else. Used for the
-    reference logprobs (with ``ref_params``) and for recomputed old logprobs, which are
-    only read on loss tokens. ``batch`` needs ``LOGPROB_BATCH_KEYS``; rows are scanned in
-    groups of ``data · fsdp`` like the train step.
+    reference logprobs (with ``ref_params``, and ``logprob_filter=(0, 1.0)``: the full
+    softmax) and for recomputed old logprobs, which are only read on loss tokens.
+    ``logprob_filter``: ``(top_k, top_p)``, default ``config.logprob_filter``. ``batch``
+    needs ``LOGPROB_BATCH_KEYS``; rows are scanned in groups of ``data · fsdp`` like the
+    train step.
     """
+    top_k, top_p = config.logprob_filter if logprob_filter is None else logprob_filter
 
     def rows_logprobs(params, micro):
         # With remat the train step's forward is a scan over the stacked blocks; so is this
@@ -442,7 +465,6 @@ def make_compute_logprobs(graphdef, config: LearnerConfig, mesh, param_shardings
         b, t, _ = hidden.shape
         take, valid = gather_loss_positions(micro)
         args = (take(hidden), head, take(_shift_left(micro["tokens"])), config.temperature)
-        top_k, top_p = config.logprob_filter
         if top_k > 0 or top_p < 1.0:
             logprobs = restricted_token_logprobs(*args, top_k=top_k, top_p=top_p)
         else:
@@ -461,11 +483,34 @@ def make_compute_logprobs(graphdef, config: LearnerConfig, mesh, param_shardings
 # ----------------------------------------------------------------------------- host side
 
 
-def logprob_mismatch(samples: Sequence[Sample], recomputed: Sequence[np.ndarray]) -> float:
-    """Mean |sampler logprob − learner logprob| over the samples' loss (generated) tokens."""
-    gap = sum(float(np.abs(s.old_logprobs - r)[s.loss_mask > 0].sum())
-              for s, r in zip(samples, recomputed, strict=True))
-    return gap / max(sum(s.num_loss_tokens for s in samples), 1)
+def comparable_masks(samples: Sequence[Sample], recomputed: Sequence[np.ndarray],
+                     sequence_length: int | None) -> list[np.ndarray]:
+    """Per sample, the loss tokens where the sampler's and the learner's logprobs can be
+    compared: within ``sequence_length`` (the learner's values are 0 beyond it) and inside
+    both supports (a top-k/top-p logprob of a token outside the kept set is the
+    ``OUT_OF_SUPPORT_LOGPROB`` sentinel, not a logprob). Bool ``[len(sample)]`` each."""
+    floor = OUT_OF_SUPPORT_LOGPROB / 2
+    return [(trained_loss_mask(s, sequence_length) > 0) & (np.asarray(r) > floor)
+            & (np.asarray(s.old_logprobs) > floor)
+            for s, r in zip(samples, recomputed, strict=True)]
+
+
+def logprob_mismatch(samples: Sequence[Sample], recomputed: Sequence[np.ndarray],
+                     sequence_length: int | None = None) -> float:
+    """Mean |sampler logprob − learner logprob| over the samples' comparable loss tokens
+    (:func:`comparable_masks`)."""
+    masks = comparable_masks(samples, recomputed, sequence_length)
+    gap = sum(float(np.abs(s.old_logprobs - r)[m].sum())
+              for s, r, m in zip(samples, recomputed, masks, strict=True))
+    return gap / max(sum(int(m.sum()) for m in masks), 1)
+
+
+def out_of_support_tokens(samples: Sequence[Sample], recomputed: Sequence[np.ndarray],
+                          sequence_length: int | None = None) -> int:
+    """Trained loss tokens that one side's logprob puts outside its top-k/top-p support."""
+    masks = comparable_masks(samples, recomputed, sequence_length)
+    return sum(int((trained_loss_mask(s, sequence_length) > 0).sum() - m.sum())
+               for s, m in zip(samples, masks, strict=True))
 
 
 def sample_importance_weights(samples: Sequence[Sample], recomputed: Sequence[np.ndarray],
@@ -473,6 +518,10 @@ def sample_importance_weights(samples: Sequence[Sample], recomputed: Sequence[np
     """Per-sample TIS weights of ``π_old = recomputed`` against the sampler's logprobs, at
     ``config.tis_level`` / ``tis_mode`` / ``tis_imp_ratio_cap`` (``algos/importance.py``),
     and their metrics.
+
+    Only comparable tokens (:func:`comparable_masks`) enter the weights: a token cut by
+    ``sequence_length`` or outside a support gets weight 0 (masked, its advantage with it)
+    and adds nothing to its sample's sequence or geometric ratio.
 
     All samples go in one call as the segments of one row padded to a power of two, so the
     sequence and geometric levels see exactly each sample's loss tokens and the few eager
@@ -484,11 +533,13 @@ def sample_importance_weights(samples: Sequence[Sample], recomputed: Sequence[np
     row = lambda parts, dtype: np.pad(np.concatenate(parts).astype(dtype),  # noqa: E731
                                       (0, width - total))
     ids = row([np.full(n, i + 1) for i, n in enumerate(lengths)], np.int32)
-    mask = row([s.loss_mask for s in samples], np.float32)
+    mask = row(comparable_masks(samples, recomputed, config.packing.sequence_length),
+               np.float32)
     tis = importance_weights(row(list(recomputed), np.float32),
                              row([s.old_logprobs for s in samples], np.float32),
                              mask[None], ids[None], level=config.tis_level,
-                             mode=config.tis_mode, cap=config.tis_imp_ratio_cap)
+                             mode=config.tis_mode, cap=config.tis_imp_ratio_cap,
+                             lower_cap=config.tis_lower_cap)
     stats = tis_metrics(tis, mask[None])
     weights = np.asarray(tis.weights)[0, :total]
     return np.split(weights, np.cumsum(lengths)[:-1]), stats
@@ -521,16 +572,28 @@ class Learner(EngineDriver):
                                    self.mesh, shardings, batch_keys, options)
         self.compute_logprobs = make_compute_logprobs(graphdef, config, self.mesh,
                                                       shardings.params, options)
+        self.compute_ref_logprobs = self.compute_logprobs
+        if config.logprob_filter != (0, 1.0):
+            self.compute_ref_logprobs = make_compute_logprobs(
+                graphdef, config, self.mesh, shardings.params, options, logprob_filter=(0, 1.0))
 
     # ---- logprobs -------------------------------------------------------------------------
     def sample_logprobs(self, samples: Sequence[Sample], *, reference: bool = False):
         """Per-sample ``[len(sample)]`` logprobs under the current (or reference) params;
-        0 on each sample's first token and beyond ``sequence_length`` (truncated)."""
-        params = self.state.ref_params if reference else self.state.params
+        0 on each sample's first token and beyond ``sequence_length`` (truncated).
+
+        The reference's are always those of its full softmax: under
+        ``logprob_under_sampling_filter`` a token the policy drew may lie outside the
+        reference's own top-k/top-p set, and a sentinel there is no logprob to take a KL of.
+        """
+        if reference:
+            params, compute = self.state.ref_params, self.compute_ref_logprobs
+        else:
+            params, compute = self.state.params, self.compute_logprobs
         if params is None:
             raise ValueError("no reference parameters: the config uses no KL")
         return per_sample_outputs(samples, self.config.packing, self.mesh,
-                                  self.compute_logprobs, params, LOGPROB_BATCH_KEYS)
+                                  compute, params, LOGPROB_BATCH_KEYS)
 
     def fill_ref_logprobs(self, samples: Sequence[Sample]) -> list[Sample]:
         """Samples with ``ref_logprobs`` from the frozen reference (on generated tokens)."""
@@ -543,12 +606,15 @@ class Learner(EngineDriver):
     def _old_logprobs(self, samples: list[Sample]) -> tuple[list[Sample], dict[str, float]]:
         """The samples the updates use as π_old, and the off-policy metrics."""
         cfg = self.config
+        cut = cfg.packing.sequence_length
+        checked = samples if cfg.recompute_old_logprobs else samples[:MISMATCH_SAMPLES]
+        recomputed = self.sample_logprobs(checked)
+        extra = {"rollout/logprob_mismatch": logprob_mismatch(checked, recomputed, cut)}
+        if cfg.restricts_support:
+            extra["rollout/out_of_support_tokens"] = float(
+                out_of_support_tokens(checked, recomputed, cut))
         if not cfg.recompute_old_logprobs:
-            checked = samples[:MISMATCH_SAMPLES]
-            return samples, {"rollout/logprob_mismatch": logprob_mismatch(
-                checked, self.sample_logprobs(checked))}
-        recomputed = self.sample_logprobs(samples)
-        extra = {"rollout/logprob_mismatch": logprob_mismatch(samples, recomputed)}
+            return samples, extra
         if cfg.tis_imp_ratio_cap > 0:
             weights, tis_stats = sample_importance_weights(samples, recomputed, cfg)
             samples = [dataclasses.replace(

@@ -38,7 +38,7 @@ from jaxrl_agentic.data.samples import build_samples, trajectory_sample
 from jaxrl_agentic.envs import make
 from jaxrl_agentic.envs.python_env import make_python_env
 from jaxrl_agentic.envs.tools import tool_metrics
-from jaxrl_agentic.learner import Learner
+from jaxrl_agentic.learner import Learner, comparable_masks
 from jaxrl_agentic.models import load_pretrained
 from jaxrl_agentic.models.hf_io import read_model_config
 from jaxrl_agentic.parallel import (
@@ -74,8 +74,9 @@ def trajectory_metrics(trajs, prefix: str) -> dict[str, float]:
         out[f"{p}num_turns"] = _mean(len(t.turns) for t in group)
         out[f"{p}action_is_valid"] = _mean(t.metrics["action_is_valid"] for t in group)
         out[f"{p}action_is_effective"] = _mean(t.metrics["action_is_effective"] for t in group)
-        # Python envs: an env call that missed its deadline ended the episode.
+        # Python envs: an env call that missed its deadline, or raised, ended the episode.
         out[f"{p}timeout"] = _mean(t.metrics.get("env_timeout", 0.0) for t in group)
+        out[f"{p}errors"] = _mean(t.metrics.get("env_error", 0.0) for t in group)
         # Tool envs: call totals, calls per episode, valid-call share ({} for other envs).
         out.update(tool_metrics([t.metrics for t in group], p))
     out[f"{prefix}truncated_by_length"] = _mean(t.truncated_by_length for t in trajs)
@@ -117,6 +118,9 @@ def token_estimator_samples(trajs, *, adv_estimator: str, gamma: float, lambd: f
     turns give no sample.
     """
     played = [t for t in trajs if t.turns]
+    if not played:
+        return [], {"batch/sequences_before_merge": 0.0, "batch/sequences_after_merge": 0.0,
+                    "batch/empty_trajectories": float(len(trajs))}
     values = None
     if critic is not None:
         values = critic.sample_values([trajectory_sample(t, 0.0) for t in played])
@@ -310,13 +314,31 @@ class Pipeline:
                 trajs, adv_estimator=c.adv_estimator, gamma=c.gamma, lambd=c.lambd,
                 critic=self.critic)
         else:
-            advantages = adv.turn_advantages(
-                trajs, adv_estimator=c.adv_estimator, reward_norm_by=c.reward_norm_by,
-                use_std=c.norm_adv_std, step_reward_gamma=c.step_reward_gamma,
-                gigpo_step_weight=c.gigpo_step_weight)
-            samples, stats = build_samples(trajs, advantages, sample_mode=c.sample_mode,
+            samples, stats = build_samples(trajs, self.turn_advantages(trajs),
+                                           sample_mode=c.sample_mode,
                                            merge_stepwise=c.merge_stepwise)
         return self._shape_advantages(samples), stats
+
+    def turn_advantages(self, trajs) -> list[np.ndarray]:
+        """Per-turn advantages of `trajs` under the run's outcome or step estimator."""
+        c = self.c
+        return adv.turn_advantages(
+            trajs, adv_estimator=c.adv_estimator, reward_norm_by=c.reward_norm_by,
+            use_std=c.norm_adv_std, step_reward_gamma=c.step_reward_gamma,
+            gigpo_step_weight=c.gigpo_step_weight)
+
+    def informative(self, trajs) -> list:
+        """The trajectories of `trajs` whose group carries signal (``algos/filters.py``):
+        some member has a non-zero advantage from the run's estimator, computed on `trajs`;
+        for the token-level estimators, the group's episode scores differ (DAPO's rule)."""
+        if not trajs:
+            return []
+        groups = [t.group_id for t in trajs]
+        if self.c.adv_estimator in TOKEN_ESTIMATORS:
+            keep = filters.dynamic_sampling_keep([t.score for t in trajs], groups)
+        else:
+            keep = filters.groups_with_signal(self.turn_advantages(trajs), groups)
+        return [t for t, k in zip(trajs, keep, strict=True) if k]
 
     def _shape_advantages(self, samples):
         """Optional whitening over the batch's loss tokens, then optional clipping."""
@@ -432,23 +454,16 @@ class Pipeline:
     def fill_informative_groups(self, trajs) -> tuple[list, list, int]:
         """DAPO's dynamic sampling → (kept trajectories, all played, rounds played).
 
-        A group whose episode scores are all equal (``filters.zero_variance_groups``) has
-        only zero advantages. While fewer than ``num_env_groups`` groups carry signal and
-        fewer than ``dynamic_sampling_max_rounds`` rounds were played, one more round of
+        A group carries signal as :meth:`informative` says (the estimator's advantages).
+        While fewer than ``num_env_groups`` groups carry signal and fewer than
+        ``dynamic_sampling_max_rounds`` rounds were played, one more round of
         ``num_env_groups`` new groups (the next seeds) is played with the same params;
         then the first ``num_env_groups`` informative groups are kept. If the rounds run
         out, the step trains on the informative groups it has (none: no update).
         """
         c = self.c
         needed = self.train_manager.num_env_groups
-
-        def informative(batch):
-            if not batch:
-                return []
-            keep = filters.dynamic_sampling_keep([t.score for t in batch],
-                                                 [t.group_id for t in batch])
-            return [t for t, k in zip(batch, keep, strict=True) if k]
-
+        informative = self.informative
         played, kept, rounds = list(trajs), informative(trajs), 1
         while len({t.group_id for t in kept}) < needed and \
                 rounds < c.dynamic_sampling_max_rounds:
@@ -568,17 +583,20 @@ class Pipeline:
             return {}
         samples = [trajectory_sample(t, 0.0) for t in played]
         ref = self.learner.sample_logprobs(samples, reference=True)
+        # The reference is 0 beyond sequence_length (not computed) and a sampler logprob
+        # can be the out-of-support sentinel: those tokens carry no KL, and are not counted.
+        masks = comparable_masks(samples, ref, self.c.sequence_length)
         coef = float(self.learner.state.kl.coef)
         total_kl, tokens = 0.0, 0
-        for traj, sample, ref_lp in zip(played, samples, ref, strict=True):
-            per_token = np.asarray(kl_estimate(sample.old_logprobs, ref_lp,
-                                               self.c.kl_estimator))
+        for traj, sample, ref_lp, mask in zip(played, samples, ref, masks, strict=True):
+            per_token = np.where(mask, np.asarray(kl_estimate(sample.old_logprobs, ref_lp,
+                                                              self.c.kl_estimator)), 0.0)
             for turn in traj.turns:
                 span = slice(turn.context_len, turn.context_len + len(turn.generated))
                 turn_kl = float(per_token[span].sum())
                 turn.reward -= coef * turn_kl
                 total_kl += turn_kl
-                tokens += len(turn.generated)
+                tokens += int(mask[span].sum())
         return {"actor/reward_kl": total_kl / max(tokens, 1), "kl/coef": coef}
 
     @timing.spanned("eval")

@@ -96,6 +96,9 @@ def learner_config(c, pad_token_id: int = 0) -> LearnerConfig:
         tis_imp_ratio_cap=c.tis_imp_ratio_cap,
         tis_level=c.tis_level,
         tis_mode=c.tis_mode,
+        tis_lower_cap=c.tis_lower_cap or None,
+        cispo_clip_low=c.cispo_clip_low,
+        cispo_clip_high=c.cispo_clip_high,
         policy_loss=c.policy_loss,
         loss_norm_length=(c.loss_norm_length or generation_budget(c)
                           if c.loss_reduction == "seq_mean_token_sum_norm" else None),

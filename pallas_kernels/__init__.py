@@ -9,7 +9,11 @@ from pallas_kernels.ppo_loss import (
     masked_ppo_loss,
     reference_ppo_loss,
 )
-from pallas_kernels.restricted_logprobs import restricted_token_logprobs, support_mask
+from pallas_kernels.restricted_logprobs import (
+    OUT_OF_SUPPORT_LOGPROB,
+    restricted_token_logprobs,
+    support_mask,
+)
 from pallas_kernels.token_logprobs import (
     LogprobBlocks,
     choose_blocks,
@@ -20,6 +24,7 @@ from pallas_kernels.token_logprobs import (
 )
 
 __all__ = [
+    "OUT_OF_SUPPORT_LOGPROB",
     "POLICY_LOSSES",
     "LogprobBlocks",
     "PPOLossSums",

@@ -135,8 +135,12 @@ def _check(logprobs, others, clip_low, clip_high, dual_clip, kl_estimator, polic
         if x is not None and x.shape != logprobs.shape:
             raise ValueError(f"{name} must have shape {logprobs.shape}, got {x.shape}")
     clip_high = clip_low if clip_high is None else clip_high
-    if not (0 < clip_low < 1 and clip_high > 0):
-        raise ValueError(f"need 0 < clip_low < 1 and clip_high > 0, got {clip_low}, {clip_high}")
+    # CISPO bounds a weight, not a ratio PPO can clip from both sides: clip_low ≥ 1 there
+    # means no lower bound (MiniMax-M1); PPO's band needs 0 < 1 − ε_lo.
+    low_ok = clip_low >= 0 if policy_loss == "cispo" else 0 < clip_low < 1
+    if not (low_ok and clip_high > 0):
+        raise ValueError(f"need {'clip_low >= 0' if policy_loss == 'cispo' else '0 < clip_low < 1'}"
+                         f" and clip_high > 0, got {clip_low}, {clip_high}")
     if dual_clip is not None and not dual_clip > 1:
         raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
     if kl_estimator not in KL_ESTIMATORS:

@@ -142,12 +142,13 @@ def reference_loss(params, samples, config, kl_coef):
         m, a = padded(s.loss_mask)[1:], padded(s.advantages)[1:]
         log_ratio = lp - padded(s.old_logprobs)[1:]
         ratio = jnp.exp(log_ratio)
-        high = config.pg_clip_high or config.pg_clip
+        low, high = config.ratio_bounds  # CISPO's own bounds, else PPO's clip
+        high = high or low
         if config.policy_loss == "gspo":  # GSPO-token: exp(mean log-ratio), own gradient
             sg = jax.lax.stop_gradient
             mean = jnp.sum(m * log_ratio) / jnp.maximum(m.sum(), 1)
             ratio = jnp.exp(lp - sg(lp) + sg(mean))
-        clipped = jnp.clip(ratio, 1 - config.pg_clip, 1 + high)
+        clipped = jnp.clip(ratio, 1 - low, 1 + high)
         if config.policy_loss == "cispo":
             pg = -jax.lax.stop_gradient(clipped) * a * lp
         else:

@@ -34,9 +34,15 @@ def episode(traj_id, group_id, rewards, stops=None, prompt=3, gen=2, tag="fl",
 def stand_in(**fields):
     c = ml_collections.ConfigDict(dict(sequence_length=1000, overlong_penalty_length=0,
                                        overlong_penalty=1.0, dynamic_sampling_max_rounds=3,
-                                       custom_envs={"fl": {"max_tokens_per_step": 8}}))
+                                       custom_envs={"fl": {"max_tokens_per_step": 8}},
+                                       adv_estimator="grpo", reward_norm_by="group",
+                                       norm_adv_std=True, step_reward_gamma=0.5,
+                                       gigpo_step_weight=1.0))
     c.update(fields)
-    return types.SimpleNamespace(c=c)
+    me = types.SimpleNamespace(c=c)
+    me.turn_advantages = lambda trajs: Pipeline.turn_advantages(me, trajs)
+    me.informative = lambda trajs: Pipeline.informative(me, trajs)
+    return me
 
 
 def test_overlong_filter_masks_samples_whose_last_reply_was_cut():
@@ -97,6 +103,47 @@ def test_dynamic_sampling_plays_rounds_until_the_groups_carry_signal():
     me.c.dynamic_sampling_max_rounds = 1
     kept, played, n = Pipeline.fill_informative_groups(me, first)
     assert n == 1 and [t.traj_id for t in kept] == [2, 3]
+
+
+def test_dynamic_sampling_keeps_equal_score_groups_whose_turns_carry_signal():
+    # Turn rewards [1, 0] and [0, 1]: equal episode scores (1 and 1), but turn_grpo's
+    # per-turn advantages are non-zero ([[.78, −1.31], [−.26, .78]] at γ = 0.5), so the
+    # group carries signal and must be kept; a group of [0, 0] twice carries none.
+    trajs = [episode(0, 0, [1.0, 0.0]), episode(1, 0, [0.0, 1.0]),
+             episode(2, 1, [0.0, 0.0]), episode(3, 1, [0.0, 0.0])]
+    for t in trajs:  # the state before turn k is the same in every episode (GiGPO's anchors)
+        for k, u in enumerate(t.turns):
+            u.state_hash = bytes([k])
+    for estimator in ("turn_grpo", "gigpo"):
+        me = stand_in(adv_estimator=estimator)
+        assert [t.traj_id for t in me.informative(trajs)] == [0, 1], estimator
+        advantages = me.turn_advantages(trajs[:2])
+        assert max(np.abs(a).max() for a in advantages) > 0.2
+    # grpo on the same episodes: equal scores in both groups, no signal anywhere.
+    assert stand_in(adv_estimator="grpo").informative(trajs) == []
+    # A batch baseline (reward_norm_by="batch") judges groups against the whole batch.
+    batch = [episode(0, 0, [1.0]), episode(1, 0, [1.0]), episode(2, 1, [0.0]),
+             episode(3, 1, [0.0])]
+    me = stand_in(adv_estimator="grpo", reward_norm_by="batch")
+    assert [t.traj_id for t in me.informative(batch)] == [0, 1, 2, 3]
+
+
+def test_no_informative_group_under_token_estimators_means_no_samples():
+    # reinforce_plus_plus / gae decide by the episode scores (DAPO's rule); a round that
+    # keeps nothing must give an empty batch (no update), not a crash.
+    from jaxrl_agentic.algos.advantages import token_advantages
+    from jaxrl_agentic.pipeline import token_estimator_samples
+
+    trajs = [episode(0, 0, [1.0]), episode(1, 0, [1.0])]
+    for estimator in ("reinforce_plus_plus", "gae"):
+        me = stand_in(adv_estimator=estimator, dynamic_sampling_max_rounds=1)
+        me.train_manager = types.SimpleNamespace(num_env_groups=1)
+        kept, _, rounds = Pipeline.fill_informative_groups(me, trajs)
+        assert kept == [] and rounds == 1
+        samples, stats = token_estimator_samples(kept, adv_estimator=estimator, gamma=1.0,
+                                                 lambd=0.95)
+        assert samples == [] and stats["batch/sequences_after_merge"] == 0.0
+        assert token_advantages([], adv_estimator=estimator)[0] == []
 
 
 def test_collapse_metrics_of_a_batch():

@@ -232,8 +232,20 @@ def turn_advantages(
 ) -> list[np.ndarray]:
     """Per-turn advantages [num_turns] for each trajectory (outcome and step estimators).
 
-    Outcome estimators give every turn of an episode the episode's scalar.
+    Outcome estimators give every turn of an episode the episode's scalar. An episode
+    without turns (its reset failed or timed out) gets an empty array and stays out of its
+    group's statistics: it is no 0-score member, since nothing was played.
     """
+    played = [i for i, t in enumerate(trajectories) if t.turns]
+    if len(played) < len(trajectories):
+        kept = turn_advantages([trajectories[i] for i in played], adv_estimator=adv_estimator,
+                               reward_norm_by=reward_norm_by, use_std=use_std,
+                               step_reward_gamma=step_reward_gamma,
+                               gigpo_step_weight=gigpo_step_weight)
+        out = [np.zeros(0, np.float32) for _ in trajectories]
+        for i, a in zip(played, kept, strict=True):
+            out[i] = a
+        return out
     scores = np.array([t.score for t in trajectories], np.float64)
     keys = _norm_keys(trajectories, reward_norm_by)
     if adv_estimator == "gigpo":
@@ -283,7 +295,10 @@ def token_advantages(
     """Per-token (advantages, returns or None) aligned with each trajectory sample.
 
     `values[i]` (gae only): the critic's V for every token of trajectory i's sample.
+    No trajectories (a step whose dynamic sampling kept none) give no advantages.
     """
+    if not trajectories:
+        return [], None if adv_estimator == "reinforce_plus_plus" else []
     rewards, masks = zip(*(turn_reward_tokens(t) for t in trajectories), strict=True)
     if adv_estimator == "reinforce_plus_plus":
         return reinforce_plus_plus(rewards, masks, gamma=gamma), None

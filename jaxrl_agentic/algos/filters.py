@@ -2,13 +2,19 @@
 
 Pure numpy over per-sample arrays (host side, before packing).
 
-**Dynamic sampling.** A group whose rewards are all equal gives every member a group-relative
-advantage of 0 (GRPO, RLOO) — or, with the std division, amplified float noise — so it costs
-compute and adds no gradient. DAPO drops such groups and samples more until the batch is
-full; :func:`zero_variance_groups` says which groups they are, :func:`dynamic_sampling_keep`
-which samples survive. A group is degenerate when ``max − min ≤ tol`` (absolute, default
-1e-6: far below any reward difference an environment means, far above the float noise of
-summed fp32 turn rewards). A group of one is degenerate by that rule too.
+**Dynamic sampling.** A group whose members all get a zero advantage costs compute and adds
+no gradient; DAPO drops such groups and samples more until the batch is full. Which groups
+those are is the estimator's to say, not the episode scores': under ``turn_grpo`` and
+``gigpo`` (and any estimator with a batch baseline) episodes with equal scores can still
+carry per-turn or batch-relative advantages. So :func:`groups_with_signal` keeps a group when
+one of its members has an advantage with ``|A| > tol``, from the advantages the estimator
+produced. DAPO's own rule (and verl's ``filter_groups``), equal episode scores, is
+:func:`dynamic_sampling_keep` over :func:`zero_variance_groups`: the pipeline uses it for the
+token-level estimators (``reinforce_plus_plus``, ``gae``), whose advantages need the whole
+batch (whitening) or the critic. A group is degenerate there when ``max − min ≤ tol``. The
+tolerance (absolute, default 1e-6) is far below any reward difference an environment means
+and far above the float noise of summed fp32 turn rewards. A group of one is degenerate by
+either rule when the estimator is group-relative.
 
 **Overlong filtering.** A reply that was cut off (generation budget reached without EOS or a
 stop string, the prompt over its limit, or the sample cut to ``sequence_length``) has a reward
@@ -54,6 +60,24 @@ def dynamic_sampling_keep(rewards, group_ids, *, tol: float = ZERO_VARIANCE_TOL)
     """Per sample: True unless its group is degenerate (all rewards within ``tol``)."""
     groups, degenerate = zero_variance_groups(rewards, group_ids, tol=tol)
     return ~degenerate[np.searchsorted(groups, np.asarray(group_ids).reshape(-1))]
+
+
+def groups_with_signal(advantages: Sequence[np.ndarray], group_ids, *,
+                       tol: float = ZERO_VARIANCE_TOL) -> np.ndarray:
+    """Per member: True when some member of its group has an advantage with ``|A| > tol``.
+
+    ``advantages[i]``: member i's advantages (per turn or per token, any length, empty for
+    an episode that never played a turn); ``group_ids[i]``: its group.
+    """
+    group_ids = np.asarray(group_ids).reshape(-1)
+    if len(advantages) != group_ids.size:
+        raise ValueError(f"{len(advantages)} advantage arrays for {group_ids.size} group ids")
+    signal = np.array([np.abs(np.asarray(a, np.float64)).max(initial=0.0) > tol
+                       for a in advantages], bool)
+    groups, inverse = np.unique(group_ids, return_inverse=True)
+    any_signal = np.zeros(groups.size, bool)
+    np.logical_or.at(any_signal, inverse, signal)
+    return any_signal[inverse]
 
 
 def truncated_samples(

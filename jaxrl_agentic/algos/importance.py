@@ -11,7 +11,8 @@ the loss tokens ``t ∈ i`` of sample ``i`` (``n_i`` of them):
     level="geometric":  log w_t = (1/n_i) Σ_{u ∈ i} log ρ_u      (its per-token geometric mean)
 
     mode="truncate":    w_t = exp(min(log w_t, log C))  = min(ρ, C)
-    mode="mask":        w_t = exp(log w_t) if log w_t ≤ log C else 0   (drop token / sample)
+    mode="mask":        w_t = exp(log w_t) if log c ≤ log w_t ≤ log C else 0   (drop token /
+                        sample outside the band; c = ``lower_cap``, default 1/C as verl's)
 
 Everything stays in log space and ``min`` comes before ``exp``, so a sequence log-ratio of
 +5000 gives ``C`` (truncate) or 0 (mask), never inf/NaN. Per-token log-ratios are clamped to
@@ -46,7 +47,7 @@ LOG_RATIO_LIMIT = 1e4
 
 class TISWeights(NamedTuple):
     """``weights``: fp32 w_t on loss tokens, 0 elsewhere. ``capped``: bool, the loss tokens
-    whose ratio exceeded C (truncated to C, or masked to 0)."""
+    whose ratio exceeded C (truncated to C) or left the band (masked to 0)."""
 
     weights: jax.Array
     capped: jax.Array
@@ -69,8 +70,10 @@ def importance_weights(
     level: str = "token",
     mode: str = "truncate",
     cap: float = 2.0,
+    lower_cap: float | None = None,
 ) -> TISWeights:
-    """TIS weights (module doc) of ``ρ = π_old / μ`` for ``level`` and ``mode``, cap ``C``.
+    """TIS weights (module doc) of ``ρ = π_old / μ`` for ``level`` and ``mode``, cap ``C``
+    (and, in mask mode, lower bound ``lower_cap``, default ``1/C``).
 
     ``old_logprobs`` = log π_old (the learner's recomputation), ``behaviour_logprobs`` =
     log μ (the sampler's). Non-loss tokens (``loss_mask == 0`` or padding) may hold garbage;
@@ -82,6 +85,9 @@ def importance_weights(
         raise ValueError(f"unknown tis_mode {mode!r}; expected one of {TIS_MODES}")
     if not cap > 0:
         raise ValueError(f"the TIS cap must be > 0, got {cap}")
+    lower_cap = 1.0 / cap if lower_cap is None else float(lower_cap)
+    if not 0 < lower_cap <= cap:
+        raise ValueError(f"the TIS lower cap must lie in (0, cap={cap}], got {lower_cap}")
     shape = jnp.shape(loss_mask)
     mask = jnp.atleast_2d(jnp.asarray(loss_mask)) > 0
     if segment_ids is None:
@@ -100,6 +106,8 @@ def importance_weights(
             log_w = log_w / jnp.maximum(_per_sample_sum(mask.astype(jnp.float32), ids), 1.0)
     log_cap = jnp.log(jnp.float32(cap))
     capped = mask & (log_w > log_cap)
+    if mode == "mask":
+        capped = capped | (mask & (log_w < jnp.log(jnp.float32(lower_cap))))
     if mode == "truncate":
         weights = jnp.exp(jnp.minimum(log_w, log_cap))
     else:

@@ -36,7 +36,12 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxrl_agentic.algos.reductions import loss_sum_and_denominator
-from pallas_kernels import masked_ppo_loss, restricted_token_logprobs, token_logprobs
+from pallas_kernels import (
+    OUT_OF_SUPPORT_LOGPROB,
+    masked_ppo_loss,
+    restricted_token_logprobs,
+    token_logprobs,
+)
 from pallas_kernels.ppo_loss import POLICY_LOSSES
 from pallas_kernels.token_logprobs import IMPLS as TOKEN_LOGPROB_IMPLS
 
@@ -151,6 +156,12 @@ def policy_loss(
         logprobs, entropy = restricted_token_logprobs(
             hidden, lm_head, targets, temperature, top_k=top_k, top_p=top_p,
             return_entropy=True)
+        if ref_logprobs is not None:
+            # A target the policy now puts outside its kept set has the sentinel, not a
+            # logprob: leave it out of the KL (x = 0 gives 0 under k1/k2/k3, and the
+            # restricted logprob has no gradient there) instead of reading 1e4 as drift.
+            ref_logprobs = jnp.where(logprobs > OUT_OF_SUPPORT_LOGPROB / 2, ref_logprobs,
+                                     lax.stop_gradient(logprobs))
     else:
         logprobs, entropy = token_logprobs(
             hidden, lm_head, targets, temperature, return_entropy=True, impl=impl

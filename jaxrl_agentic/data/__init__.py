@@ -14,7 +14,7 @@ from jaxrl_agentic.data.packing import (
     spread_rows,
     token_stats,
 )
-from jaxrl_agentic.data.types import Sample, truncate_sample
+from jaxrl_agentic.data.types import Sample, trained_loss_mask, truncate_sample
 
 __all__ = [
     "PackedBatch",
@@ -31,6 +31,7 @@ __all__ = [
     "split_minibatches",
     "spread_rows",
     "token_stats",
+    "trained_loss_mask",
     "truncate_sample",
     "updates_per_step",
 ]

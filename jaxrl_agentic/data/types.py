@@ -126,3 +126,17 @@ def truncate_sample(sample: Sample, max_len: int) -> tuple[Sample, bool]:
     }
     truncated = dataclasses.replace(sample, **cut, prompt_len=min(sample.prompt_len, max_len))
     return truncated, True
+
+
+def trained_loss_mask(sample: Sample, sequence_length: int | None) -> np.ndarray:
+    """``sample.loss_mask`` on the tokens the learner trains on: 0 from ``sequence_length`` on.
+
+    The learner cuts a sample to ``sequence_length`` tokens (:func:`truncate_sample`), and the
+    per-token values it computes for a sample (recomputed or reference logprobs) are 0 there.
+    Anything that compares those values with the sampler's (TIS weights, the logprob
+    mismatch, the KL folded into the rewards) must read the tokens under this mask only.
+    """
+    mask = np.asarray(sample.loss_mask)
+    if sequence_length is None or len(mask) <= sequence_length:
+        return mask
+    return np.where(np.arange(len(mask)) < sequence_length, mask, 0).astype(mask.dtype)

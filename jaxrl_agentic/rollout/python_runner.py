@@ -8,19 +8,22 @@ slow environments (tool calls) overlap each other while the sampler waits for th
 with `batching="continuous"` (`continuous.py`) each step is submitted when its reply ends
 and the other slots keep decoding while it runs.
 
-Timeouts. With `step_timeout_s > 0` every reset and step must finish within that many seconds
-of its submission (with `max_workers` below the number of episodes, time spent queued
-counts, and a hung call keeps its worker). One that does not ends its episode as truncated
-instead of hanging the run:
+Timeouts and errors. Every reset and step must finish within `step_timeout_s` seconds of its
+submission (default `DEFAULT_STEP_TIMEOUT_S`; 0 = no deadline; with `max_workers` below the
+number of episodes, time spent queued counts, and a hung call keeps its worker), and must
+not raise. A call that misses its deadline or raises ends its episode as truncated instead
+of hanging or ending the run:
 
-- a step that timed out is still recorded as a Turn (the model did generate those tokens, so
-  the sample stays well formed) with reward 0, action -1, `action_is_valid`,
+- such a step is still recorded as a Turn (the model did generate those tokens, so the
+  sample stays well formed) with reward 0, action -1, `action_is_valid`,
   `action_is_effective`, `success` and `done` all False (the environment never confirmed
   any of them), and the state hash of the state the reply answered;
-- a reset that timed out leaves an episode without turns (resets are waited on together,
-  in both schedules);
-- either way `truncated` is True, `metrics["env_timeout"]` is 1.0 (0.0 for every other
-  episode), and `stats["timeouts"]` counts it.
+- such a reset leaves an episode without turns (resets are waited on together, in both
+  schedules); it gives no sample and does not enter its group's statistics
+  (`algos/advantages.turn_advantages` skips episodes without turns);
+- either way `truncated` is True, `metrics["env_timeout"]` (late) or `metrics["env_error"]`
+  (raised) is 1.0 (0.0 for every other episode), `stats["timeouts"]` / `stats["errors"]`
+  counts it, and a raised call is logged with its episode and exception.
 
 Tool environments (`envs/tools.py`): the first prompt lists the env's `tool_schemas` through
 the chat template, a step with `tool_messages` is answered with those `tool` messages (not
@@ -36,10 +39,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import logging
 import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -61,6 +66,14 @@ from jaxrl_agentic.rollout.loop import (
 from jaxrl_agentic.sampler import Sampler
 
 _TIMED_OUT = object()
+DEFAULT_STEP_TIMEOUT_S = 60.0  # generous for a tool call, yet a hung one ends its episode
+_log = logging.getLogger(__name__)
+
+
+class _Raised(NamedTuple):
+    """A reset or step that raised: the exception, handed over instead of its result."""
+
+    error: BaseException
 
 
 class PythonRolloutRunner:
@@ -77,7 +90,7 @@ class PythonRolloutRunner:
         max_input_length: int,
         generation: GenerationConfig,
         run_seed: int = 0,
-        step_timeout_s: float = 0.0,
+        step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
         max_workers: int = 0,
         batching: str = "turn",
         slots: int = 0,
@@ -107,7 +120,7 @@ class PythonRolloutRunner:
         self.max_workers = int(max_workers)
         check_batching(batching, slots, decode_chunk)
         self.batching, self.slots, self.decode_chunk = batching, slots, decode_chunk
-        self.stats = {"resets": 0, "env_steps": 0, "timeouts": 0}
+        self.stats = {"resets": 0, "env_steps": 0, "timeouts": 0, "errors": 0}
 
     def run(
         self,
@@ -126,8 +139,8 @@ class PythonRolloutRunner:
         pool = _DaemonThreadPool(self.max_workers or max(len(episodes), 1))
         try:
             envs = PythonEpisodes(self, pool, episodes)
-            for i in np.flatnonzero(envs.timed_out):  # resets past their deadline
-                trajs[i].truncated = True
+            for i in np.flatnonzero(envs.timed_out | envs.failed):  # resets that did not
+                trajs[i].truncated = True                            # come back
             play(self.batching, envs, trajs, envs.first_prompts(), self.sampler,
                  self.formatter, gen, sample_seed=sample_seed, max_turns=self.max_turns,
                  max_input_length=self.max_input_length, params=params, slots=self.slots,
@@ -136,9 +149,11 @@ class PythonRolloutRunner:
             pool.shutdown()
         self.stats["env_steps"] += envs.steps_submitted
         self.stats["timeouts"] += int(envs.timed_out.sum())
+        self.stats["errors"] += int(envs.failed.sum())
         set_episode_metrics(trajs)
-        for i, (t, late) in enumerate(zip(trajs, envs.timed_out, strict=True)):
-            t.metrics["env_timeout"] = float(late)
+        for i, t in enumerate(trajs):
+            t.metrics["env_timeout"] = float(envs.timed_out[i])
+            t.metrics["env_error"] = float(envs.failed[i])
             if envs.envs.get(i) is not None and envs.envs[i].tool_schemas:
                 t.metrics.update(tool_episode_metrics(envs.steps[i]))
         return trajs
@@ -177,6 +192,7 @@ class PythonEpisodes:
         self.hashes: dict[int, bytes] = {}  # hash of the state the next reply answers
         self.steps: dict[int, list[PyStep]] = {i: [] for i in range(n)}
         self.timed_out = np.zeros(n, bool)
+        self.failed = np.zeros(n, bool)  # a reset or step raised
         self.steps_submitted = 0
         self._texts: dict[int, str] = {}
         self._in_flight: dict[int, tuple[concurrent.futures.Future, float | None]] = {}
@@ -189,6 +205,8 @@ class PythonEpisodes:
         for i, result in started:
             if result is _TIMED_OUT:
                 self.timed_out[i] = True
+            elif isinstance(result, _Raised):
+                self.failed[i] = True
             else:
                 self.envs[i], self._texts[i], self.hashes[i] = result
 
@@ -211,9 +229,12 @@ class PythonEpisodes:
         (`"any"`: the first back or past its deadline), or all of them (`"all"`)."""
         outcomes = []
         for episode, result in self._harvest(wait, "step"):
-            if result is _TIMED_OUT:
+            if result is _TIMED_OUT or isinstance(result, _Raised):
                 step, next_hash, late = _TIMEOUT_STEP, self.hashes[episode], True
-                self.timed_out[episode] = True
+                if result is _TIMED_OUT:
+                    self.timed_out[episode] = True
+                else:
+                    self.failed[episode] = True
             else:
                 (step, next_hash), late = result, False
             self.steps[episode].append(step)
@@ -240,8 +261,9 @@ class PythonEpisodes:
         self._in_flight[episode] = (self.pool.submit(fn, *args), deadline)
 
     def _harvest(self, wait: str, what: str) -> list[tuple[int, object]]:
-        """[(episode, fn(*args) or `_TIMED_OUT`)] of the calls done or past their deadline,
-        after waiting as `wait` says; a call that raised is re-raised with its episode."""
+        """[(episode, fn(*args), `_TIMED_OUT` or `_Raised`)] of the calls done or past their
+        deadline, after waiting as `wait` says; a call that raised is logged with its
+        episode."""
         if not self._in_flight:
             return []
         if wait != "none":
@@ -266,15 +288,15 @@ class PythonEpisodes:
                     results.append((episode, future.result()))
                 except Exception as exc:
                     e = self.episodes[episode]
-                    raise RuntimeError(
-                        f"python env {self.runner.tag!r} episode seed={e.seed} "
-                        f"member={e.member}: {what} raised {type(exc).__name__}: {exc}"
-                    ) from exc
+                    _log.warning("python env %r episode seed=%s member=%s: %s raised %s: %s; "
+                                 "the episode ends (env/errors)", self.runner.tag, e.seed,
+                                 e.member, what, type(exc).__name__, exc)
+                    results.append((episode, _Raised(exc)))
             del self._in_flight[episode]
         return sorted(results, key=lambda r: r[0])
 
 
-# What a step that missed its deadline records (see the module docstring).
+# What a step that missed its deadline or raised records (see the module docstring).
 _TIMEOUT_STEP = PyStep(observation="", reward=0.0, terminated=False, action_is_valid=False,
                        action_is_effective=False, success=False, action=INVALID_ACTION)
 

@@ -1,5 +1,7 @@
 """Each estimator against a hand-computed example."""
 
+import types
+
 import numpy as np
 import pytest
 
@@ -105,3 +107,26 @@ def test_whiten_and_validation():
     with pytest.raises(ValueError, match="adv_estimator must be one of"):
         adv.validate_estimator("ppo", "trajectory", 4)
     adv.validate_estimator("reinforce", "step", 1)
+
+
+def _episode(group_id, rewards):
+    turns = [types.SimpleNamespace(reward=r, state_hash=bytes([k]))
+             for k, r in enumerate(rewards)]
+    return types.SimpleNamespace(tag="t", group_id=group_id, turns=turns,
+                                 score=float(sum(rewards)))
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "rloo", "turn_grpo", "gigpo"])
+def test_an_episode_that_never_played_is_no_zero_score_member(estimator):
+    # Group 0: scores 1, 0 and an episode whose reset failed (no turns). It must not pull
+    # the group mean towards 0: the two played episodes get what they get alone.
+    with_failed = [_episode(0, [1.0]), _episode(0, [0.0]), _episode(0, [])]
+    alone = adv.turn_advantages(with_failed[:2], adv_estimator=estimator)
+    got = adv.turn_advantages(with_failed, adv_estimator=estimator)
+    assert got[2].shape == (0,)
+    for a, b in zip(got[:2], alone, strict=True):
+        np.testing.assert_array_equal(a, b)
+    # grpo by hand: mean 0.5, unbiased std √0.5 → ±0.7071 (with the third at 0: ±1.15/−0.58)
+    if estimator == "grpo":
+        np.testing.assert_allclose([got[0][0], got[1][0]], [0.5 / np.sqrt(0.5),
+                                                            -0.5 / np.sqrt(0.5)], rtol=1e-5)

@@ -5,6 +5,7 @@ import pytest
 
 from jaxrl_agentic.algos.filters import (
     dynamic_sampling_keep,
+    groups_with_signal,
     mask_truncated,
     overlong_penalty,
     truncated_samples,
@@ -46,3 +47,12 @@ def test_overlong_penalty_values():
     np.testing.assert_allclose(got, expected, atol=1e-7)
     with pytest.raises(ValueError, match="overlong_penalty_length"):
         overlong_penalty(lengths, 10, overlong_penalty_length=20)
+
+
+def test_groups_with_signal_reads_the_advantages():
+    # Group 7: all-zero advantages (per turn, one member never played a turn); group 3: one
+    # member has a per-turn advantage above the tolerance; group 5: only float noise.
+    advantages = [np.zeros(2), np.zeros(0), np.array([0.0, -0.3]), np.zeros(1),
+                  np.array([1e-9]), np.array([-1e-9])]
+    keep = groups_with_signal(advantages, [7, 7, 3, 3, 5, 5])
+    np.testing.assert_array_equal(keep, [False, False, True, True, False, False])

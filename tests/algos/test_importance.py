@@ -30,8 +30,29 @@ def test_token_level_by_hand():
     t = _weights("token", "truncate")
     np.testing.assert_allclose(t.weights, [2.0, 0.5, 0, 1.5, 1.2, 0.9, 0], rtol=1e-6)
     np.testing.assert_array_equal(t.capped, [1, 0, 0, 0, 0, 0, 0])
-    m = _weights("token", "mask")
+    m = _weights("token", "mask", lower_cap=0.25)
     np.testing.assert_allclose(m.weights, [0.0, 0.5, 0, 1.5, 1.2, 0.9, 0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("level", TIS_LEVELS)
+def test_mask_mode_drops_weights_below_the_lower_bound_too(level):
+    # verl's rollout-IS mask keeps w in [lower, upper], lower = 1/upper by default. One
+    # sample per level: ρ = 0.3 on every token (so token, sequence-of-1 and geometric
+    # agree) is below 1/2 and masked; ρ = 0.8 is kept; ρ = 3 is above 2 and masked.
+    rho = np.array([0.3, 0.8, 3.0])
+    mu = np.array([-1.0, -2.0, -0.5])
+    args = [jnp.asarray(x, jnp.float32) for x in (mu + np.log(rho), mu, np.ones(3))]
+    seg = jnp.asarray([1, 2, 3])
+    m = importance_weights(*args, seg, level=level, mode="mask", cap=2.0)
+    np.testing.assert_allclose(m.weights, [0.0, 0.8, 0.0], rtol=1e-6)
+    np.testing.assert_array_equal(m.capped, [True, False, True])
+    # An explicit lower bound; truncate mode has no lower bound (verl's TIS is min(ρ, C)).
+    m = importance_weights(*args, seg, level=level, mode="mask", cap=2.0, lower_cap=0.1)
+    np.testing.assert_allclose(m.weights, [0.3, 0.8, 0.0], rtol=1e-6)
+    t = importance_weights(*args, seg, level=level, mode="truncate", cap=2.0)
+    np.testing.assert_allclose(t.weights, [0.3, 0.8, 2.0], rtol=1e-6)
+    with pytest.raises(ValueError, match="lower cap"):
+        importance_weights(*args, seg, level=level, mode="mask", cap=2.0, lower_cap=3.0)
 
 
 def test_sequence_level_by_hand():

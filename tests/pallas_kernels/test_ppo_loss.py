@@ -373,6 +373,23 @@ def test_cispo_kernel_matches_reference_random(estimator):
     np.testing.assert_allclose(g_k, g_ref, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_cispo_takes_its_own_bounds_without_a_lower_one(impl):
+    # MiniMax-M1: no lower bound on the IS weight (ε_lo ≥ 1), only ε_hi (here 5, as peers
+    # run it). Ratios 0.1, 0.5, 4 and 7 with A = 1: weights 0.1, 0.5, 4, 6; the gradient
+    # w.r.t. logp_t is −clip(r_t)·A_t. PPO's band (0 < ε_lo < 1) could not express this.
+    ratio = np.array([0.1, 0.5, 4.0, 7.0])
+    logp = jnp.zeros(4)
+    old = jnp.asarray(-np.log(ratio), jnp.float32)
+    adv, w = jnp.ones(4), jnp.ones(4)
+    (_, sums), grad = _loss_and_grad(impl, old, adv, w, policy_loss="cispo", clip_low=1.0,
+                                     clip_high=5.0)(logp)
+    np.testing.assert_allclose(grad, [-0.1, -0.5, -4.0, -6.0], rtol=1e-5)
+    assert (float(sums.clipped_low), float(sums.clipped_high)) == (0.0, 1.0)
+    with pytest.raises(ValueError, match="0 < clip_low < 1"):
+        masked_ppo_loss(logp, old, adv, w, clip_low=1.0)  # still PPO's rule for ppo
+
+
 def test_variant_arguments_are_checked():
     x = jnp.zeros(4)
     with pytest.raises(ValueError, match="policy_loss"):

@@ -1,6 +1,7 @@
 """The Python-environment rollout runner: same trajectories as the JAX runner, envs in threads,
 and a hung environment step truncates its episode instead of hanging the run."""
 
+import logging
 import threading
 
 import jax
@@ -18,7 +19,7 @@ from jaxrl_agentic.rollout.loop import (
     RolloutRunner,
     first_message,
 )
-from jaxrl_agentic.rollout.python_runner import PythonRolloutRunner
+from jaxrl_agentic.rollout.python_runner import DEFAULT_STEP_TIMEOUT_S, PythonRolloutRunner
 from jaxrl_agentic.sampler import Sampler
 
 MAX_NEW = 8
@@ -69,7 +70,8 @@ def assert_same_trajectory(a, b, *, exact=True):
             np.testing.assert_array_equal(u.logprobs, v.logprobs)
         else:
             np.testing.assert_allclose(u.logprobs, v.logprobs, atol=1e-5)
-    env_side = [{k: v for k, v in t.metrics.items() if k != "env_timeout"} for t in (a, b)]
+    env_side = [{k: v for k, v in t.metrics.items() if k not in ("env_timeout", "env_error")}
+                for t in (a, b)]
     assert env_side[0] == env_side[1]
 
 
@@ -88,7 +90,7 @@ def test_adapter_reproduces_the_jax_runner(setup, greedy):
         assert b.metrics["env_timeout"] == 0.0
     assert any(t.truncated_by_length for t in got)  # the length rule was exercised
     assert runner.stats == {"resets": 6, "env_steps": sum(len(t.turns) for t in got),
-                            "timeouts": 0}
+                            "timeouts": 0, "errors": 0}
 
 
 class InFlight:
@@ -184,10 +186,12 @@ class _Tool(PythonTextEnv):
     max_steps_in_episode = 2
     release = threading.Event()
 
-    def __init__(self, fail=False):
-        self.fail = fail
+    def __init__(self, fail=False, fail_reset=False):
+        self.fail, self.fail_reset = fail, fail_reset
 
     def reset(self, seed):
+        if self.fail_reset:
+            raise OSError("server gone")
         if seed == 13:
             self.release.wait(60)
         self.log = [str(seed)]
@@ -204,7 +208,7 @@ class _Tool(PythonTextEnv):
         return text_state_hash("\n".join(self.log))
 
 
-def test_pure_python_env_reset_timeout_and_errors(setup):
+def test_pure_python_env_reset_timeout_and_errors(setup, caplog):
     runner = python_runner(setup, lambda spec, run_seed: _Tool(), step_timeout_s=1.0)
     try:
         trajs = runner.run([EpisodeSpec(seed=s, group_id=g, member=0)
@@ -220,10 +224,25 @@ def test_pure_python_env_reset_timeout_and_errors(setup):
         assert t.turns[0].state_hash != t.turns[1].state_hash
     assert runner.stats["timeouts"] == 1
 
-    failing = python_runner(setup, lambda spec, run_seed: _Tool(fail=True))
-    with pytest.raises(RuntimeError, match=r"python env 'lake' episode seed=2 member=0: step "
-                                           r"raised ValueError: tool crashed"):
-        failing.run([EpisodeSpec(seed=s, group_id=s, member=0) for s in (2, 3, 4)],
-                    sample_seed=0)
+    # A step that raises ends its episode (logged, counted), and the run goes on: the reply
+    # is kept as a turn with reward 0 and no flag confirmed. A reset that raises leaves an
+    # episode without turns. The other episodes play on.
+    fails = {2: dict(fail=True), 3: dict(fail_reset=True), 4: {}}
+    failing = python_runner(setup, lambda spec, run_seed: _Tool(**fails[spec.seed]))
+    assert failing.step_timeout_s == DEFAULT_STEP_TIMEOUT_S > 0  # no hang by default
+    with caplog.at_level(logging.WARNING):
+        trajs = failing.run([EpisodeSpec(seed=s, group_id=s, member=0) for s in (2, 3, 4)],
+                            sample_seed=0)
+    step_failed, reset_failed, fine = trajs
+    assert step_failed.truncated and len(step_failed.turns) == 1
+    [turn] = step_failed.turns
+    assert (turn.reward, turn.action, turn.action_is_valid, turn.done) == (
+        0.0, INVALID_ACTION, False, False)
+    assert reset_failed.truncated and reset_failed.turns == []
+    assert [t.metrics["env_error"] for t in trajs] == [1.0, 1.0, 0.0]
+    assert [t.metrics["env_timeout"] for t in trajs] == [0.0, 0.0, 0.0]
+    assert len(fine.turns) == 2 and failing.stats["errors"] == 2
+    assert "episode seed=2 member=0: step raised ValueError: tool crashed" in caplog.text
+    assert "episode seed=3 member=0: reset raised OSError: server gone" in caplog.text
     with pytest.raises(ValueError, match="step_timeout_s must be >= 0"):
         python_runner(setup, lambda spec, run_seed: _Tool(), step_timeout_s=-1)
