@@ -29,16 +29,13 @@ def get_config():
     c.max_input_length = 3072
     c.sequence_length = 4096
     c.micro_batch_max_tokens = 8192
-    # A step's few short episodes pack into rows of 8,192 / 2^(i/4) tokens (18 lengths down
-    # to 432, each compiled when first used) instead of one 8,192-token row: a batch that
-    # fits one row computes at most 1.19× its tokens (tokens/efficiency 0.18 → 0.93 at
-    # 4 episodes × 3 turns × 32 tokens; power-of-two rows gave 0.74). Rows go down to 432
-    # because in bf16 on CPU samples start at multiples of 128 (sample_align): four
-    # ~400-token samples need one 2,048-token row (0.79) or four rows of 432 (0.93). The
-    # blocks are recomputed in the backward: the memory plan puts the activations of 24 layers at
-    # 8,192 tokens at 17.4 GiB (segment attention), with remat="layer" at 1.4 GiB.
+    # Rows of 8,192 / 2^(i/4) tokens (18 lengths down to 432, each compiled when first used),
+    # so a step of a few short episodes is not computed as one 8,192-token row; down to 432
+    # because bf16 samples on CPU start at multiples of 128 (docs/real_models.md).
     c.row_len_buckets = 18
     c.row_len_ratio = 2 ** 0.25
+    # Recompute each block in the backward: the plan's activations at 8,192 tokens shrink
+    # from 17.4 to 1.4 GiB (docs/real_models.md, "The Qwen2.5-0.5B recipes").
     c.remat = "layer"
     c.generation.temperature = 1.0
     c.custom_envs = {"frozen_lake": env_spec("frozen_lake", max_turns=5,

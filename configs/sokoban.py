@@ -4,10 +4,10 @@ replies at T = 0.5, as RAGEN's does.
 
     python -m jaxrl_agentic.train --config configs/sokoban.py
 
-What FrozenLake needed to learn (configs/frozen_lake.py), carried over: a per-move signal
-(potential-based shaping, turn-level GRPO), short hints that make each fact a token, a
-one-token reply, an untied head, lr 1e-3 with a KL to the warmed model. Without them the
-policy did not move from uniform (docs/benchmarks.md, "Sokoban").
+It carries over what FrozenLake needed to learn (configs/frozen_lake.py): a per-move signal,
+short hints, a one-token reply, an untied head, lr 1e-3 with a KL to the warmed model.
+Measured result: docs/benchmarks.md, "Sokoban". How the settings were found, and the
+options tried: docs/notes/sokoban_recipe.md.
 """
 
 from jaxrl_agentic.config import default_config, env_manager, env_spec
@@ -22,7 +22,7 @@ def get_config():
     c.adv_estimator = "turn_grpo"
     c.step_reward_gamma = 0.5
     # The model generates only ACTION; `<answer>`/`</answer>` are context and parser text
-    # (why: configs/frozen_lake.py and docs/algorithms.md).
+    # (why: docs/notes/reply_format.md).
     c.reply_prefix = "<answer>"
     c.reply_suffix = "</answer>"
     c.sample_mode = "trajectory"
@@ -36,7 +36,7 @@ def get_config():
     c.min_lr_ratio = 0.1
     c.mini_batch_size = 16
     # One JAX device per core (as configs/frozen_lake.py): the tiny model's learner step
-    # splits its rows over them. The Sokoban figures in docs/benchmarks.md predate this.
+    # splits its rows over them.
     c.mesh.cpu_devices = 0
     c.init_kl_coef = 0.15
     # 10 turns of a ~90-token board and hint: under 1,100 tokens.
@@ -52,30 +52,22 @@ def get_config():
     # Shaped rewards (envs/sokoban.py): +1 per unit of potential gained (a box a step closer
     # to its target, or the player half a unit closer to the box), −0.5 for a move that
     # changed nothing (a wall, a blocked box), −1 for an invalid reply; the game's own −0.1
-    # a step, +1 a box on target, +10 solved. Success is only a solved level. Without the
-    # shaping, returns within a group differed only by luck and the policy did not move
-    # from uniform in 67 steps at lr 1e-3 or 3e-3 (docs/benchmarks.md, "Sokoban").
-    #
-    # Off here, measured in stop 47 (docs/benchmarks.md, "Sokoban"): `push_potential=True,
-    # revisit_penalty=0.5, revisit_memory=10` (the walk to the cell a box is pushed from, and
-    # a cost for coming back to a position) took seed 0's greedy eval from under 0.3 for an
-    # hour to 0.33 at step 70 and ended its walking in circles, but seeds 1 and 2 stayed at
-    # 0.16-0.22 for 90 steps, where seed 1 reached 0.3 without them: a different seed wins,
-    # not more seeds. Both terms and `blocked_hints` stay options.
+    # a step, +1 a box on target, +10 solved. Success is only a solved level. Without a
+    # per-move signal, returns within a group differ only by luck and nothing is learned.
+    # push_potential, revisit_penalty and blocked_hints stay off: each changed which seed
+    # learned, not how many (docs/notes/sokoban_recipe.md).
     c.custom_envs = {"sokoban": env_spec("sokoban", max_turns=10, max_tokens_per_step=1,
                                          format_penalty=1.0, dim_room=6, num_boxes=1,
                                          cell_separator=" ", hints=True, progress_reward=1.0,
                                          bump_penalty=0.5, brief_instructions=True,
                                          push_potential=False, revisit_penalty=0.0,
                                          revisit_memory=0)}
+    # 8 levels of 8 episodes: FrozenLake's 16 × 4 helped one seed here and not the other.
     c.train_env_manager = env_manager(num_env_groups=8, group_size=8, tags=("sokoban",))
     # 64 held-out levels: the standard error of eval/success near 0.3 is 0.057.
     c.val_env_manager = env_manager(num_env_groups=64, group_size=1, tags=("sokoban",))
-    # Eval replies sampled at T = 0.5, RAGEN's validation protocol (`do_sample: True,
-    # temperature: 0.5`), under which the published Qwen2.5-0.5B figure (0.203) was measured,
-    # so eval/success compares with it. Greedy (`--config.eval_temperature=0`) is stricter
-    # here: a policy that bumps into a wall sees the same board and repeats the move to the
-    # end of the episode (0.23 greedy against 0.30 sampled for one checkpoint on 256 levels;
-    # docs/benchmarks.md, "Sokoban").
+    # Eval replies sampled at T = 0.5, RAGEN's validation protocol, under which the published
+    # Qwen2.5-0.5B figure (0.203) was measured, so eval/success compares with it. Greedy
+    # (`--config.eval_temperature=0`) is stricter: a policy that bumps into a wall repeats it.
     c.eval_temperature = 0.5
     return c

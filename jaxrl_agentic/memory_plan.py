@@ -166,11 +166,9 @@ def check_memory_plan(plan: MemoryPlan, warn=print) -> None:
 # glibc's malloc raises its mmap threshold after every large free (up to 32 MiB), so the
 # blocks of a few MiB a real model frees by the thousand (a 0.5B layer's 17 MiB matrices,
 # their gradients, activations) land in its heaps, whose freed pages stay resident. With
-# fixed thresholds they are mapped and unmapped on their own: peak RSS of one pipeline step
-# at Qwen2.5-0.5B's shape 15.8 → 14.4 GiB (docs/benchmarks.md, "Real shape"). Mapping each
-# block costs page faults (the tiny default's pipeline step measured 0–4% slower, within
-# noise), so the pipeline sets it only for runs whose plan takes more than this share of
-# the device.
+# fixed thresholds they are mapped and unmapped on their own, which lowers a real model's
+# peak RSS (docs/benchmarks.md, "Peak memory"). Mapping each block costs page faults, so the
+# pipeline sets it only for runs whose plan takes more than this share of the device.
 MALLOC_RELEASE_SHARE = 0.25
 _MMAP_THRESHOLD = 1 << 20
 _TRIM_THRESHOLD = 8 << 20

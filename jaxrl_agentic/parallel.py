@@ -224,10 +224,9 @@ def use_cpu_devices(count: int, log=print) -> int:
     Why: one XLA:CPU program keeps about one core busy at a small model's shapes (its
     matmuls are too small for the intra-op thread pool to split well), while devices run
     their shards of a program side by side. With the batch rows split over one device per
-    core (the ``data`` axis, as on GPUs), the default recipe's learner took 5.7 s instead of
-    9.1 s a step on 2 cores, the whole step 8.7 s instead of 12.3 s (``docs/benchmarks.md``,
-    "One CPU device per core"). Parameters are
-    replicated per device, so a large model on CPU should keep 1 (or shard with ``fsdp``).
+    core (the ``data`` axis, as on GPUs), a tiny model's learner step spreads over the cores
+    (``docs/benchmarks.md``, "One CPU device per core"). Parameters are replicated per
+    device, so a large model on CPU should keep 1 (or shard with ``fsdp``).
 
     A count that cannot be applied any more (the backend already started, e.g. a second
     run in one process, or ``XLA_FLAGS`` already forces a device count) is logged, and the

@@ -117,9 +117,9 @@ def _categorical(z: jax.Array, u: jax.Array) -> jax.Array:
     Since u < 1, the first cumulative sum above u·total is the one chosen, and its own
     mass is > 0, so zero-probability tokens (and the padding) are never drawn. The draw
     is exact up to float32 rounding of the cumulative sums (~√(V/b)·2⁻²⁴ of the total
-    mass) and the 2⁻²³ grid of the uniforms. Why not Gumbel-max: V random numbers per row
-    per step from XLA:CPU's threefry cost 0.15 ms at [32, 576] (≈ 8 ns each), 11% of a
-    decode step; at a 152k vocabulary this draw is 5× faster than the Gumbel one.
+    mass) and the 2⁻²³ grid of the uniforms. Why not Gumbel-max: it needs V random numbers
+    per row per step, and XLA:CPU's threefry makes them slowly enough to be a large share of
+    a decode step, more so at a real vocabulary (docs/benchmarks.md, "Sampler").
     A row with a NaN logit draws token 0; its reported logprob is NaN.
     """
     rows, vocab = z.shape
@@ -229,8 +229,8 @@ class Sampler:
             donate_argnums=(1,),
             compiler_options=self.compiler_options,
         )
-        # A new or grown cache is one program call, not one dispatch per layer array
-        # (8 eager zeros cost ~4 ms per `generate` at 4 layers: 10% of a 1-token call).
+        # A new or grown cache is one program call, not one dispatch per layer array: eager
+        # zeros per layer were a visible share of a short `generate`.
         self._zeros = jax.jit(KVCache.zeros, static_argnums=(0, 1, 2, 3))
         self._grow = jax.jit(KVCache.grow, static_argnums=(1,))
 
@@ -497,7 +497,7 @@ class ShardedSession:
     Why: on a CPU one decode program keeps about one core busy. Its per-step ops are small,
     their time grows with the rows and they barely spread over cores (batch 32 of the tiny
     model decodes as fast on one core as on two), while independent programs do run in
-    parallel: two blocks of 16 rows decode 1.8× faster than one of 32 on 2 cores.
+    parallel (docs/benchmarks.md, "Sampler").
     Row r keeps seed id r (or ``row_seeds[r]``) in whichever block it lies, so the tokens
     drawn are those a single `Session` would draw. Same interface as `Session`.
     """
@@ -633,9 +633,9 @@ def output_weight(model: Transformer) -> jax.Array:
     """The output projection as a [D, V] array, made once per decode call.
 
     Tied weights are the embedding [V, D]; used through a transpose inside the loop, XLA
-    folds the transpose into the dot, whose few-row product with a [V, D] operand runs ~3×
-    slower on XLA:CPU. Same dtypes as `Transformer.logits` (weights in the compute dtype,
-    f32 accumulation), so bf16 models decode with the learner's numerics.
+    folds the transpose into the dot, whose few-row product with a [V, D] operand runs
+    several times slower on XLA:CPU. Same dtypes as `Transformer.logits` (weights in the
+    compute dtype, f32 accumulation), so bf16 models decode with the learner's numerics.
     """
     return model.lm_head_weight().astype(jnp.dtype(model.cfg.dtype))
 
@@ -646,8 +646,8 @@ def row_uniforms(row_keys: jax.Array, max_new_bucket: int) -> jax.Array:
     A row's draws depend on its key only, not on the batch it shares or the process that
     runs it, nor (threefry being partitionable, JAX's default) on `max_new_bucket`: token j
     of a reply gets the same pair in one call of any bucket or in chunks (`slot_decoder`).
-    Drawn up front: per step inside the loop, fold_in + uniform were two threefry
-    while-loops (~90 µs).
+    Drawn up front: per step inside the loop, fold_in + uniform would be two threefry
+    while-loops on every decode step.
     """
     return jax.vmap(lambda k: jax.random.uniform(k, (max_new_bucket, 2), jnp.float32))(
         row_keys)

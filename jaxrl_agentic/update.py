@@ -151,12 +151,10 @@ def clip_gradients(max_norm: float | None = None, relative: float | None = None,
     it means the same thing whatever sets that scale: the loss reduction and the number of
     loss tokens per reply (a token mean over a four-token reply is a quarter of the
     one-token reply's), the reward scale, the model. A fixed ``max_grad_norm`` does not:
-    it clipped every update of the one-token FrozenLake recipe (norms 1.5–3) and none of
-    the full-reply one's (0.45–0.7), whose rare spikes from broken replies (up to 20× the
-    median in the bandit of scripts/analysis/probe_reply_format.py) then passed into Adam's
-    moments at full size (docs/algorithms.md, "Generated format tokens and the gradient
-    clip"; measured in docs/benchmarks.md, "Full replies"). The EMA is of log norms, so one
-    spike moves the threshold by a factor, not by its size.
+    the same setting can clip every update of one recipe and none of another's, whose rare
+    spikes (from broken replies) then pass into Adam's moments at full size
+    (docs/algorithms.md, "Generated format tokens and the gradient clip"). The EMA is of log
+    norms, so one spike moves the threshold by a factor, not by its size.
 
     ``update(grads, state, params, global_norm=|g|)`` takes the norm the caller already has
     (the train step's non-finite guard), so the gradient is not read again for it. And the
@@ -343,8 +341,7 @@ def accumulate_gradient_sums(micro_objective, params, batch, zero_sums, mesh=Non
 
     A mini-batch of a single group is differentiated directly: the scan's fp32 accumulator
     would sit beside that group's own gradient (a second copy of every parameter's
-    gradient: 1.84 GiB more of the step's temporaries at Qwen2.5-0.5B's shape, XLA
-    ``memory_analysis``), to add it to zeros.
+    gradient in the step's temporaries), to add it to zeros.
     """
     group_rows = 1 if mesh is None else num_batch_shards(mesh)
     grad_fn = jax.grad(micro_objective, has_aux=True)
@@ -390,9 +387,8 @@ def apply_if_finite(optimizer, params, opt_state, grads, loss, lr, grad_scale=1.
 
     The update runs inside a ``lax.cond``: its false branch returns the state untouched, so
     the new parameters and moments are written over the donated ones leaf by leaf. Choosing
-    between a computed new state and the old one with ``jnp.where`` kept both alive: 1.19 GiB
-    more of the update step's temporaries at Qwen2.5-0.5B's shape (XLA ``memory_analysis``,
-    ``tests/test_update_memory.py``).
+    between a computed new state and the old one with ``jnp.where`` kept both alive in the
+    update step's temporaries (``tests/test_update_memory.py``).
     """
     # |g · s| = |g| · s, read from the gradient as it came out of the backward: a norm is a
     # reduction XLA:CPU runs as a library call, which takes its input from a buffer, so the

@@ -15,12 +15,11 @@ Implementations (``impl``):
   "chunked"    ``lax.scan`` over vocab blocks (``_chunked``), custom VJP, never holds [N, V].
   "pallas"     Pallas kernels (``_logprob_pallas``): the Mosaic layout on TPU (and in
                interpret mode on CPU), the Triton layout on GPU.
-  "auto"       TPU → pallas, GPU → chunked, CPU → chunked. On a GPU the Triton kernel
-               measured 5–8× slower than XLA's full-logits GEMMs at the Qwen2.5-0.5B head
-               (H200, ``docs/benchmarks.md`` "On a GPU"; its one-kernel backward
-               ``atomic_add``s every [block_n, block_d] and [block_d, block_v] tile), while
-               "chunked" is made of those same cuBLAS GEMMs plus one recompute and keeps
-               the fused paths' memory bound (0.15× the reference on CPU).
+  "auto"       TPU → pallas, GPU → chunked, CPU → chunked. On a GPU the Triton kernel is
+               slower than XLA's full-logits GEMMs (its one-kernel backward ``atomic_add``s
+               every [block_n, block_d] and [block_d, block_v] tile; ``docs/benchmarks.md``,
+               "On a GPU"), while "chunked" is made of those same cuBLAS GEMMs plus one
+               recompute and keeps the fused paths' memory bound.
 
 Fused paths keep only ``(hidden, W, targets, lse[, H])`` as residuals and recompute logits
 blockwise in the backward; all softmax math runs in fp32 whatever the input dtype. Tied

@@ -107,7 +107,7 @@ def tiny_config(out: str):
         "--config.train_env_manager.group_size=4",
         # The standard maps this test's warm-up length was set on. The recipe's denser
         # training maps end more episodes early, and 3 warm-up steps then missed a
-        # (rows, prefill) bucket: the sampler compiles buckets on first use (#24 item 4).
+        # (rows, prefill) bucket: the sampler compiles buckets on first use.
         "--config.train_env_manager.env_config.p_frozen=0.8",
         "--config.mini_batch_size=8",
         "--config.max_input_length=512",

@@ -1,4 +1,4 @@
-"""#22 regression: a decision token that follows a generated format tag is learned.
+"""A decision token that follows a generated format tag is learned.
 
 The contextual bandit of `scripts/analysis/probe_reply_format.py`, through the real
 `Learner`: the reply is [OPEN, y] (a generated tag, then the decision). With the embedding
@@ -34,7 +34,7 @@ def test_trailing_tokens_that_carry_no_advantage_cost_the_decision_nothing(seed)
     position, or a denominator that leaks into the decision's step, fails this. With the tags
     sampled at T = 1 the decision lags (`y` − `yce` = 0.27 ± 0.03 after 60 updates, ten
     seeds), and forced tags carrying the decision's advantage collapse the format; why:
-    docs/algorithms.md, "What the tokens after the decision cost"."""
+    docs/notes/reply_format.md, "What the tokens after the decision cost"."""
     right = _probe().run_pattern("yce", updates=60, warmup_steps=100, lr=1e-3, seed=seed,
                                  report_every=60, untie=True, broken_reward=0.0,
                                  force_format=True, format_credit=True)

@@ -1,4 +1,4 @@
-"""The relative gradient clip (`update.clip_by_relative_global_norm`), #22 item 1.
+"""The relative gradient clip (`update.clip_by_relative_global_norm`).
 
 The full-reply FrozenLake recipe did not learn at `max_grad_norm` 1.0: a token mean over a
 four-token reply scales the gradient down, so a fixed clip that normalised every update of

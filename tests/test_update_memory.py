@@ -7,12 +7,12 @@ A model whose parameters dominate (embedding 8,192 × 256 of its 4.2 M parameter
 * the state (parameters, AdamW's moments) is donated and updated in place: the outputs
   alias 3 P;
 * a mini-batch of one row group needs its gradient (P) and a part of the tied embedding's
-  gradient beside it: 1.31–1.54 P. The step before #21's memory work held 2.82 P: the
-  non-finite guard chose between a new and the old state with ``jnp.where`` (both alive),
-  and a one-group batch still added its gradient to an fp32 accumulator. Stop 39's held
-  2.0–2.15 P: the gradient divided by the loss denominator and optax's clip (a divide per
-  element) were each kept as a second gradient-sized buffer, and the tied embedding's two
-  gradients were differentiated apart (``update.clip_gradients``,
+  gradient beside it: 1.31–1.54 P. Earlier versions held 2.82 P (the non-finite guard
+  chose between a new and the old state with ``jnp.where``, both alive, and a one-group
+  batch still added its gradient to an fp32 accumulator) and then 2.0–2.15 P (the gradient
+  divided by the loss denominator and optax's clip, a divide per element, were each kept
+  as a second gradient-sized buffer, and the tied embedding's two gradients were
+  differentiated apart; ``update.clip_gradients``,
   ``models.transformer.tied_input_and_head``).
 """
 

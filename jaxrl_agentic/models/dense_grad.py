@@ -7,18 +7,15 @@ A projection y = x·W (x [..., T, n_in], W [n_in, n_out]) has the gradients
 JAX's autodiff computes dW as (dYᵀ·X)ᵀ, a [n_out, n_in] product transposed back. On XLA:CPU
 the layout pass then writes dYᵀ out as its own loop fusion: the elementwise backward that
 produces dY (SwiGLU's silu′ and products for the gate, `d*`) fused with a transposed write of
-N × n_out floats. With N = 1,024 tokens that write runs at a few hundred MB/s (the row's
-power-of-two stride defeats the cache): profiled in the 25m learner's update
-(`docs/benchmarks.md`, "Learner"), the [1408, 1024] gate/up writes took 6% of the device
-time (17 ms a call, more than the matmul that reads them), and such copies 11% in all.
+N × n_out floats. At a row's power-of-two stride that write defeats the cache and can cost
+more than the matmul that reads it (profiled: `docs/benchmarks.md`, "Learner").
 
 Here dW is computed the other way round: X is transposed first, into its own buffer
 (`optimization_barrier`, so XLA neither fuses the transpose into a consumer nor folds it
 back into a layout change of dY), then Xᵀ [n_in, N] · dY [N, n_out] is a product of two
 row-major operands. X is a buffer the forward kept, so its transpose is a plain copy, not a
-fused elementwise chain. For the down projection X is the wider of the two (1,408 against
-512 columns at 25m), and the update still got faster: 12.98 against 14.65 s, with the Xᵀ
-copies at 0.6 s of 27.8 s of device time against 2.4 s for the writes they replaced. dx is
+fused elementwise chain. For the down projection X is the wider of the two, and the update
+still gets faster: the Xᵀ copies cost less than the transposed writes they replace. dx is
 autodiff's own (`jax.vjp` of the same `dot_general`), and the forward is `lax.dot_general`
 unchanged, so the sampler's and the learner's forward passes compute what they did before.
 

@@ -21,11 +21,11 @@ Norms, softmax, logits, the residual stream h_l and every projection's output ar
 whatever the compute dtype; only the matmuls' inputs (and attention with its KV cache) are in
 it, as on an MXU or tensor core. Rounding each projection's output and each residual sum to
 bf16 lets two programs that differ only in accumulation order (the sampler's one-token
-decode, the learner's packed rows) drift apart layer after layer: the sampler/learner mean
-logprob gap at the Qwen2.5-0.5B shape (24 layers, random weights) was 8.3e-3 that way and
-is 3.0e-3 this way, against 7e-3 between bf16 and fp32 themselves (`docs/benchmarks.md`).
-On CPU the sampler's cached attention also runs the learner's block-sparse algorithm (128-slot
-blocks, the shared online-softmax update), which took the gap to 2.6e-3 (`_cached_attention`).
+decode, the learner's packed rows) drift apart layer after layer. On CPU the sampler's
+cached attention also runs the learner's block-sparse algorithm (128-slot blocks, the shared
+online-softmax update; `_cached_attention`), and in bf16 the two sides share
+`pallas_kernels/_same_bits.py`'s measures, so their logprobs agree to float32 noise
+(`docs/benchmarks.md`, "bf16 agreement"; `docs/notes/bf16_agreement.md`).
 """
 
 from __future__ import annotations
@@ -61,9 +61,9 @@ class KVCache:
     slots so that attention reads each (row, kv head) as one contiguous matrix with no
     transposed copy per step. Keys are stored transposed (slots last) because both products
     are then plain [rows, contract] · [contract, cols] matmuls: q · K with K as [head_dim,
-    slots] and p · V with V as [slots, head_dim]. With keys as [slots, head_dim] the few-row
-    decode product q · Kᵀ ran ~4.5× slower on XLA:CPU (YNNPACK: 76 µs vs 17 µs per layer at
-    batch 32, 2 kv heads, 128 slots; `docs/benchmarks.md`).
+    slots] and p · V with V as [slots, head_dim]. With keys as [slots, head_dim] XLA:CPU runs
+    the few-row decode product q · Kᵀ with its right operand contracted on the minor axis,
+    several times slower (`docs/benchmarks.md`, "Sampler").
     """
 
     k: tuple[jax.Array, ...]
@@ -352,9 +352,8 @@ def tied_input_and_head(embedding, tokens, dtype):
     Its backward writes the embedding's gradient as one expression of both cotangents,
         dE = scatter_add(0, tokens, dh_0) + dW_outᵀ,
     the values autodiff gives, in the same order. Left to autodiff, the two uses of E were
-    differentiated apart, and XLA kept more [V, D]-sized buffers alive at once: the train
-    step's temporaries at Qwen2.5-0.5B (bf16 compute, one 3,456-token row) were 3.42 GiB
-    against 2.92 GiB this way (XLA ``memory_analysis``; ``tests/test_update_memory.py``)."""
+    differentiated apart, and XLA kept more [V, D]-sized buffers alive at once
+    (``docs/benchmarks.md``, "Peak memory"; ``tests/test_update_memory.py``)."""
     return _tied_forward(embedding, tokens, dtype)
 
 
@@ -466,11 +465,10 @@ class Transformer(nnx.Module):
         # A scan over the layers' stacked weights, each step a checkpointed block: the
         # backward is then a reverse loop that recomputes one block at a time. Unrolled
         # checkpointed blocks were recomputed all at once by XLA:CPU's scheduler (the same
-        # peak memory as no remat: 11.8 GB at 24 layers × 2,048 tokens); the loop bounds it.
-        # The weights are stored stacked, so the scan reads them where they are and its
-        # gradient is the parameters' gradient: no stacked copy of the weights or of their
-        # gradient (a list of blocks cost both: 1.34 GiB at Qwen2.5-0.5B in bf16). Each step
-        # casts its own layer to the compute dtype.
+        # peak memory as no remat); the loop bounds it. The weights are stored stacked, so
+        # the scan reads them where they are and its gradient is the parameters' gradient:
+        # no stacked copy of the weights or of their gradient, which a list of blocks cost.
+        # Each step casts its own layer to the compute dtype.
         layer_def, stacked = nnx.split(self.layers)
         cos, sin = rope_cos_sin(positions, self._inv_freq, self._rope_scale)
 

@@ -17,8 +17,7 @@ the blocks do not wait for each other: a block's turn (the prefill of its new pr
 chunk) runs on its thread, and the loop handles each block as soon as its chunk is done
 (`SlotDecoder.launch` / `collect`). In lockstep blocks, every chunk lasted as long as the
 busiest block's, and prefills ran on the loop's thread while no block decoded
-(bench_rollout: continuous 3.07–3.36 → 2.95–3.30 s, within the spread between runs;
-docs/benchmarks.md).
+(bench_rollout: docs/benchmarks.md, "Continuous batching").
 
 A slot is a row of one sampler session (its KV cache); `slots` of them (0: one per
 episode) serve all episodes in plan order. Prefix reuse, the length check on the current

@@ -1,4 +1,4 @@
-"""Does a generated format token around the decision slow policy-gradient learning? (#8, #22)
+"""Does a generated format token around the decision slow policy-gradient learning?
 
 A contextual bandit through the real `Learner`: the prompt is [BOS, X, six random tokens],
 X ∈ {2..5}; the reply follows a pattern of generated tokens, e.g. `oyce` = [OPEN, y, CLOSE,
@@ -17,8 +17,8 @@ tie, `oy` stays at chance (seeds 0-3: 0.22, 0.31, 0.41, 0.0 after 120 updates) w
 learns; untied, `oy` learns like `y` (docs/algorithms.md, "Tied embeddings and generated
 format tokens"). `tests/test_reply_format_learning.py` runs this bandit.
 
-Variants (docs/algorithms.md, "What the tokens after the decision cost"): `--force-format`
-samples the format tokens as the right ones, `--format-credit` gives them their own
+Variants (docs/notes/reply_format.md, "What the tokens after the decision cost"):
+`--force-format` samples the format tokens as the right ones, `--format-credit` gives them their own
 advantage, `--format-out-of-loss` masks them, `--hidden` widens the model, `--set
 FIELD=VALUE` sets a `LearnerConfig` field of the RL updates (e.g. `adam_b2=0.99`, or
 `init_kl_coef=0.15` for the recipes' KL to the warmed model).

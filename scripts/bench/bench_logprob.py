@@ -2,7 +2,8 @@
 
 Measures ``jax.value_and_grad`` over (hidden, W) of ``Σ g·logprob`` (random per-token g) for
 the reference (full [N, V] logits) and the fused path that "auto" picks on this backend
-(chunked on CPU, Pallas on TPU/GPU), and prints ONE JSON line.
+(chunked on CPU and GPU, Pallas on TPU: ``token_logprobs.resolve_impl``; ``--impl`` picks
+one), and prints ONE JSON line.
 
 Peak memory comes from XLA's memory analysis of each compiled program:
 temp + argument + output − aliased bytes (what the program needs resident at once). Time is

@@ -8,8 +8,10 @@ an environment whose steps take a variable time.
   untrained model almost never writes EOS, so its EOS embedding row (tied: also its output
   row) is set to β·μ/|μ|², μ the mean final hidden state over the first prompts: EOS then
   has a logit of ≈ β (`--eos-logit`, 3.5) where the hidden state looks typical and less
-  elsewhere. Replies then end after 1 to 64 tokens (median ≈ 13, ~3% run to 64: measured
-  and printed as `reply_len_*`); nothing else about the model changes.
+  elsewhere. Replies then end after 1 to `--new-tokens` tokens; their lengths are measured
+  on the timed lockstep rollouts and printed (`reply_len_median`, `reply_len_p90`,
+  `replies_at_max_len`; docs/benchmarks.md quotes a run's). Nothing else about the model
+  changes.
 - **Environment**: a host-side Python environment (`PythonTextEnv`) that sleeps a time drawn
   uniformly from [0, `--max-latency`] (0.2 s) per step, from a generator seeded by the
   episode and step (the same sleeps in both schedules), answers with a short observation and

@@ -1,24 +1,27 @@
 #!/usr/bin/env bash
-# The GPU checks, in priority order, each bounded by its own timeout.
-# Each step is bounded by `timeout` and appends its JSON line(s) to OUT_DIR (default
-# ./gpu_out); a step that fails or times out leaves its stderr there and the next one runs.
+# The GPU checks: whether the accelerator kernels compile and compute what their references
+# do on this card, and how fast they and the learner are against what a GPU user would run
+# instead (XLA's full-logits GEMMs, cuDNN's attention, PyTorch). Each step appends its JSON
+# line(s) to OUT_DIR (default ./gpu_out) and is bounded by its own timeout; a step that
+# fails or times out leaves its stderr there and the next one runs.
 #
 #   bash scripts/bench/gpu_session.sh [OUT_DIR]
 #   ONLY="kernels attention_cudnn" bash scripts/bench/gpu_session.sh OUT_DIR   # some steps
 #
-# (all steps together may take up to ~20 minutes, the three learner runs most of it; a device
-#  call is limited to 10, so split them with ONLY. Steps: kernels, logprob_tests, logprob,
-#  attention, attention_cudnn, learner, learner_bf16.)
-#
-# 1. kernel correctness, compiled: segment attention, Pallas and cuDNN packed
-#    (gpu_kernel_check.py), and the GPU logprob family (pytest, full fp32);
-# 2. logprobs at the 0.5B shape: Pallas vs chunked vs full logits (checks that "auto" on GPU,
-#    chunked since stop 52, is within ~1.5x of the full-logits GEMMs);
-# 3. segment attention vs cuDNN at 4k/16k-token packed rows (bf16, Qwen2.5-0.5B heads), with
-#    the kernel's dK/dV grid over kv heads (default) and over query heads side by side, and
-#    attention_impl="cudnn" (cuDNN's packed layout) against the same cuDNN padded batch;
-# 4. the learner at the Qwen2.5-0.5B shape against torch (MFU): fp32 (TF32), then bf16 with
-#    the Pallas attention and with cuDNN's packed attention.
+# Steps, in order (all together take up to ~20 minutes, the learner runs most of it; ONLY
+# runs a subset):
+#   kernels          segment attention (Pallas, and cuDNN's packed layout) compiled, values
+#                    and gradients against the references (gpu_kernel_check.py);
+#   logprob_tests    the GPU logprob kernels' tests, compiled, in full fp32;
+#   logprob          token logprobs at the Qwen2.5-0.5B head: Pallas and chunked ("auto" on
+#                    a GPU) against the full-logits reference, fp32 and bf16;
+#   attention        segment attention against cuDNN at 4k/16k-token packed rows (bf16,
+#                    Qwen2.5-0.5B heads), both dK/dV grids (over kv heads and query heads);
+#   attention_cudnn  attention_impl="cudnn" (cuDNN's packed layout) against the same cuDNN
+#                    padded batch;
+#   learner          the learner at the Qwen2.5-0.5B shape against torch (MFU), fp32 (TF32);
+#   learner_bf16     the same in bf16, with the Pallas attention and with cuDNN's.
+# The last figures: docs/benchmarks.md, "On a GPU".
 #
 # Needs the project's dependencies (the learner imports ml-collections; a bare CUDA image
 # may lack ml-collections, gymnax, gymnasium and tensorboardX) and torch with CUDA.

@@ -1,5 +1,5 @@
-"""The Qwen2.5-0.5B recipes' rows (#21 item 3: token efficiency ≥ 0.8 at 4 episodes × 3 turns
-× 32 tokens). In bf16 on CPU each sample starts at a multiple of 128 in its row, so the
+"""The Qwen2.5-0.5B recipes' rows (token efficiency ≥ 0.8 at 4 episodes × 3 turns × 32
+tokens). In bf16 on CPU each sample starts at a multiple of 128 in its row, so the
 sampler's attention blocks are the learner's (`typed_configs.sample_align`); with row lengths
 only down to 1,024, four ~400-token samples took one 2,048-token row (0.79). The recipes'
 rows go down to 432, where four rows of 432 hold them (0.93, as measured by

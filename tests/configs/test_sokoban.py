@@ -19,7 +19,7 @@ def test_first_rl_step_after_the_warm_up_has_valid_actions_and_a_gradient(tmp_pa
     recipe_config = parse_config(["train", f"--config={recipe}"])
     assert recipe_config.format_warmup.steps > 0
     # eval/success is compared with RAGEN's published figure, which samples its validation
-    # replies at T = 0.5 (docs/benchmarks.md, "Sokoban", stop 48): the recipe must too.
+    # replies at T = 0.5 (docs/benchmarks.md, "Sokoban"): the recipe must too.
     assert recipe_config.eval_temperature == 0.5
     # The recipe's warm-up (learning rate, env, reply lengths) made cheaper for a test: half
     # the steps, fewer episodes per step and shorter episodes. Measured on 2 cores: 0.47 of
@@ -39,7 +39,7 @@ def test_first_rl_step_after_the_warm_up_has_valid_actions_and_a_gradient(tmp_pa
         prompt = pipe.tokenizer.decode(samples[0].tokens[:samples[0].prompt_len])
     finally:
         pipe.close()
-    # config.system_prompt reaches the chat the model sees (#27 item 8).
+    # config.system_prompt reaches the chat the model sees.
     assert "Push the box onto the target." in prompt
     assert metrics["env/action_is_valid"] > 0
     advantages = np.concatenate([s.advantages[s.loss_mask > 0] for s in samples])

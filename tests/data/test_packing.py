@@ -118,8 +118,9 @@ def test_bucket_rows_table(n, bucket, expected):
 
 
 def test_pack_hand_example():
-    # lengths 5,3,4,2,6 into rows of 8. FFD order 6(#4),5(#0),4(#2),3(#1),2(#3):
-    # #4 -> row0 (room 2), #0 -> row1 (room 3), #2 -> row2, #1 -> row1, #3 -> row0.
+    # lengths 5,3,4,2,6 into rows of 8. FFD order (sample index in brackets)
+    # 6[4], 5[0], 4[2], 3[1], 2[3]:
+    # [4] -> row0 (room 2), [0] -> row1 (room 3), [2] -> row2, [1] -> row1, [3] -> row0.
     samples = samples_of_lengths([5, 3, 4, 2, 6])
     batch = pack_samples(samples, micro_batch_max_tokens=8, sequence_length=8)
     assert batch.tokens.shape == (4, 8)  # 3 rows used, bucketed to 4

@@ -2,7 +2,7 @@
 update, against attention written out in float64, and in bf16 bit-identical to the learner's
 block-sparse forward for a sample that starts at a block boundary of its packed row (what
 `PackingConfig.sample_align` arranges). That identity is what moved the bf16 sampler/learner
-logprob gap of the 4-layer Qwen fixture from 3.8e-3 to 1.9e-3 (docs/benchmarks.md)."""
+logprob gap of the 4-layer Qwen fixture from 3.8e-3 to 1.9e-3 (docs/notes/bf16_agreement.md)."""
 
 import jax
 import jax.numpy as jnp

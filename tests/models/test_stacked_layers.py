@@ -1,5 +1,5 @@
 """The decoder blocks stored stacked (`Transformer.layers`: every weight [L, ...]) and the
-tied embedding's one-expression gradient (`tied_input_and_head`), #21 item 4.
+tied embedding's one-expression gradient (`tied_input_and_head`).
 
 The remat scan used to stack a list of blocks' weights on every step (a copy of the block
 weights and one of their gradient: 1.34 GiB at Qwen2.5-0.5B in bf16). Stored stacked, the

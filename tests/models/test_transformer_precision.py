@@ -2,8 +2,8 @@
 output stay float32 (models/transformer.py). A bf16 residual or bf16 projection outputs made
 the sampler's decode and the learner's packed forward drift apart layer after layer: at the
 Qwen2.5-0.5B shape the mean logprob gap went 8.3e-3 → 3.0e-3 with this contract
-(docs/benchmarks.md); this test holds the contract itself, which a small model's gap is too
-noisy to show."""
+(docs/notes/bf16_agreement.md); this test holds the contract itself, which a small model's
+gap is too noisy to show."""
 
 import jax.numpy as jnp
 import numpy as np
