@@ -66,7 +66,7 @@ def small_overrides(out: str) -> list[str]:
         "--config.mini_batch_size=4",
         "--config.custom_envs.frozen_lake.max_turns=2",
         "--config.custom_envs.frozen_lake.max_tokens_per_step=6",
-        "--config.max_input_length=512",
+        "--config.max_input_length=506",  # + 6 reply tokens = sequence_length
         "--config.sequence_length=512",
         "--config.micro_batch_max_tokens=512",
         "--config.entropy_loss_coef=0.01",
