@@ -140,6 +140,7 @@ class Pipeline:
 
     def __init__(self, c, *, model_dir: str | None = None, devices=None, log=print):
         self.c = c
+        self.log = log
         try:  # the device count is only known now: a mismatch is still a config error
             self.placement = SamplerPlacement(c.mesh.sampler_devices, learner_devices=devices)
             self.mesh = mesh = make_mesh(data=c.mesh.data, fsdp=c.mesh.fsdp,
@@ -555,6 +556,12 @@ class Pipeline:
 
             self.producer = RolloutProducer(produce, ratio=ratio, first_step=self.step,
                                             version=self.step, params=self.published_params())
+            if self.step > 0:  # resumed: the producer's queue is not in the checkpoint
+                self.log(f"async resume at step {self.step}: steps {self.step}.."
+                         f"{self.step + ratio - 1} are played with the restored policy "
+                         f"(staleness 0) where the uninterrupted run used one up to {ratio} "
+                         "versions older; seeds, sampling noise and data order continue "
+                         "exactly")
         produced, waited = self.producer.take(self.step)
         staleness = self.step - produced.version
         trajs, dropped = produced.trajectories, 0

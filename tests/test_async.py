@@ -69,7 +69,8 @@ def test_resume_neither_loses_nor_duplicates_groups(async_run):
     c, steps, (states, host) = async_run
     all_seeds = [s for _, step_seeds in steps for s in step_seeds]
     assert len(all_seeds) == len(set(all_seeds))  # no group played twice
-    resumed = Pipeline(c)
+    lines = []
+    resumed = Pipeline(c, log=lines.append)
     try:
         resumed.load_train_states(states)
         resumed.load_host_state(host)
@@ -77,9 +78,12 @@ def test_resume_neither_loses_nor_duplicates_groups(async_run):
     finally:
         resumed.close()
     # The in-flight rollout of step 3 was lost with the process; the resumed run plays
-    # exactly those groups again (with fresher params: staleness 0).
+    # exactly those groups again (with fresher params: staleness 0). That is all an async
+    # resume promises, and the run says so rather than claiming an exact continuation.
     assert seeds(trajs) == steps[2][1]
     assert metrics["step"] == 3 and metrics["off_policy/staleness_max"] == 0
+    assert any(line.startswith("async resume at step 2: steps 2..2 are played with the "
+                               "restored policy (staleness 0)") for line in lines), lines
 
 
 def test_hung_python_env_truncates_episodes_and_the_run_continues(tmp_path):
