@@ -595,7 +595,11 @@ def test_bf16_learner_logprobs_agree_with_the_sampler():
     # Samples start at key-block boundaries, as the pipeline packs them in bf16 on CPU:
     # there the learner's attention folds the sampler's key blocks (`_same_bits`).
     gap = np.abs(sampled - gap_script.recomputed(model, samples, row=256, sample_align=128))
-    assert gap.mean() <= 1e-5, gap.mean()
+    # How close the two programs round is XLA:CPU's business and differs by CPU family:
+    # mean gaps of ~1e-7 on an AMD EPYC and 2.5e-5 on an Intel Xeon were measured here. The
+    # bound sits above both and below the 2.8e-4 of a different logits path (an fp32
+    # head), so it still fails when the learner stops computing what the sampler computes.
+    assert gap.mean() <= 1e-4, gap.mean()
 
 
 def test_bf16_reference_is_stored_in_the_compute_dtype_with_the_same_logprobs():
