@@ -135,7 +135,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.kl_in_reward = False
     c.entropy_loss_coef = 0.0
     c.loss_reduction = "token_mean"
-    c.policy_loss = "ppo"  # ppo | gspo | cispo (algos/losses.py)
+    c.policy_loss = "ppo"  # ppo | gspo | cispo | registered (algos/policy_losses.py)
     # seq_mean_token_sum_norm's constant divisor (Dr. GRPO); 0 = the generation budget
     c.loss_norm_length = 0
     c.recompute_old_logprobs = False

@@ -49,11 +49,11 @@ from jaxrl_agentic.algos.kl import (
 )
 from jaxrl_agentic.algos.losses import (
     KERNEL_IMPLS,
-    POLICY_LOSSES,
     PolicyLossSums,
     flat_segment_ids,
     policy_loss,
 )
+from jaxrl_agentic.algos.policy_losses import get_policy_loss, policy_loss_names
 from jaxrl_agentic.algos.reductions import REDUCTIONS, loss_denominator, loss_weights
 from jaxrl_agentic.data import Sample, token_stats, trained_loss_mask, updates_per_step
 from jaxrl_agentic.models.transformer import REMAT_POLICIES, in_compute_dtype
@@ -114,7 +114,7 @@ MISMATCH_SAMPLES = 8
 class LearnerConfig(UpdateConfig):
     """The policy's loss settings, on top of the shared optimizer/packing ones.
 
-    Loss: ``policy_loss`` one of ``POLICY_LOSSES`` (ppo, gspo, cispo; ``algos/losses.py``),
+    Loss: ``policy_loss`` a registered name (ppo, gspo, cispo, …; ``algos/policy_losses.py``),
     ``pg_clip`` / ``pg_clip_high`` are ε_lo / ε_hi (None = symmetric), ``dual_clip`` the
     dual-clip bound c (None = off, ppo only), ``loss_reduction`` one of ``REDUCTIONS`` with
     ``loss_norm_length`` L for ``seq_mean_token_sum_norm`` (Dr. GRPO). KL:
@@ -170,15 +170,17 @@ class LearnerConfig(UpdateConfig):
     def __post_init__(self):
         super().__post_init__()
         fail_first([
-            (self.policy_loss in POLICY_LOSSES, "policy_loss",
-             f"choose one of {', '.join(POLICY_LOSSES)}"),
+            (self.policy_loss in policy_loss_names(), "policy_loss",
+             f"choose one of {', '.join(policy_loss_names())} (or register one: "
+             "algos.policy_losses.register_policy_loss)"),
             (self.remat in REMAT_POLICIES, "remat", f"choose one of {', '.join(REMAT_POLICIES)}"),
             (self.loss_reduction in REDUCTIONS, "loss_reduction",
              f"choose one of {', '.join(REDUCTIONS)}"),
             (self.loss_reduction != "seq_mean_token_sum_norm"
              or (self.loss_norm_length or 0) > 0, "loss_norm_length",
              "seq_mean_token_sum_norm divides each sample's token sum by it; set it > 0"),
-            (self.dual_clip is None or self.policy_loss == "ppo", "dual_clip",
+            (self.dual_clip is None or self.policy_loss not in policy_loss_names()
+             or get_policy_loss(self.policy_loss).allows_dual_clip, "dual_clip",
              f"bounds PPO's token loss; policy_loss={self.policy_loss!r} has none"),
             (self.kernel_impl in KERNEL_IMPLS, "kernel_impl",
              f"choose one of {', '.join(KERNEL_IMPLS)}"),
@@ -218,7 +220,7 @@ class LearnerConfig(UpdateConfig):
     @property
     def ratio_bounds(self) -> tuple[float, float | None]:
         """``(ε_lo, ε_hi)`` of the policy loss: CISPO's own weight bounds, else PPO's clip."""
-        if self.policy_loss == "cispo":
+        if get_policy_loss(self.policy_loss).bounds == "cispo_clip":
             return self.cispo_clip_low, self.cispo_clip_high
         return self.pg_clip, self.pg_clip_high
 

@@ -4,7 +4,7 @@ Imports only jax and numpy. See docs/kernels.md for formulas, dispatch and toler
 """
 
 from pallas_kernels.ppo_loss import (
-    POLICY_LOSSES,
+    SURROGATES,
     PPOLossSums,
     masked_ppo_loss,
     reference_ppo_loss,
@@ -25,9 +25,9 @@ from pallas_kernels.token_logprobs import (
 
 __all__ = [
     "OUT_OF_SUPPORT_LOGPROB",
-    "POLICY_LOSSES",
     "LogprobBlocks",
     "PPOLossSums",
+    "SURROGATES",
     "choose_blocks",
     "masked_ppo_loss",
     "pallas_token_logprobs",

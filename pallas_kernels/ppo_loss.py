@@ -1,17 +1,20 @@
 """Masked PPO-family policy losses as weighted sums (Tunix style: divide once per update).
 
-``policy_loss`` picks the per-token policy term (``POLICY_LOSSES``). With the token log-ratio
-``d_t = logp_t − old_t``, clamping ``clamp(·, ±20)`` and ``clip(x) = clip(x, 1 − ε_lo, 1 + ε_hi)``:
+The kernel computes forms, not named algorithms (the names live in
+``jaxrl_agentic.algos.policy_losses``): ``surrogate`` picks the per-token term and
+``sequence_ratio`` the ratio. With the token log-ratio ``d_t = logp_t − old_t``, clamping
+``clamp(·, ±20)`` and ``clip(x) = clip(x, 1 − ε_lo, 1 + ε_hi)``:
 
-    ppo:   r_t = exp(clamp(d_t))
-           pg_t = max(−A·r, −A·clip(r))
-    gspo:  s_i = exp(clamp(mean_{u ∈ i} d_u))      one ratio per sample (segment) i, the mean
-           s_t = sg(s_i)·π_t / sg(π_t)              over its loss tokens (w ≠ 0); token t's copy
-           pg_t = max(−A_t·s_t, −A_t·clip(s_t))     carries only logp_t's gradient (GSPO-token)
-    cispo: r_t = exp(clamp(d_t))
-           pg_t = −sg(clip(r))·A·logp_t             no token leaves the gradient (sg = stop grad)
+    ratio r_t = exp(clamp(d_t))                                   sequence_ratio=False
+    ratio s_t = sg(s_i)·π_t / sg(π_t),  s_i = exp(clamp(mean_{u ∈ i} d_u))    =True
+          one ratio per sample (segment) i, the mean over its loss tokens (w ≠ 0); token
+          t's copy carries only logp_t's gradient (GSPO-token)
 
-    pg_t = min(pg_t, −A·c)                        dual clip (ppo/gspo), only where A < 0
+    surrogate="clip":    pg_t = max(−A_t·r_t, −A_t·clip(r_t))       (PPO; GSPO with s_t)
+    surrogate="weight":  pg_t = −sg(clip(r_t))·A_t·logp_t           (CISPO: no token leaves
+                                                                    the gradient; sg = stop grad)
+
+    pg_t = min(pg_t, −A·c)                        dual clip (surrogate="clip"), where A < 0
     kl_t = k1: x    k2: ½x²    k3: exp(−x) − (−x) − 1   with  x = logp − ref  (k3: −x clamped ±20)
 
 GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization"), in its GSPO-token form: every
@@ -33,14 +36,15 @@ and the returned sums over tokens (``[w > 0]`` counts the tokens that carry weig
     kl            = Σ w·kl_t                      (0 without ref_logprobs)
     clipped       = Σ [w>0]·1[−A·clip(r) > −A·r]  (the clipped branch is the max: clipfrac)
     dual_clipped  = Σ [w>0]·1[A < 0 and pg_t before dual clip > −A·c]
-    ratio         = Σ [w>0]·r                     (gspo: the sample's s_i on each token)
+    ratio         = Σ [w>0]·r                     (sequence ratio: s_i on each token)
     approx_kl_old = Σ [w>0]·(old − logp)          (token level for every variant)
     clipped_low   = Σ [w>0]·1[clipped and A < 0]  (r < 1 − ε_lo: a drop was capped)
     clipped_high  = Σ [w>0]·1[clipped and A > 0]  (r > 1 + ε_hi: a rise was capped)
 
-so ``clipped = clipped_low + clipped_high``. For cispo nothing is clipped out of the gradient;
-there ``clipped`` counts tokens whose weight was truncated, ``clipped_low`` those with
-``r < 1 − ε_lo`` and ``clipped_high`` those with ``r > 1 + ε_hi`` (whatever the sign of A).
+so ``clipped = clipped_low + clipped_high``. For the weight surrogate nothing is clipped out
+of the gradient; there ``clipped`` counts tokens whose weight was truncated, ``clipped_low``
+those with ``r < 1 − ε_lo`` and ``clipped_high`` those with ``r > 1 + ε_hi`` (whatever the
+sign of A).
 
 The weights ``w`` encode the reduction; the caller builds them once per mini-batch:
 token-mean → ``w = loss_mask`` (denominator: tokens in the mini-batch); seq-mean-token-mean →
@@ -55,9 +59,9 @@ that an A = 0 token cannot make ``0·inf = NaN``; beyond it the gradient is 0.
 
 ``impl``: "reference" (jnp, autodiff), "pallas" (forward kernel over token blocks emitting
 per-block partial sums + backward kernel for ``dlogprobs``, under ``jax.custom_vjp``), "auto"
-(pallas on TPU/GPU, reference on CPU). ppo and cispo run in the kernel; **gspo always runs
-the reference** (its per-sample mean is a segment reduction across token blocks, and what
-follows it is elementwise work that XLA fuses anyway), whatever ``impl`` says.
+(pallas on TPU/GPU, reference on CPU). Token ratios run in the kernel; **a sequence ratio
+always runs the reference** (its per-sample mean is a segment reduction across token blocks,
+and what follows it is elementwise work that XLA fuses anyway), whatever ``impl`` says.
 """
 
 from __future__ import annotations
@@ -77,7 +81,7 @@ from pallas_kernels.token_logprobs import default_platform
 
 LOG_RATIO_CLAMP = 20.0
 KL_ESTIMATORS = ("k1", "k2", "k3")
-POLICY_LOSSES = ("ppo", "gspo", "cispo")
+SURROGATES = ("clip", "weight")
 _LANES = 128
 _F32 = jnp.float32
 
@@ -107,7 +111,7 @@ class _PPOConfig:
     has_ref: bool
     block_rows: int
     interpret: bool
-    policy_loss: str = "ppo"
+    surrogate: str = "clip"
     platform: str = "cpu"
 
     @property
@@ -121,14 +125,15 @@ class _PPOConfig:
         return pltriton.CompilerParams(num_warps=4, num_stages=1)
 
 
-def _check(logprobs, others, clip_low, clip_high, dual_clip, kl_estimator, policy_loss="ppo"):
-    if policy_loss not in POLICY_LOSSES:
-        raise ValueError(f"unknown policy_loss {policy_loss!r}; expected one of {POLICY_LOSSES}")
-    if policy_loss == "gspo" and others.get("segment_ids") is None:
-        raise ValueError("policy_loss='gspo' needs segment_ids (its ratio is per sample)")
-    if policy_loss == "cispo" and dual_clip is not None:
+def _check(logprobs, others, clip_low, clip_high, dual_clip, kl_estimator, surrogate="clip",
+           sequence_ratio=False):
+    if surrogate not in SURROGATES:
+        raise ValueError(f"unknown surrogate {surrogate!r}; expected one of {SURROGATES}")
+    if sequence_ratio and others.get("segment_ids") is None:
+        raise ValueError("sequence_ratio needs segment_ids (the ratio is per sample)")
+    if surrogate == "weight" and dual_clip is not None:
         # CISPO's weight is already bounded by 1 + ε_hi; a dual clip has nothing to bound.
-        raise ValueError("dual_clip applies to ppo/gspo only, not to policy_loss='cispo'")
+        raise ValueError("dual_clip bounds the clipped surrogate, not surrogate='weight'")
     if logprobs.ndim != 1:
         raise ValueError(f"logprobs must be 1-D [N], got {logprobs.shape}")
     for name, x in others.items():
@@ -137,10 +142,10 @@ def _check(logprobs, others, clip_low, clip_high, dual_clip, kl_estimator, polic
     clip_high = clip_low if clip_high is None else clip_high
     # CISPO bounds a weight, not a ratio PPO can clip from both sides: clip_low ≥ 1 there
     # means no lower bound (MiniMax-M1); PPO's band needs 0 < 1 − ε_lo.
-    low_ok = clip_low >= 0 if policy_loss == "cispo" else 0 < clip_low < 1
-    if not (low_ok and clip_high > 0):
-        raise ValueError(f"need {'clip_low >= 0' if policy_loss == 'cispo' else '0 < clip_low < 1'}"
-                         f" and clip_high > 0, got {clip_low}, {clip_high}")
+    weight = surrogate == "weight"
+    if not ((clip_low >= 0 if weight else 0 < clip_low < 1) and clip_high > 0):
+        raise ValueError(f"need {'clip_low >= 0' if weight else '0 < clip_low < 1'} and "
+                         f"clip_high > 0, got {clip_low}, {clip_high}")
     if dual_clip is not None and not dual_clip > 1:
         raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
     if kl_estimator not in KL_ESTIMATORS:
@@ -174,13 +179,13 @@ def _clamp_log_ratio(x):
 
 def reference_ppo_loss(logprobs, old_logprobs, advantages, loss_weights, ref_logprobs=None, *,
                        clip_low=0.2, clip_high=None, dual_clip=None, kl_estimator="k3",
-                       policy_loss="ppo", segment_ids=None):
+                       surrogate="clip", sequence_ratio=False, segment_ids=None):
     """Plain jnp; gradients by autodiff."""
     clip_low, clip_high, dual_clip = _check(
         logprobs, dict(old_logprobs=old_logprobs, advantages=advantages,
                        loss_weights=loss_weights, ref_logprobs=ref_logprobs,
                        segment_ids=segment_ids),
-        clip_low, clip_high, dual_clip, kl_estimator, policy_loss)
+        clip_low, clip_high, dual_clip, kl_estimator, surrogate, sequence_ratio)
     sg = lax.stop_gradient
     logp = logprobs.astype(_F32)
     w = sg(loss_weights.astype(_F32))
@@ -188,7 +193,7 @@ def reference_ppo_loss(logprobs, old_logprobs, advantages, loss_weights, ref_log
     counted = (w > 0).astype(_F32)
     log_ratio = jnp.where(active, logp - sg(old_logprobs.astype(_F32)), 0.0)
     token_log_ratio = _clamp_log_ratio(log_ratio)
-    if policy_loss == "gspo":
+    if sequence_ratio:
         # GSPO-token (module doc): the value is the sample's clamped mean log-ratio, the
         # gradient is each token's own logp's, and none beyond the clamp (as for ppo).
         seq = sequence_mean(log_ratio, active, segment_ids)
@@ -200,7 +205,7 @@ def reference_ppo_loss(logprobs, old_logprobs, advantages, loss_weights, ref_log
     adv = jnp.where(active, sg(advantages.astype(_F32)), 0.0)
     ratio = jnp.exp(log_ratio)
     dual_active = jnp.zeros_like(active)
-    if policy_loss == "cispo":
+    if surrogate == "weight":
         weight = jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
         pg = -adv * sg(weight) * jnp.where(active, logp, 0.0)
         clip_low_t = ratio < 1.0 - clip_low
@@ -251,7 +256,7 @@ def _token_terms(cfg: _PPOConfig, logp, old, adv, w, ref):
     log_ratio = jnp.clip(raw, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     adv = jnp.where(active, adv, 0.0)
     ratio = jnp.exp(log_ratio)
-    if cfg.policy_loss == "cispo":
+    if cfg.surrogate == "weight":
         # −sg(clip(r))·A·logp: the weight is a constant, so d/dlogp = −clip(r)·A everywhere.
         weight = jnp.clip(ratio, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
         low = ratio < 1.0 - cfg.clip_low
@@ -385,36 +390,38 @@ def _block_rows(n: int) -> int:
 
 def masked_ppo_loss(logprobs, old_logprobs, advantages, loss_weights, ref_logprobs=None, *,
                     clip_low=0.2, clip_high=None, dual_clip=None, kl_estimator="k3",
-                    policy_loss="ppo", segment_ids=None, impl="auto", block_rows=None,
+                    surrogate="clip", sequence_ratio=False, segment_ids=None, impl="auto",
+                    block_rows=None,
                     interpret=None) -> PPOLossSums:
     """PPO-family policy loss and KL-to-reference as weighted sums over ``[N]`` tokens.
 
     All inputs are 1-D ``[N]``; ``clip_high=None`` means ``clip_low``; ``dual_clip`` (e.g.
-    3.0) enables the dual clip for negative advantages (ppo/gspo). ``policy_loss`` is one of
-    ``POLICY_LOSSES``; "gspo" needs ``segment_ids`` ``[N]`` (module doc) and always runs the
-    reference path. See the module docstring.
+    3.0) enables the dual clip for negative advantages (``surrogate="clip"``). ``surrogate``
+    is one of ``SURROGATES``; ``sequence_ratio`` needs ``segment_ids`` ``[N]`` (module doc)
+    and always runs the reference path. See the module docstring.
     """
     if impl not in ("auto", "reference", "pallas"):
         raise ValueError(f"unknown impl {impl!r}; expected 'auto', 'reference' or 'pallas'")
     platform = default_platform()
     if impl == "auto":
         impl = "pallas" if platform in ("tpu", "gpu") else "reference"
-    if impl == "reference" or policy_loss == "gspo":
+    if impl == "reference" or sequence_ratio:
         return reference_ppo_loss(logprobs, old_logprobs, advantages, loss_weights,
                                   ref_logprobs, clip_low=clip_low, clip_high=clip_high,
                                   dual_clip=dual_clip, kl_estimator=kl_estimator,
-                                  policy_loss=policy_loss, segment_ids=segment_ids)
+                                  surrogate=surrogate, sequence_ratio=bool(sequence_ratio),
+                                  segment_ids=segment_ids)
     clip_low, clip_high, dual_clip = _check(
         logprobs, dict(old_logprobs=old_logprobs, advantages=advantages,
                        loss_weights=loss_weights, ref_logprobs=ref_logprobs),
-        clip_low, clip_high, dual_clip, kl_estimator, policy_loss)
+        clip_low, clip_high, dual_clip, kl_estimator, surrogate)
     block_rows = _block_rows(logprobs.shape[0]) if block_rows is None else int(block_rows)
     if block_rows % 8 or block_rows & (block_rows - 1):
         raise ValueError(f"block_rows must be a power of two and a multiple of 8, "
                          f"got {block_rows}")
     cfg = _PPOConfig(clip_low, clip_high, dual_clip, kl_estimator, ref_logprobs is not None,
                      block_rows, platform == "cpu" if interpret is None else bool(interpret),
-                     policy_loss, platform)
+                     surrogate, platform)
     return _sums_per_device(cfg, logprobs, old_logprobs, advantages, loss_weights, ref_logprobs)
 
 

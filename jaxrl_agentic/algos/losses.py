@@ -6,7 +6,8 @@ and divides once by the mini-batch's global denominator ``D``:
 
     loss = (Σ_micro objective_sum) / max(Σ_micro D, 1)
 
-Policy objective (per token ``t`` with weight ``w_t``; see ``pallas_kernels.ppo_loss``):
+Policy objective (per token ``t`` with weight ``w_t``; the losses by name are
+``algos/policy_losses.py``'s registry, computed by ``pallas_kernels.ppo_loss``):
 
     logp_t   = log softmax(h_t·W / τ)[y_t]                       (fused, no [N, V] logits)
     H_t      = −Σ_v p_v log p_v                                 (entropy of the same softmax)
@@ -35,18 +36,17 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxrl_agentic.algos.policy_losses import get_policy_loss
 from jaxrl_agentic.algos.reductions import loss_sum_and_denominator
 from pallas_kernels import (
     OUT_OF_SUPPORT_LOGPROB,
-    masked_ppo_loss,
     restricted_token_logprobs,
     token_logprobs,
 )
-from pallas_kernels.ppo_loss import POLICY_LOSSES
 from pallas_kernels.token_logprobs import IMPLS as TOKEN_LOGPROB_IMPLS
 
 KERNEL_IMPLS = TOKEN_LOGPROB_IMPLS  # the `kernel_impl` choices
-__all__ = ["POLICY_LOSSES", "KERNEL_IMPLS", "PolicyLossSums", "clipped_value_loss",
+__all__ = ["KERNEL_IMPLS", "PolicyLossSums", "clipped_value_loss",
            "entropy_bonus", "flat_segment_ids", "policy_loss", "ppo_loss_impl", "value_loss"]
 
 
@@ -141,8 +141,8 @@ def policy_loss(
       entropy_coef: a Python float. When 0 the entropy is still reported but carries no
         gradient, so the fused backward skips its entropy term.
       impl: ``token_logprobs`` implementation; the PPO loss uses :func:`ppo_loss_impl`.
-      policy_loss: one of ``POLICY_LOSSES`` (module doc). "gspo" runs the jnp reference of
-        the loss whatever ``impl`` (the logprobs keep ``impl``).
+      policy_loss: a registered name (``algos/policy_losses.py``). "gspo" runs the jnp
+        reference of the loss whatever ``impl`` (the logprobs keep ``impl``).
       segment_ids: which sample each of the N tokens belongs to (0 = padding), needed by
         "gspo": ``[N]`` with each sample one contiguous run, or the packed ``[B, T]`` ids
         with ``B·T = N`` (flattened here with :func:`flat_segment_ids`). Pass the ids the
@@ -168,7 +168,7 @@ def policy_loss(
         )
     if entropy_coef == 0:
         entropy = lax.stop_gradient(entropy)
-    sums = masked_ppo_loss(
+    sums = get_policy_loss(policy_loss).sums(
         logprobs,
         old_logprobs,
         advantages,
@@ -178,7 +178,6 @@ def policy_loss(
         clip_high=clip_high,
         dual_clip=dual_clip,
         kl_estimator=kl_estimator,
-        policy_loss=policy_loss,
         segment_ids=None if segment_ids is None else flat_segment_ids(segment_ids),
         impl=ppo_loss_impl(impl),
     )

@@ -255,7 +255,7 @@ def test_cispo_keeps_the_tokens_ppo_clips(impl):
     #   r=4,   A=−2: weight 1.2  grad  2.4   (PPO: −A·r = 8)
     logp = logp.at[:4].set(jnp.asarray([-0.5, -1.0, -2.0, -0.25]))
     old = old.at[:4].set(logp[:4] - jnp.log(jnp.asarray([1.5, 0.5, 1.1, 4.0])))
-    (_, sums), grad = _loss_and_grad(impl, old, adv, w, policy_loss="cispo")(logp)
+    (_, sums), grad = _loss_and_grad(impl, old, adv, w, surrogate="weight")(logp)
     np.testing.assert_allclose(grad, [-1.2, 0.8, -2.2, 2.4, 0.0, 0.0], rtol=1e-5, atol=1e-6)
     expected_pg = -1.2 * -0.5 + 0.8 * -1.0 - 2.2 * -2.0 + 2.4 * -0.25
     np.testing.assert_allclose(sums.pg, expected_pg, rtol=1e-5)
@@ -290,7 +290,7 @@ def test_gspo_sequence_ratio_by_hand(impl):
     # seg 1: −A·s1 on each of 2 tokens; grad of Σ_u −A·s1 w.r.t. each logp_t = −s1·2/2.
     # seg 2: s = 2, A = −1: max(2, 1.2) = 2 per token → 4; grad = +2·2/2 = 2 per token.
     # seg 3: s = 1.5, A = +1: clipped at 1.2 → −1.2 per token, grad 0.
-    (_, sums), grad = _loss_and_grad(impl, old, adv, w, policy_loss="gspo",
+    (_, sums), grad = _loss_and_grad(impl, old, adv, w, sequence_ratio=True,
                                      segment_ids=seg)(logp)
     np.testing.assert_allclose(sums.pg, -2 * s1 + 4.0 - 2.4, rtol=1e-5)
     np.testing.assert_allclose(grad, [-s1, 0, -s1, 2, 2, 0, 0, 0, 0], rtol=1e-5, atol=1e-6)
@@ -313,7 +313,7 @@ def test_gspo_token_form_keeps_each_tokens_own_advantage(impl):
     logp = jnp.asarray([-0.5, -1.0, -1.5, -2.0])
     adv = jnp.asarray([1.0, 1.0, -1.0, -1.0])
     w, seg = jnp.full(4, 0.25), jnp.ones(4, jnp.int32)
-    (_, sums), grad = _loss_and_grad(impl, logp, adv, w, policy_loss="gspo",
+    (_, sums), grad = _loss_and_grad(impl, logp, adv, w, sequence_ratio=True,
                                      segment_ids=seg)(logp)
     np.testing.assert_allclose(grad, [-0.25, -0.25, 0.25, 0.25], atol=1e-7)
     np.testing.assert_allclose(sums.pg, 0.0, atol=1e-7)
@@ -326,7 +326,7 @@ def test_gspo_token_form_clips_per_token():
     logp = jnp.asarray([0.0, 0.0])
     old = jnp.full(2, -np.log(1.5), jnp.float32)
     adv, w, seg = jnp.asarray([1.0, -1.0]), jnp.ones(2), jnp.asarray([1, 1])
-    (_, sums), grad = _loss_and_grad("reference", old, adv, w, policy_loss="gspo",
+    (_, sums), grad = _loss_and_grad("reference", old, adv, w, sequence_ratio=True,
                                      segment_ids=seg)(logp)
     np.testing.assert_allclose(grad, [0.0, 1.5], rtol=1e-6)
     np.testing.assert_allclose(sums.pg, -1.2 + 1.5, rtol=1e-6)
@@ -339,7 +339,7 @@ def test_gspo_single_token_samples_equal_ppo():
     ids = np.arange(1, mask.size + 1)
     flat = [jnp.asarray(x.reshape(-1), jnp.float32) for x in (logp, old, adv, mask)]
     kw = dict(clip_high=0.28, dual_clip=3.0)
-    g = masked_ppo_loss(*flat, policy_loss="gspo", segment_ids=jnp.asarray(ids), **kw)
+    g = masked_ppo_loss(*flat, sequence_ratio=True, segment_ids=jnp.asarray(ids), **kw)
     p = masked_ppo_loss(*flat, impl="reference", **kw)
     for name in PPOLossSums._fields:
         np.testing.assert_allclose(getattr(g, name), getattr(p, name), rtol=1e-6, err_msg=name)
@@ -349,7 +349,7 @@ def test_gspo_huge_log_ratio_stays_finite():
     logp = jnp.asarray([0.0, 0.0, 0.0])
     old = jnp.asarray([-5000.0, -5000.0, 0.0])
     adv, w, seg = jnp.asarray([1.0, 1.0, -1.0]), jnp.ones(3), jnp.asarray([1, 1, 2])
-    (value, sums), grad = _loss_and_grad("reference", old, adv, w, policy_loss="gspo",
+    (value, sums), grad = _loss_and_grad("reference", old, adv, w, sequence_ratio=True,
                                          segment_ids=seg)(logp)
     assert np.isfinite(float(value)) and np.all(np.isfinite(np.asarray(grad)))
 
@@ -364,7 +364,7 @@ def test_cispo_kernel_matches_reference_random(estimator):
     w = jnp.asarray((rng.uniform(size=n) > 0.3) * rng.uniform(0.1, 1.0, size=n), jnp.float32)
     ref = jnp.asarray(logp + rng.normal(size=n) * 0.3, jnp.float32)
     lp = jnp.asarray(logp, jnp.float32)
-    kw = dict(clip_high=0.28, kl_estimator=estimator, policy_loss="cispo")
+    kw = dict(clip_high=0.28, kl_estimator=estimator, surrogate="weight")
     (v_ref, s_ref), g_ref = _loss_and_grad("reference", old, adv, w, ref, **kw)(lp)
     (v_k, s_k), g_k = _loss_and_grad("pallas", old, adv, w, ref, block_rows=8, **kw)(lp)
     for name in PPOLossSums._fields:
@@ -382,7 +382,7 @@ def test_cispo_takes_its_own_bounds_without_a_lower_one(impl):
     logp = jnp.zeros(4)
     old = jnp.asarray(-np.log(ratio), jnp.float32)
     adv, w = jnp.ones(4), jnp.ones(4)
-    (_, sums), grad = _loss_and_grad(impl, old, adv, w, policy_loss="cispo", clip_low=1.0,
+    (_, sums), grad = _loss_and_grad(impl, old, adv, w, surrogate="weight", clip_low=1.0,
                                      clip_high=5.0)(logp)
     np.testing.assert_allclose(grad, [-0.1, -0.5, -4.0, -6.0], rtol=1e-5)
     assert (float(sums.clipped_low), float(sums.clipped_high)) == (0.0, 1.0)
@@ -392,9 +392,9 @@ def test_cispo_takes_its_own_bounds_without_a_lower_one(impl):
 
 def test_variant_arguments_are_checked():
     x = jnp.zeros(4)
-    with pytest.raises(ValueError, match="policy_loss"):
-        masked_ppo_loss(x, x, x, x, policy_loss="grpo")
+    with pytest.raises(ValueError, match="surrogate"):
+        masked_ppo_loss(x, x, x, x, surrogate="grpo")
     with pytest.raises(ValueError, match="segment_ids"):
-        masked_ppo_loss(x, x, x, x, policy_loss="gspo")
+        masked_ppo_loss(x, x, x, x, sequence_ratio=True)
     with pytest.raises(ValueError, match="dual_clip"):
-        masked_ppo_loss(x, x, x, x, policy_loss="cispo", dual_clip=3.0, impl="pallas")
+        masked_ppo_loss(x, x, x, x, surrogate="weight", dual_clip=3.0, impl="pallas")
