@@ -15,12 +15,7 @@ import ml_collections
 # Each choice's list is the one of the module that implements it: a new estimator, reduction
 # or schedule is allowed here once it exists there. The rules of the parts' own settings are
 # checked once, by their typed configs (typed_configs.check_typed_configs).
-from jaxrl_agentic.algos.advantages import (
-    ADV_ESTIMATORS,
-    GROUP_ESTIMATORS,
-    REWARD_NORM_BY,
-    TOKEN_ESTIMATORS,
-)
+from jaxrl_agentic.algos.estimators import REWARD_NORM_BY, estimator_names, validate_estimator
 from jaxrl_agentic.algos.schedules import LR_SCHEDULER_TYPES
 from jaxrl_agentic.data.samples import SAMPLE_MODES
 from jaxrl_agentic.models.config import DTYPES
@@ -310,7 +305,7 @@ def validate(c) -> None:
         extra = set(c[field].keys()) - set(defaults[field].keys())
         if extra:
             fail_unknown_field(f"{field}.{sorted(extra)[0]}", defaults[field].keys())
-    _choice(c, "adv_estimator", ADV_ESTIMATORS)
+    _choice(c, "adv_estimator", estimator_names())
     _choice(c, "sample_mode", SAMPLE_MODES)
     _choice(c, "lr_scheduler_type", LR_SCHEDULER_TYPES)
     _choice(c, "reward_norm_by", REWARD_NORM_BY)
@@ -348,9 +343,6 @@ def validate(c) -> None:
         _fail("min_lr_ratio", f"must be in [0, 1], got {c.min_lr_ratio}")
     if c.merge_stepwise and c.sample_mode != "step":
         _fail("merge_stepwise", "applies to sample_mode='step' only")
-    if c.sample_mode == "step" and c.adv_estimator in TOKEN_ESTIMATORS:
-        _fail("adv_estimator", f"{c.adv_estimator!r} gives per-token values that cannot be "
-              "broadcast onto step samples; use sample_mode='trajectory'")
     for name in ("train_env_manager", "val_env_manager"):
         for tag in c[name].tags:
             if tag not in c.custom_envs:
@@ -360,9 +352,11 @@ def validate(c) -> None:
 
     check_typed_configs(c, _fail)
     group = c.train_env_manager.group_size * c.generation.num_return_sequences
-    if c.adv_estimator in GROUP_ESTIMATORS and group < 2:
-        _fail("train_env_manager.group_size", f"adv_estimator={c.adv_estimator!r} normalises "
-              "within groups and needs group_size >= 2")
+    try:  # the estimator's own rules (algos/estimators.py), reported on the run's fields
+        validate_estimator(c.adv_estimator, c.sample_mode, group)
+    except ValueError as e:
+        field = "train_env_manager.group_size" if "group_size" in str(e) else "adv_estimator"
+        _fail(field, str(e))
     for tag, spec in c.custom_envs.items():
         for field in ("max_turns", "max_tokens_per_step"):
             if not isinstance(spec[field], int) or spec[field] < 1:

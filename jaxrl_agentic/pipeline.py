@@ -24,10 +24,16 @@ from jaxrl_agentic import memory_plan as plans
 from jaxrl_agentic import timing, typed_configs
 from jaxrl_agentic.algos import advantages as adv
 from jaxrl_agentic.algos import diagnostics, filters
+from jaxrl_agentic.algos.estimators import (
+    DEFAULT_SETTINGS,
+    AdvantageSettings,
+    get_advantage_estimator,
+    token_advantages,
+    turn_advantages,
+)
 from jaxrl_agentic.algos.kl import kl_estimate
 from jaxrl_agentic.algos.schedules import ChunkEstimator, LearningRatePlan
 from jaxrl_agentic.config import (
-    TOKEN_ESTIMATORS,
     ConfigError,
     manager_env_config,
     resolve_model_path,
@@ -108,9 +114,18 @@ def check_same_model_everywhere(model_dir: str) -> None:
                           f"processes (process 0 vs {odd}); copy the same model to every host")
 
 
-def token_estimator_samples(trajs, *, adv_estimator: str, gamma: float, lambd: float,
+def advantage_settings(c) -> AdvantageSettings:
+    """The estimators' knobs of run config `c`."""
+    return AdvantageSettings(use_std=c.norm_adv_std, step_reward_gamma=c.step_reward_gamma,
+                             gigpo_step_weight=c.gigpo_step_weight, gamma=c.gamma,
+                             lambd=c.lambd)
+
+
+def token_estimator_samples(trajs, *, adv_estimator: str,
+                            settings: AdvantageSettings = DEFAULT_SETTINGS,
                             critic: Critic | None = None):
-    """Trajectory samples with per-token advantages (``TOKEN_ESTIMATORS``), and counts.
+    """Trajectory samples with per-token advantages (a ``"token"``-level estimator of
+    ``algos/estimators.py``), and counts.
 
     GAE: the critic's ``V`` on each trajectory sample (before any update of this step) →
     ``token_advantages`` → ``build_samples`` with the returns ``R = A + V`` and the old
@@ -124,8 +139,8 @@ def token_estimator_samples(trajs, *, adv_estimator: str, gamma: float, lambd: f
     values = None
     if critic is not None:
         values = critic.sample_values([trajectory_sample(t, 0.0) for t in played])
-    advantages, returns = adv.token_advantages(played, adv_estimator=adv_estimator,
-                                               gamma=gamma, lambd=lambd, values=values)
+    advantages, returns = token_advantages(played, adv_estimator=adv_estimator,
+                                           settings=settings, values=values)
     samples, stats = build_samples(played, advantages, sample_mode="trajectory",
                                    token_level=True, returns=returns, values=values)
     stats["batch/empty_trajectories"] = float(len(trajs) - len(played))
@@ -188,7 +203,7 @@ class Pipeline:
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.learner_cfg = typed_configs.learner_config(c, pad_id)
         self.critic = None
-        if c.adv_estimator == "gae":  # the critic starts from the policy's backbone
+        if get_advantage_estimator(c.adv_estimator).needs_critic:  # from the policy's backbone
             self.critic = Critic(self.sampler.graphdef, self.sampler.params,
                                  typed_configs.critic_config(c, pad_id), mesh)
         self.learner = Learner(self.sampler.graphdef, self.sampler.params, self.learner_cfg,
@@ -310,9 +325,9 @@ class Pipeline:
     def make_samples(self, trajs):
         """Advantages → samples (``build_samples``), shaped, and their counts."""
         c = self.c
-        if c.adv_estimator in TOKEN_ESTIMATORS:
+        if get_advantage_estimator(c.adv_estimator).level == "token":
             samples, stats = token_estimator_samples(
-                trajs, adv_estimator=c.adv_estimator, gamma=c.gamma, lambd=c.lambd,
+                trajs, adv_estimator=c.adv_estimator, settings=advantage_settings(c),
                 critic=self.critic)
         else:
             samples, stats = build_samples(trajs, self.turn_advantages(trajs),
@@ -323,10 +338,8 @@ class Pipeline:
     def turn_advantages(self, trajs) -> list[np.ndarray]:
         """Per-turn advantages of `trajs` under the run's outcome or step estimator."""
         c = self.c
-        return adv.turn_advantages(
-            trajs, adv_estimator=c.adv_estimator, reward_norm_by=c.reward_norm_by,
-            use_std=c.norm_adv_std, step_reward_gamma=c.step_reward_gamma,
-            gigpo_step_weight=c.gigpo_step_weight)
+        return turn_advantages(trajs, adv_estimator=c.adv_estimator,
+                               reward_norm_by=c.reward_norm_by, settings=advantage_settings(c))
 
     def informative(self, trajs) -> list:
         """The trajectories of `trajs` whose group carries signal (``algos/filters.py``):
@@ -335,7 +348,7 @@ class Pipeline:
         if not trajs:
             return []
         groups = [t.group_id for t in trajs]
-        if self.c.adv_estimator in TOKEN_ESTIMATORS:
+        if get_advantage_estimator(self.c.adv_estimator).level == "token":
             keep = filters.dynamic_sampling_keep([t.score for t in trajs], groups)
         else:
             keep = filters.groups_with_signal(self.turn_advantages(trajs), groups)

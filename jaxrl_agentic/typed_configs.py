@@ -8,6 +8,7 @@ typed configs' defaults equal ``config.default_config()``'s (a test holds them t
 
 from __future__ import annotations
 
+from jaxrl_agentic.algos.estimators import get_advantage_estimator
 from jaxrl_agentic.config import generation_budget
 from jaxrl_agentic.critic import CriticConfig
 from jaxrl_agentic.data import PackingConfig
@@ -143,7 +144,7 @@ def check_typed_configs(c, fail) -> None:
     """Builds every typed config of run config `c`; the first rule one breaks is reported as
     `fail(run-config field, why)`."""
     builders = [("", lambda: learner_config(c))]
-    if c.adv_estimator == "gae":
+    if get_advantage_estimator(c.adv_estimator).needs_critic:
         builders.append(("", lambda: critic_config(c)))
     for name in ("train_env_manager", "val_env_manager"):
         n = c.generation.num_return_sequences if name == "train_env_manager" else 1

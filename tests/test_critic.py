@@ -21,6 +21,7 @@ import pytest
 from flax import nnx
 
 from jaxrl_agentic.algos.advantages import gae
+from jaxrl_agentic.algos.estimators import AdvantageSettings
 from jaxrl_agentic.critic import (
     Critic,
     CriticConfig,
@@ -275,7 +276,8 @@ def test_gae_samples_match_gae_on_hand_built_trajectories():
             turn.reward = r
     empty = dataclasses.replace(trajs[1], traj_id=3, turns=[])
     samples, metrics = token_estimator_samples(trajs[:2] + [empty] + trajs[2:],
-                                               adv_estimator="gae", gamma=0.9, lambd=0.8,
+                                               adv_estimator="gae",
+                                               settings=AdvantageSettings(gamma=0.9, lambd=0.8),
                                                critic=critic)
     assert [s.traj_id for s in samples] == [0, 1, 2]  # the turn-less trajectory is dropped
     for traj, s in zip(trajs, samples, strict=True):

@@ -37,7 +37,7 @@ def stand_in(**fields):
                                        custom_envs={"fl": {"max_tokens_per_step": 8}},
                                        adv_estimator="grpo", reward_norm_by="group",
                                        norm_adv_std=True, step_reward_gamma=0.5,
-                                       gigpo_step_weight=1.0))
+                                       gigpo_step_weight=1.0, gamma=1.0, lambd=0.95))
     c.update(fields)
     me = types.SimpleNamespace(c=c)
     me.turn_advantages = lambda trajs: Pipeline.turn_advantages(me, trajs)
@@ -131,7 +131,7 @@ def test_dynamic_sampling_keeps_equal_score_groups_whose_turns_carry_signal():
 def test_no_informative_group_under_token_estimators_means_no_samples():
     # reinforce_plus_plus / gae decide by the episode scores (DAPO's rule); a round that
     # keeps nothing must give an empty batch (no update), not a crash.
-    from jaxrl_agentic.algos.advantages import token_advantages
+    from jaxrl_agentic.algos.estimators import token_advantages
     from jaxrl_agentic.pipeline import token_estimator_samples
 
     trajs = [episode(0, 0, [1.0]), episode(1, 0, [1.0])]
@@ -140,8 +140,7 @@ def test_no_informative_group_under_token_estimators_means_no_samples():
         me.train_manager = types.SimpleNamespace(num_env_groups=1)
         kept, _, rounds = Pipeline.fill_informative_groups(me, trajs)
         assert kept == [] and rounds == 1
-        samples, stats = token_estimator_samples(kept, adv_estimator=estimator, gamma=1.0,
-                                                 lambd=0.95)
+        samples, stats = token_estimator_samples(kept, adv_estimator=estimator)
         assert samples == [] and stats["batch/sequences_after_merge"] == 0.0
         assert token_advantages([], adv_estimator=estimator)[0] == []
 

@@ -1,4 +1,5 @@
-"""Advantage estimators: small pure functions in a registry keyed by `adv_estimator`.
+"""Advantage estimators: small pure functions (the registry keyed by `adv_estimator`, which
+applies them to trajectories, is ``algos/estimators.py``).
 
 Notation: episode score s_i (sum of turn rewards), groups g share an initial state.
 
@@ -34,13 +35,6 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 import numpy as np
-
-OUTCOME_ESTIMATORS = ("grpo", "rloo", "reinforce")
-STEP_ESTIMATORS = ("gigpo", "turn_grpo")
-TOKEN_ESTIMATORS = ("reinforce_plus_plus", "gae")
-ADV_ESTIMATORS = OUTCOME_ESTIMATORS + STEP_ESTIMATORS + TOKEN_ESTIMATORS
-GROUP_ESTIMATORS = ("grpo", "rloo", "gigpo", "turn_grpo")  # need group_size ≥ 2 to mean anything
-REWARD_NORM_BY = ("group", "tag", "batch")
 
 
 def _groups(keys: Sequence) -> dict:
@@ -193,119 +187,3 @@ def whiten(advantages: Sequence[np.ndarray], masks: Sequence[np.ndarray], eps: f
     mean, std = flat.mean(), flat.std()
     return [np.where(m > 0, (a - mean) / (std + eps), 0).astype(np.float32)
             for a, m in zip(advantages, masks, strict=True)]
-
-
-def validate_estimator(adv_estimator: str, sample_mode: str, group_size: int) -> None:
-    """One-line ValueError for combinations that would train on meaningless advantages."""
-    if adv_estimator not in ADV_ESTIMATORS:
-        raise ValueError(f"adv_estimator must be one of {ADV_ESTIMATORS}, got {adv_estimator!r}")
-    if sample_mode == "step" and adv_estimator in TOKEN_ESTIMATORS:
-        raise ValueError(
-            f"adv_estimator={adv_estimator!r} gives per-token values that cannot be broadcast "
-            "onto step samples; use sample_mode='trajectory' or grpo/rloo/reinforce/gigpo"
-        )
-    if adv_estimator in GROUP_ESTIMATORS and group_size < 2:
-        raise ValueError(
-            f"adv_estimator={adv_estimator!r} normalises within groups and needs "
-            f"group_size >= 2, got {group_size}"
-        )
-
-
-def _norm_keys(trajectories, reward_norm_by: str) -> list:
-    if reward_norm_by not in REWARD_NORM_BY:
-        raise ValueError(f"reward_norm_by must be one of {REWARD_NORM_BY}, got {reward_norm_by!r}")
-    if reward_norm_by == "group":
-        return [(t.tag, t.group_id) for t in trajectories]
-    if reward_norm_by == "tag":
-        return [t.tag for t in trajectories]
-    return [0] * len(trajectories)
-
-
-def turn_advantages(
-    trajectories,
-    *,
-    adv_estimator: str,
-    reward_norm_by: str = "group",
-    use_std: bool = True,
-    step_reward_gamma: float = 0.95,
-    gigpo_step_weight: float = 1.0,
-) -> list[np.ndarray]:
-    """Per-turn advantages [num_turns] for each trajectory (outcome and step estimators).
-
-    Outcome estimators give every turn of an episode the episode's scalar. An episode
-    without turns (its reset failed or timed out) gets an empty array and stays out of its
-    group's statistics: it is no 0-score member, since nothing was played.
-    """
-    played = [i for i, t in enumerate(trajectories) if t.turns]
-    if len(played) < len(trajectories):
-        kept = turn_advantages([trajectories[i] for i in played], adv_estimator=adv_estimator,
-                               reward_norm_by=reward_norm_by, use_std=use_std,
-                               step_reward_gamma=step_reward_gamma,
-                               gigpo_step_weight=gigpo_step_weight)
-        out = [np.zeros(0, np.float32) for _ in trajectories]
-        for i, a in zip(played, kept, strict=True):
-            out[i] = a
-        return out
-    scores = np.array([t.score for t in trajectories], np.float64)
-    keys = _norm_keys(trajectories, reward_norm_by)
-    if adv_estimator == "gigpo":
-        # Anchor states are only comparable inside one episode group (same map).
-        return gigpo(
-            scores,
-            keys,
-            [np.array([u.reward for u in t.turns]) for t in trajectories],
-            [[u.state_hash for u in t.turns] for t in trajectories],
-            step_reward_gamma=step_reward_gamma,
-            step_weight=gigpo_step_weight,
-            use_std=use_std,
-        )
-    if adv_estimator == "turn_grpo":
-        return turn_grpo(keys, [np.array([u.reward for u in t.turns]) for t in trajectories],
-                         step_reward_gamma=step_reward_gamma, use_std=use_std)
-    if adv_estimator == "grpo":
-        per_traj = grpo(scores, keys, use_std=use_std)
-    elif adv_estimator == "rloo":
-        per_traj = rloo(scores, keys)
-    elif adv_estimator == "reinforce":
-        per_traj = reinforce(scores)
-    else:
-        raise ValueError(
-            f"turn_advantages does not handle {adv_estimator!r}; token-level estimators use "
-            "token_advantages"
-        )
-    return [np.full(len(t.turns), a, np.float32) for t, a in zip(trajectories, per_traj,
-                                                                  strict=True)]
-
-
-def turn_reward_tokens(traj) -> tuple[np.ndarray, np.ndarray]:
-    """(token rewards, loss mask) over a trajectory's stream up to its last generated token:
-    each turn's reward sits on its last generated token."""
-    last = traj.turns[-1]
-    end = last.context_len + len(last.generated)
-    rewards = np.zeros(end, np.float32)
-    for turn in traj.turns:
-        if turn.generated:
-            rewards[turn.context_len + len(turn.generated) - 1] += turn.reward
-    return rewards, traj.loss_mask()[:end]
-
-
-def token_advantages(
-    trajectories, *, adv_estimator: str, gamma: float = 1.0, lambd: float = 0.95, values=None
-) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
-    """Per-token (advantages, returns or None) aligned with each trajectory sample.
-
-    `values[i]` (gae only): the critic's V for every token of trajectory i's sample.
-    No trajectories (a step whose dynamic sampling kept none) give no advantages.
-    """
-    if not trajectories:
-        return [], None if adv_estimator == "reinforce_plus_plus" else []
-    rewards, masks = zip(*(turn_reward_tokens(t) for t in trajectories), strict=True)
-    if adv_estimator == "reinforce_plus_plus":
-        return reinforce_plus_plus(rewards, masks, gamma=gamma), None
-    if adv_estimator == "gae":
-        if values is None:
-            raise ValueError("adv_estimator='gae' needs critic values")
-        pairs = [gae(r, v, m, gamma=gamma, lam=lambd)
-                 for r, v, m in zip(rewards, values, masks, strict=True)]
-        return [a for a, _ in pairs], [g for _, g in pairs]
-    raise ValueError(f"token_advantages does not handle {adv_estimator!r}")

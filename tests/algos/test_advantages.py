@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from jaxrl_agentic.algos import advantages as adv
+from jaxrl_agentic.algos import estimators
 
 S3 = np.sqrt(1 / 3)
 
@@ -99,14 +100,14 @@ def test_whiten_and_validation():
     out = adv.whiten([np.array([1.0, 3.0, 9.0])], [np.array([1, 1, 0.0])])
     np.testing.assert_allclose(out[0], [-1, 1, 0], atol=1e-5)
     with pytest.raises(ValueError, match="cannot be broadcast"):
-        adv.validate_estimator("gae", "step", 4)
+        estimators.validate_estimator("gae", "step", 4)
     with pytest.raises(ValueError, match="cannot be broadcast"):
-        adv.validate_estimator("reinforce_plus_plus", "step", 4)
+        estimators.validate_estimator("reinforce_plus_plus", "step", 4)
     with pytest.raises(ValueError, match="group_size >= 2"):
-        adv.validate_estimator("grpo", "trajectory", 1)
+        estimators.validate_estimator("grpo", "trajectory", 1)
     with pytest.raises(ValueError, match="adv_estimator must be one of"):
-        adv.validate_estimator("ppo", "trajectory", 4)
-    adv.validate_estimator("reinforce", "step", 1)
+        estimators.validate_estimator("ppo", "trajectory", 4)
+    estimators.validate_estimator("reinforce", "step", 1)
 
 
 def _episode(group_id, rewards):
@@ -121,8 +122,8 @@ def test_an_episode_that_never_played_is_no_zero_score_member(estimator):
     # Group 0: scores 1, 0 and an episode whose reset failed (no turns). It must not pull
     # the group mean towards 0: the two played episodes get what they get alone.
     with_failed = [_episode(0, [1.0]), _episode(0, [0.0]), _episode(0, [])]
-    alone = adv.turn_advantages(with_failed[:2], adv_estimator=estimator)
-    got = adv.turn_advantages(with_failed, adv_estimator=estimator)
+    alone = estimators.turn_advantages(with_failed[:2], adv_estimator=estimator)
+    got = estimators.turn_advantages(with_failed, adv_estimator=estimator)
     assert got[2].shape == (0,)
     for a, b in zip(got[:2], alone, strict=True):
         np.testing.assert_array_equal(a, b)

@@ -4,7 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxrl_agentic.algos.advantages import gae, token_advantages
+from jaxrl_agentic.algos.advantages import gae
+from jaxrl_agentic.algos.estimators import AdvantageSettings, token_advantages
 from jaxrl_agentic.models import ModelConfig
 from jaxrl_agentic.models.value import ValueModel, state_values
 from tests.data.test_samples import make_traj
@@ -34,7 +35,8 @@ def test_gae_from_critic_values_on_a_trajectory():
     traj.turns[0].reward, traj.turns[1].reward = 0.0, 1.0
     n = traj.turns[-1].context_len + 1
     values = np.linspace(0.1, 0.9, n).astype(np.float32)
-    adv, ret = token_advantages([traj], adv_estimator="gae", gamma=0.9, lambd=0.8,
+    adv, ret = token_advantages([traj], adv_estimator="gae",
+                                settings=AdvantageSettings(gamma=0.9, lambd=0.8),
                                 values=[values])
     mask = traj.loss_mask()[:n]
     rewards = np.zeros(n, np.float32)
