@@ -62,7 +62,7 @@ def test_a_recipe_with_its_own_advantage_estimator_trains(tmp_path):
     c = example_config("custom_advantage_estimator.py", str(tmp_path))
     assert c.adv_estimator == "group_rank"
     calls = counted(estimators._ESTIMATORS, "group_rank", "fn")
-    for metrics, trajs, samples in train_two_steps(c):
+    for metrics, _, samples in train_two_steps(c):
         assert samples and np.isfinite(metrics["actor/pg_loss"])
         for s in samples:  # ranks scaled to [−1, 1]
             assert np.all(np.abs(s.advantages[s.loss_mask > 0]) <= 1.0)
