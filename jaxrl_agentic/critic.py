@@ -134,8 +134,8 @@ class ValueLossSums(NamedTuple):
     """Scalar fp32 sums over the loss tokens of one micro-batch (``token_mean`` weights).
 
     ``loss_sum`` = Σ m·ℓ carries the gradient; the others are diagnostics: Σ m·V, Σ m·R,
-    Σ m·R², Σ m·(R − V), Σ m·(R − V)², ``clipped`` = #{clipped branch strictly larger},
-    ``num_tokens`` = Σ m (= the token_mean denominator).
+    Σ m·R², Σ m·(R − V), Σ m·(R − V)², ``clipfrac`` = #{clipped branch strictly larger}
+    (÷ ``tokens`` for ``critic/clipfrac``), ``tokens`` = Σ m (= the token_mean denominator).
     """
 
     loss_sum: jax.Array
@@ -144,8 +144,8 @@ class ValueLossSums(NamedTuple):
     returns_sq: jax.Array
     error: jax.Array
     error_sq: jax.Array
-    clipped: jax.Array
-    num_tokens: jax.Array
+    clipfrac: jax.Array
+    tokens: jax.Array
 
 
 def micro_batch_value_sums(
@@ -176,8 +176,8 @@ def micro_batch_value_sums(
         returns_sq=masked_sum(jnp.square(returns)),
         error=masked_sum(returns - v),
         error_sq=masked_sum(jnp.square(returns - v)),
-        clipped=clipped,
-        num_tokens=masked_sum(jnp.ones_like(v)),
+        clipfrac=clipped,
+        tokens=masked_sum(jnp.ones_like(v)),
     )
     return sums, denominator
 
@@ -233,7 +233,7 @@ def make_compute_values(graphdef, mesh, param_shardings, halvings: int = 0):
 
 def _explained_variance(sums: dict[str, float]) -> float:
     """``1 − Var(R − V) / Var(R)`` over pooled loss tokens (NaN when Var(R) = 0)."""
-    n = sums["num_tokens"]
+    n = sums["tokens"]
     if n <= 0:
         return float("nan")
     var_r = sums["returns_sq"] / n - (sums["returns"] / n) ** 2
@@ -250,14 +250,14 @@ def _aggregate(per_update: list[dict[str, np.ndarray]]) -> dict[str, float]:
         return {f"critic/{k}": nan for k in ("value_loss", "values_mean", "returns_mean",
                                              "explained_variance", "grad_norm", "clipfrac")}
     pooled = {k: sum(float(m[k]) for m in kept) for k in ValueLossSums._fields}
-    n = max(pooled["num_tokens"], 1.0)
+    n = max(pooled["tokens"], 1.0)
     return {
         "critic/value_loss": float(np.mean([float(m["loss"]) for m in kept])),
         "critic/values_mean": pooled["values"] / n,
         "critic/returns_mean": pooled["returns"] / n,
         "critic/explained_variance": _explained_variance(pooled),
         "critic/grad_norm": float(np.mean([float(m["grad_norm"]) for m in kept])),
-        "critic/clipfrac": pooled["clipped"] / n,
+        "critic/clipfrac": pooled["clipfrac"] / n,
     }
 
 

@@ -90,20 +90,13 @@ TRAIN_BATCH_KEYS = (
     "loss_index",
 )
 LOGPROB_BATCH_KEYS = ("tokens", "positions", "segment_ids", "loss_index")
-# The train step's metric → the name the run logs (the mean over applied updates).
-ACTOR_METRICS = {
-    "loss": "actor/loss",
-    "pg_loss": "actor/pg_loss",
-    "kl": "actor/kl",
-    "entropy": "actor/entropy",
-    "clipfrac": "actor/clipfrac",
-    "clipfrac_low": "actor/clipfrac_low",
-    "clipfrac_high": "actor/clipfrac_high",
-    "dual_clipfrac": "actor/dual_clipfrac",
-    "ratio": "actor/ratio",
-    "approx_kl": "actor/approx_kl",
-    "grad_norm": "actor/grad_norm",
-}
+# One name per metric, from the loss sums (``PolicyLossSums``' fields) to the log, where the
+# run puts it under ``actor/``: the sums divided by the reduction's denominator D, those
+# divided by the loss-token count, and the update's own loss and gradient norm.
+PER_DENOMINATOR = ("pg_loss", "kl", "entropy")
+PER_TOKEN = ("clipfrac", "clipfrac_low", "clipfrac_high", "dual_clipfrac", "ratio",
+             "approx_kl")
+ACTOR_METRICS = ("loss", *PER_DENOMINATOR, *PER_TOKEN, "grad_norm")
 # Samples whose sampler logprobs are compared with the learner's when the step does not
 # recompute them anyway: a diagnostic, and a forward over the whole batch would cost a
 # third of the learner's time.
@@ -393,20 +386,10 @@ def policy_update_loss(graphdef, config: LearnerConfig) -> UpdateLoss:
         return micro_batch_sums(graphdef, config, params, micro, kl_coef(state))
 
     def metrics(state, sums, scale):
-        per_token = 1.0 / jnp.maximum(sums.num_tokens, 1.0)
-        return {
-            "pg_loss": sums.pg * scale,
-            "kl": sums.kl * scale,
-            "entropy": sums.entropy * scale,
-            "clipfrac": sums.clipped * per_token,
-            "clipfrac_low": sums.clipped_low * per_token,
-            "clipfrac_high": sums.clipped_high * per_token,
-            "dual_clipfrac": sums.dual_clipped * per_token,
-            "ratio": sums.ratio * per_token,
-            "approx_kl": sums.approx_kl_old * per_token,
-            "kl_coef": kl_coef(state),
-            "tokens": sums.num_tokens,
-        }
+        per_token = 1.0 / jnp.maximum(sums.tokens, 1.0)
+        out = {name: getattr(sums, name) * scale for name in PER_DENOMINATOR}
+        out.update({name: getattr(sums, name) * per_token for name in PER_TOKEN})
+        return {**out, "kl_coef": kl_coef(state), "tokens": sums.tokens}
 
     return UpdateLoss(
         micro_sums=micro_sums,
@@ -642,7 +625,7 @@ class Learner(EngineDriver):
             samples = [dataclasses.replace(s, ref_logprobs=None) for s in samples]
 
         per_update, packed = self.engine.run(samples, lrs)
-        out = mean_over_applied(per_update, ACTOR_METRICS)
+        out = mean_over_applied(per_update, ACTOR_METRICS, prefix="actor/")
         applied_kl = [float(m["kl"]) for m in applied(per_update)]
         if self.state.kl.adaptive and applied_kl:
             # Sequence-level KL for seq_mean_token_sum, per-token otherwise (the reduction's).

@@ -645,9 +645,9 @@ def applied(per_update: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarra
     return [m for m in per_update if int(m["nonfinite"]) == 0]
 
 
-def mean_over_applied(per_update, names: dict[str, str]) -> dict[str, float]:
-    """``{name: mean of metric key over applied updates}`` (NaN when none was applied: a
-    skipped update's loss is NaN/inf and must not be averaged in)."""
+def mean_over_applied(per_update, names, prefix: str = "") -> dict[str, float]:
+    """``{prefix + name: mean of metric name over applied updates}`` (NaN when none was
+    applied: a skipped update's loss is NaN/inf and must not be averaged in)."""
     kept = applied(per_update)
-    return {name: float(np.mean([float(m[key]) for m in kept])) if kept else float("nan")
-            for key, name in names.items()}
+    return {prefix + name: float(np.mean([float(m[name]) for m in kept])) if kept
+            else float("nan") for name in names}

@@ -30,21 +30,22 @@ CISPO (MiniMax-M1, 2025): the clipped importance weight is a constant, so a toke
 ratio PPO would clip still contributes ``−clip(r)·A·∇logp``; the reported ``pg`` is the
 surrogate's value, whose scale depends on ``logp`` (only its gradient is meaningful).
 
-and the returned sums over tokens (``[w > 0]`` counts the tokens that carry weight):
+and the returned sums over tokens (``[w > 0]`` counts the tokens that carry weight), named as
+the run logs them (``actor/<name>``, divided by D or by the token count):
 
-    pg            = Σ w·pg_t
+    pg_loss       = Σ w·pg_t
     kl            = Σ w·kl_t                      (0 without ref_logprobs)
-    clipped       = Σ [w>0]·1[−A·clip(r) > −A·r]  (the clipped branch is the max: clipfrac)
-    dual_clipped  = Σ [w>0]·1[A < 0 and pg_t before dual clip > −A·c]
+    clipfrac      = Σ [w>0]·1[−A·clip(r) > −A·r]  (the clipped branch is the max)
+    dual_clipfrac = Σ [w>0]·1[A < 0 and pg_t before dual clip > −A·c]
     ratio         = Σ [w>0]·r                     (sequence ratio: s_i on each token)
-    approx_kl_old = Σ [w>0]·(old − logp)          (token level for every variant)
-    clipped_low   = Σ [w>0]·1[clipped and A < 0]  (r < 1 − ε_lo: a drop was capped)
-    clipped_high  = Σ [w>0]·1[clipped and A > 0]  (r > 1 + ε_hi: a rise was capped)
+    approx_kl     = Σ [w>0]·(old − logp)          (token level for every variant)
+    clipfrac_low  = Σ [w>0]·1[clipped and A < 0]  (r < 1 − ε_lo: a drop was capped)
+    clipfrac_high = Σ [w>0]·1[clipped and A > 0]  (r > 1 + ε_hi: a rise was capped)
 
-so ``clipped = clipped_low + clipped_high``. For the weight surrogate nothing is clipped out
-of the gradient; there ``clipped`` counts tokens whose weight was truncated, ``clipped_low``
-those with ``r < 1 − ε_lo`` and ``clipped_high`` those with ``r > 1 + ε_hi`` (whatever the
-sign of A).
+so ``clipfrac = clipfrac_low + clipfrac_high``. For the weight surrogate nothing is clipped
+out of the gradient; there ``clipfrac`` counts tokens whose weight was truncated,
+``clipfrac_low`` those with ``r < 1 − ε_lo`` and ``clipfrac_high`` those with
+``r > 1 + ε_hi`` (whatever the sign of A).
 
 The weights ``w`` encode the reduction; the caller builds them once per mini-batch:
 token-mean → ``w = loss_mask`` (denominator: tokens in the mini-batch); seq-mean-token-mean →
@@ -52,7 +53,7 @@ token-mean → ``w = loss_mask`` (denominator: tokens in the mini-batch); seq-me
 (padding, masked rows, empty segments) contribute exactly 0 to every sum and to the gradient:
 their inputs are replaced by zeros before any exp, so inf/NaN stored there never leaks.
 
-Gradients flow to ``logprobs`` through ``pg`` and ``kl`` only: ``old_logprobs``,
+Gradients flow to ``logprobs`` through ``pg_loss`` and ``kl`` only: ``old_logprobs``,
 ``advantages``, ``loss_weights`` and ``ref_logprobs`` are constants, and the four diagnostics
 are ``stop_gradient``-ed. The ±20 clamp of the log-ratio (as in verl) keeps ``exp`` finite so
 that an A = 0 token cannot make ``0·inf = NaN``; beyond it the gradient is 0.
@@ -89,14 +90,14 @@ _F32 = jnp.float32
 class PPOLossSums(NamedTuple):
     """Scalar fp32 sums; divide by the reduction's global denominator once per update."""
 
-    pg: jax.Array
+    pg_loss: jax.Array
     kl: jax.Array
-    clipped: jax.Array
-    dual_clipped: jax.Array
+    clipfrac: jax.Array
+    dual_clipfrac: jax.Array
     ratio: jax.Array
-    approx_kl_old: jax.Array
-    clipped_low: jax.Array
-    clipped_high: jax.Array
+    approx_kl: jax.Array
+    clipfrac_low: jax.Array
+    clipfrac_high: jax.Array
 
 
 _N_SUMS = len(PPOLossSums._fields)
@@ -235,14 +236,14 @@ def reference_ppo_loss(logprobs, old_logprobs, advantages, loss_weights, ref_log
             kl_t = jnp.exp(e) - e - 1.0
         kl = jnp.sum(w * kl_t)
     return PPOLossSums(
-        pg=jnp.sum(w * pg),
+        pg_loss=jnp.sum(w * pg),
         kl=kl,
-        clipped=sg(jnp.sum(counted * clip_t)),
-        dual_clipped=sg(jnp.sum(counted * dual_active)),
+        clipfrac=sg(jnp.sum(counted * clip_t)),
+        dual_clipfrac=sg(jnp.sum(counted * dual_active)),
         ratio=sg(jnp.sum(counted * ratio)),
-        approx_kl_old=sg(jnp.sum(counted * -token_log_ratio)),
-        clipped_low=sg(jnp.sum(counted * clip_low_t)),
-        clipped_high=sg(jnp.sum(counted * clip_high_t)),
+        approx_kl=sg(jnp.sum(counted * -token_log_ratio)),
+        clipfrac_low=sg(jnp.sum(counted * clip_low_t)),
+        clipfrac_high=sg(jnp.sum(counted * clip_high_t)),
     )
 
 
@@ -363,7 +364,7 @@ def _pallas_ppo_bwd(cfg, residuals, g):
     logprobs, old, adv, w, ref = residuals
     tiles, rows = _tile_inputs(cfg, logprobs, old, adv, w, ref)
     # Only pg and kl carry gradient; the diagnostics are stop_gradient by definition.
-    g_rows = jnp.broadcast_to(jnp.stack([g.pg, g.kl]).astype(_F32)[:, None], (2, _LANES))
+    g_rows = jnp.broadcast_to(jnp.stack([g.pg_loss, g.kl]).astype(_F32)[:, None], (2, _LANES))
     block = pl.BlockSpec((cfg.block_rows, _LANES), lambda i: (i, 0))
     grad = pl.pallas_call(
         functools.partial(_bwd_kernel, cfg=cfg),

@@ -125,7 +125,7 @@ def test_prefixes_keep_the_loss_gradients_and_logprobs():
         _loss_and_grads(h)(PARAMS, batch, 0.1) for h in (0, 2))
     assert float(den_2) == float(den_0) > 0
     assert float(sums_2.objective) == pytest.approx(float(sums_0.objective), rel=1e-6)
-    assert float(sums_2.num_tokens) == float(sums_0.num_tokens)
+    assert float(sums_2.tokens) == float(sums_0.tokens)
     assert rel_err(grads_2, grads_0) <= 1e-6
 
     one = make_mesh(devices=jax.devices()[:1])

@@ -42,10 +42,10 @@ def tapered_reinforce(logprobs, old_logprobs, advantages, loss_weights, ref_logp
     tapered = counted * ((adv < 0) & (ratio < 1.0))
     zero = jnp.zeros((), jnp.float32)
     return PPOLossSums(
-        pg=jnp.sum(w * pg), kl=kl, clipped=lax.stop_gradient(jnp.sum(tapered)),
-        dual_clipped=zero, ratio=lax.stop_gradient(jnp.sum(counted * ratio)),
-        approx_kl_old=lax.stop_gradient(jnp.sum(counted * -log_ratio)),
-        clipped_low=lax.stop_gradient(jnp.sum(tapered)), clipped_high=zero)
+        pg_loss=jnp.sum(w * pg), kl=kl, clipfrac=lax.stop_gradient(jnp.sum(tapered)),
+        dual_clipfrac=zero, ratio=lax.stop_gradient(jnp.sum(counted * ratio)),
+        approx_kl=lax.stop_gradient(jnp.sum(counted * -log_ratio)),
+        clipfrac_low=lax.stop_gradient(jnp.sum(tapered)), clipfrac_high=zero)
 
 
 # replace=True: a config file may be loaded more than once in a process.

@@ -7,10 +7,6 @@ Pure numpy on host data, one call per pipeline step:
     batch/zero_variance_groups       fraction of groups with max − min ≤ tol (filters.py)
     batch/distinct_replies_per_group mean over groups of the number of distinct replies
                                      (token tuples); → 1 when sampling has collapsed
-    actor/clipfrac_low, _high        fraction of loss tokens whose ratio was clipped from
-                                     below with A < 0 / from above with A > 0, from the loss
-                                     sums' ``clipped_low`` / ``clipped_high`` over
-                                     ``num_tokens`` (pallas_kernels.ppo_loss)
 
 and :func:`most_common_replies` / :func:`most_common_replies_text` for a TensorBoard text
 of what the policy keeps saying. A group of one has std 0 and one distinct reply; it is
@@ -70,9 +66,3 @@ def most_common_replies_text(replies: Sequence[Sequence[int]], top_n: int = 5,
         lines.append(f"| {count} | {count / total:.0%} | {text} |")
     return "\n".join(lines)
 
-
-def clip_fraction_metrics(clipped_low, clipped_high, num_tokens) -> dict[str, float]:
-    """``actor/clipfrac_low`` and ``actor/clipfrac_high`` from accumulated loss sums."""
-    n = max(float(np.sum(num_tokens)), 1.0)
-    return {"actor/clipfrac_low": float(np.sum(clipped_low)) / n,
-            "actor/clipfrac_high": float(np.sum(clipped_high)) / n}

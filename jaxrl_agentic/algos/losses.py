@@ -53,23 +53,24 @@ __all__ = ["KERNEL_IMPLS", "PolicyLossSums", "clipped_value_loss",
 class PolicyLossSums(NamedTuple):
     """Scalar fp32 weighted sums of one micro-batch (divide by the global ``D``).
 
-    ``objective = pg + kl_coef·kl − entropy_coef·entropy`` carries the gradient;
-    ``clipped``, ``dual_clipped``, ``ratio``, ``approx_kl_old``, ``clipped_low``,
-    ``clipped_high`` and ``num_tokens`` are token *counts* / unweighted sums over tokens with
-    ``w > 0`` (divide by ``num_tokens``; ``clipped = clipped_low + clipped_high``).
+    ``objective = pg_loss + kl_coef·kl − entropy_coef·entropy`` carries the gradient;
+    ``clipfrac``, ``dual_clipfrac``, ``ratio``, ``approx_kl``, ``clipfrac_low``,
+    ``clipfrac_high`` and ``tokens`` are token *counts* / unweighted sums over tokens with
+    ``w > 0`` (divide by ``tokens``; ``clipfrac = clipfrac_low + clipfrac_high``). Each
+    field is logged as ``actor/<field>``: one name from the sums to the log.
     """
 
     objective: jax.Array
-    pg: jax.Array
+    pg_loss: jax.Array
     kl: jax.Array
     entropy: jax.Array
-    clipped: jax.Array
-    dual_clipped: jax.Array
+    clipfrac: jax.Array
+    dual_clipfrac: jax.Array
     ratio: jax.Array
-    approx_kl_old: jax.Array
-    num_tokens: jax.Array
-    clipped_low: jax.Array
-    clipped_high: jax.Array
+    approx_kl: jax.Array
+    tokens: jax.Array
+    clipfrac_low: jax.Array
+    clipfrac_high: jax.Array
 
 
 def ppo_loss_impl(kernel_impl: str) -> str:
@@ -182,21 +183,21 @@ def policy_loss(
         impl=ppo_loss_impl(impl),
     )
     entropy_sum = entropy_bonus(entropy, loss_weights)
-    objective = sums.pg - entropy_coef * entropy_sum
+    objective = sums.pg_loss - entropy_coef * entropy_sum
     if ref_logprobs is not None:
         objective = objective + jnp.asarray(kl_coef, jnp.float32) * sums.kl
     return PolicyLossSums(
         objective=objective,
-        pg=sums.pg,
+        pg_loss=sums.pg_loss,
         kl=sums.kl,
         entropy=lax.stop_gradient(entropy_sum),
-        clipped=sums.clipped,
-        dual_clipped=sums.dual_clipped,
+        clipfrac=sums.clipfrac,
+        dual_clipfrac=sums.dual_clipfrac,
         ratio=sums.ratio,
-        approx_kl_old=sums.approx_kl_old,
-        num_tokens=jnp.sum(jnp.asarray(loss_weights) > 0).astype(jnp.float32),
-        clipped_low=sums.clipped_low,
-        clipped_high=sums.clipped_high,
+        approx_kl=sums.approx_kl,
+        tokens=jnp.sum(jnp.asarray(loss_weights) > 0).astype(jnp.float32),
+        clipfrac_low=sums.clipfrac_low,
+        clipfrac_high=sums.clipfrac_high,
     )
 
 

@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 
 from jaxrl_agentic.algos.diagnostics import (
-    clip_fraction_metrics,
     distinct_replies_per_group,
     group_reward_metrics,
     most_common_replies,
@@ -32,8 +31,3 @@ def test_distinct_and_most_common_replies():
     text = most_common_replies_text(REPLIES, top_n=2, decode=lambda ids: f"a|{ids[0]}")
     assert text.splitlines()[2:] == ["| 3 | 50% | a\\|8 |", "| 2 | 33% | a\\|5 |"]
 
-
-def test_clip_fractions_from_sums():
-    # accumulated over two updates: 3 + 1 low, 2 + 0 high of 10 + 10 tokens
-    m = clip_fraction_metrics([3.0, 1.0], [2.0, 0.0], [10.0, 10.0])
-    assert m == {"actor/clipfrac_low": 0.2, "actor/clipfrac_high": 0.1}

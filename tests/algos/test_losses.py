@@ -65,17 +65,17 @@ def _loss(logits, targets, old, **kw):
 def test_ppo_terms_by_hand():
     logits, targets, _, _, old = _example()
     plain = _loss(logits, targets, old, clip_low=0.2)
-    assert float(plain.pg) == pytest.approx(PG_NO_DUAL, abs=1e-5)
-    assert float(plain.clipped) == 2  # tokens 0 and 5
-    assert float(plain.num_tokens) == 7
+    assert float(plain.pg_loss) == pytest.approx(PG_NO_DUAL, abs=1e-5)
+    assert float(plain.clipfrac) == 2  # tokens 0 and 5
+    assert float(plain.tokens) == 7
     assert float(plain.ratio) == pytest.approx(RATIOS[:7].sum(), rel=1e-5)
-    assert float(plain.approx_kl_old) == pytest.approx(-np.log(RATIOS[:7]).sum(), abs=1e-5)
+    assert float(plain.approx_kl) == pytest.approx(-np.log(RATIOS[:7]).sum(), abs=1e-5)
     dual = _loss(logits, targets, old, clip_low=0.2, dual_clip=3.0)
-    assert float(dual.pg) == pytest.approx(PG_DUAL, abs=1e-5)
-    assert float(dual.dual_clipped) == 1  # token 3 only; token 6 (A > 0) is untouched
+    assert float(dual.pg_loss) == pytest.approx(PG_DUAL, abs=1e-5)
+    assert float(dual.dual_clipfrac) == 1  # token 3 only; token 6 (A > 0) is untouched
     # Asymmetric clip: token 0 is clipped at 1 + 0.28 instead of 1.2.
     high = _loss(logits, targets, old, clip_low=0.2, clip_high=0.28)
-    assert float(high.pg) == pytest.approx(PG_NO_DUAL - 0.08, abs=1e-5)
+    assert float(high.pg_loss) == pytest.approx(PG_NO_DUAL - 0.08, abs=1e-5)
 
 
 def test_dual_clip_only_touches_negative_advantages():
@@ -86,8 +86,8 @@ def test_dual_clip_only_touches_negative_advantages():
         kw = dict(clip_low=0.2, impl="reference")
         args = (jnp.asarray(logits), jnp.eye(4), jnp.asarray(targets), jnp.asarray(old),
                 jnp.asarray(ADVANTAGES, jnp.float32), jnp.asarray(w))
-        without = float(policy_loss(*args, **kw).pg)
-        with_dual = float(policy_loss(*args, dual_clip=3.0, **kw).pg)
+        without = float(policy_loss(*args, **kw).pg_loss)
+        with_dual = float(policy_loss(*args, dual_clip=3.0, **kw).pg_loss)
         if ADVANTAGES[i] > 0:
             assert with_dual == without
         else:
@@ -274,11 +274,11 @@ def test_gspo_and_cispo_through_policy_loss_by_hand():
             jnp.asarray(ADVANTAGES, jnp.float32), jnp.asarray(w))
     ppo = policy_loss(*args, impl="reference")
     gspo = policy_loss(*args, policy_loss="gspo", segment_ids=jnp.asarray(seg))
-    assert float(ppo.pg) == pytest.approx(-1.2 - 0.5, abs=1e-5)
-    assert float(gspo.pg) == pytest.approx(-2 * np.sqrt(0.75), abs=1e-5)
-    assert float(ppo.clipped_high) == 1 and float(gspo.clipped) == 0
+    assert float(ppo.pg_loss) == pytest.approx(-1.2 - 0.5, abs=1e-5)
+    assert float(gspo.pg_loss) == pytest.approx(-2 * np.sqrt(0.75), abs=1e-5)
+    assert float(ppo.clipfrac_high) == 1 and float(gspo.clipfrac) == 0
     cispo = policy_loss(*args, policy_loss="cispo")
-    assert float(cispo.clipped_high) == 1 and float(cispo.clipped_low) == 1
+    assert float(cispo.clipfrac_high) == 1 and float(cispo.clipfrac_low) == 1
 
 
 def test_policy_loss_with_top_k_uses_the_restricted_logprobs():
@@ -292,4 +292,5 @@ def test_policy_loss_with_top_k_uses_the_restricted_logprobs():
     out = policy_loss(h, jnp.eye(4), y, old, jnp.asarray(ADVANTAGES, jnp.float32),
                       jnp.asarray(WEIGHTS), top_k=2, impl="reference")
     assert float(out.ratio) == pytest.approx(7.0, abs=1e-5)
-    assert float(out.pg) == pytest.approx(-float(np.sum(WEIGHTS[:7] * ADVANTAGES[:7])), abs=1e-5)
+    expected = -float(np.sum(WEIGHTS[:7] * ADVANTAGES[:7]))
+    assert float(out.pg_loss) == pytest.approx(expected, abs=1e-5)

@@ -38,8 +38,8 @@ def plain_policy_gradient(logprobs, old_logprobs, advantages, loss_weights, ref_
     zero = jnp.zeros((), jnp.float32)
     pg = jnp.sum(loss_weights * -scale * advantages * logprobs)
     counted = jnp.sum(loss_weights > 0).astype(jnp.float32)
-    return PPOLossSums(pg=pg, kl=zero, clipped=zero, dual_clipped=zero, ratio=counted,
-                       approx_kl_old=zero, clipped_low=zero, clipped_high=zero)
+    return PPOLossSums(pg_loss=pg, kl=zero, clipfrac=zero, dual_clipfrac=zero, ratio=counted,
+                       approx_kl=zero, clipfrac_low=zero, clipfrac_high=zero)
 
 
 def test_a_loss_registered_from_outside_is_used_by_name():
@@ -56,7 +56,7 @@ def test_a_loss_registered_from_outside_is_used_by_name():
         adv, w = jnp.asarray([1.0, -2.0, 0.5]), jnp.asarray([1.0, 1.0, 0.0])
         sums = policy_loss(hidden, head, targets, jnp.zeros(3), adv, w, policy_loss=name)
         logp = np.asarray(jax.nn.log_softmax(hidden @ head))[np.arange(3), [1, 5, 7]]
-        np.testing.assert_allclose(float(sums.pg), -2.0 * (logp[0] - 2.0 * logp[1]), atol=1e-5)
+        np.testing.assert_allclose(float(sums.pg_loss), -2.0 * (logp[0] - 2.0 * logp[1]), atol=1e-5)
     finally:
         policy_losses._LOSSES.pop(name)
 

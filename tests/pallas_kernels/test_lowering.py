@@ -92,7 +92,7 @@ def test_ppo_loss_kernel_lowers(platform, marker, monkeypatch):
     def loss(logp):
         sums = masked_ppo_loss(logp, logp, logp, jnp.ones((n,), jnp.float32), logp,
                                impl="pallas", interpret=False)
-        return sums.pg + sums.kl
+        return sums.pg_loss + sums.kl
 
     text = _lowered(jax.grad(loss), logp, platform=platform)
     assert text.count(marker) >= 2  # forward sums and the backward

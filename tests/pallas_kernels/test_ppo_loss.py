@@ -13,7 +13,7 @@ IMPLS = ["reference", "pallas"]
 def _loss_and_grad(impl, old, adv, w, ref=None, kl_coef=1.0, **kw):
     def loss(lp):
         sums = masked_ppo_loss(lp, old, adv, w, ref, impl=impl, **kw)
-        return sums.pg + kl_coef * sums.kl, sums
+        return sums.pg_loss + kl_coef * sums.kl, sums
 
     return jax.jit(jax.value_and_grad(loss, has_aux=True))
 
@@ -38,11 +38,11 @@ def test_hand_computed_without_dual_clip(impl):
     #   r=4,   A=−2: max(8, 2.4)     = 8                  grad −A·r = 8
     (value, sums), grad = _loss_and_grad(impl, old, adv, w)(logp)
     np.testing.assert_allclose(value, 5.4, rtol=1e-6)
-    np.testing.assert_allclose(sums.pg, 5.4, rtol=1e-6)
+    np.testing.assert_allclose(sums.pg_loss, 5.4, rtol=1e-6)
     assert float(sums.kl) == 0.0
-    assert float(sums.clipped) == 2.0 and float(sums.dual_clipped) == 0.0
+    assert float(sums.clipfrac) == 2.0 and float(sums.dual_clipfrac) == 0.0
     np.testing.assert_allclose(sums.ratio, 7.1, rtol=1e-6)
-    np.testing.assert_allclose(sums.approx_kl_old, -np.log(1.5 * 0.5 * 1.1 * 4.0), rtol=1e-6)
+    np.testing.assert_allclose(sums.approx_kl, -np.log(1.5 * 0.5 * 1.1 * 4.0), rtol=1e-6)
     np.testing.assert_allclose(grad, [0.0, 0.0, -2.2, 8.0, 0.0, 0.0], atol=1e-6)
 
 
@@ -52,8 +52,8 @@ def test_hand_computed_dual_clip(impl):
     # Dual clip c = 3 for A < 0: token 4 becomes min(8, 2·3) = 6 with zero gradient;
     # token 2 (0.8 < 1·3) is untouched.
     (_, sums), grad = _loss_and_grad(impl, old, adv, w, dual_clip=3.0)(logp)
-    np.testing.assert_allclose(sums.pg, 3.4, rtol=1e-6)
-    assert float(sums.clipped) == 2.0 and float(sums.dual_clipped) == 1.0
+    np.testing.assert_allclose(sums.pg_loss, 3.4, rtol=1e-6)
+    assert float(sums.clipfrac) == 2.0 and float(sums.dual_clipfrac) == 1.0
     np.testing.assert_allclose(grad, [0.0, 0.0, -2.2, 0.0, 0.0, 0.0], atol=1e-6)
 
 
@@ -67,13 +67,13 @@ def test_dual_clip_leaves_positive_advantages_alone(impl):
     plain = masked_ppo_loss(logp, old, adv, w, impl=impl)
     dual = masked_ppo_loss(logp, old, adv, w, impl=impl, dual_clip=3.0)
     # Per token without dual: max(−10, −2.4), max(10, 2.4), max(−0.2, −1.6), max(0.2, 1.6).
-    np.testing.assert_allclose(plain.pg, -2.4 + 10.0 - 0.2 + 1.6, rtol=1e-6)
+    np.testing.assert_allclose(plain.pg_loss, -2.4 + 10.0 - 0.2 + 1.6, rtol=1e-6)
     # Only the A < 0 token with 10 > 2·3 changes (to 6); A > 0 tokens keep their values.
-    np.testing.assert_allclose(dual.pg, -2.4 + 6.0 - 0.2 + 1.6, rtol=1e-6)
-    assert float(dual.dual_clipped) == 1.0
+    np.testing.assert_allclose(dual.pg_loss, -2.4 + 6.0 - 0.2 + 1.6, rtol=1e-6)
+    assert float(dual.dual_clipfrac) == 1.0
     # clip_high differs from clip_low: r = 5, A = 2 → −2·(1 + 0.28).
     asym = masked_ppo_loss(logp[:1], old[:1], adv[:1], w[:1], impl=impl, clip_high=0.28)
-    np.testing.assert_allclose(asym.pg, -2.56, rtol=1e-6)
+    np.testing.assert_allclose(asym.pg_loss, -2.56, rtol=1e-6)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -91,7 +91,7 @@ def test_kl_estimators(impl, estimator, value, grad):
     fn = _loss_and_grad(impl, logp, zeros, w, ref, kl_estimator=estimator)
     (_, sums), g = fn(logp)
     np.testing.assert_allclose(sums.kl, value, rtol=1e-6, atol=1e-7)
-    assert float(sums.pg) == 0.0
+    assert float(sums.pg_loss) == 0.0
     np.testing.assert_allclose(g, grad, rtol=1e-6, atol=1e-7)
 
 
@@ -145,7 +145,7 @@ def test_reduction_weights(impl, reduction):
 
     flat = [jnp.asarray(x.reshape(-1), jnp.float32) for x in (logp, old, adv, weights)]
     sums = masked_ppo_loss(*flat, impl=impl)
-    np.testing.assert_allclose(float(sums.pg) / denominator, expected, rtol=1e-5)
+    np.testing.assert_allclose(float(sums.pg_loss) / denominator, expected, rtol=1e-5)
     assert float(sums.ratio) == pytest.approx(np.exp(logp - old)[mask > 0].sum(), rel=1e-5)
 
 
@@ -199,7 +199,7 @@ def test_kernel_matches_reference_random(estimator, dual, with_ref):
                                            **kw)(lp)
     (v_k, s_k), g_k = _loss_and_grad("pallas", c["old"], c["adv"], c["w"], ref,
                                      block_rows=8, **kw)(lp)
-    assert s_ref.clipped > 0 and (dual is None or s_ref.dual_clipped > 0)
+    assert s_ref.clipfrac > 0 and (dual is None or s_ref.dual_clipfrac > 0)
     for name in PPOLossSums._fields:
         np.testing.assert_allclose(getattr(s_k, name), getattr(s_ref, name), rtol=1e-5,
                                    atol=1e-4, err_msg=name)
@@ -214,7 +214,7 @@ def test_diagnostics_carry_no_gradient(impl):
 
     def diagnostics(lp):
         s = masked_ppo_loss(lp, old, adv, w, impl=impl, dual_clip=3.0)
-        return s.clipped + s.dual_clipped + s.ratio + s.approx_kl_old
+        return s.clipfrac + s.dual_clipfrac + s.ratio + s.approx_kl
 
     assert np.all(np.asarray(jax.grad(diagnostics)(lp)) == 0.0)
 
@@ -241,8 +241,8 @@ def test_clip_low_and_high_split_clipped(impl):
     logp, old, adv, w = _hand_example()
     # From the hand example: r=1.5, A=+1 is capped from above; r=0.5, A=−1 from below.
     sums = masked_ppo_loss(logp, old, adv, w, impl=impl)
-    assert float(sums.clipped_high) == 1.0 and float(sums.clipped_low) == 1.0
-    assert float(sums.clipped) == float(sums.clipped_low + sums.clipped_high)
+    assert float(sums.clipfrac_high) == 1.0 and float(sums.clipfrac_low) == 1.0
+    assert float(sums.clipfrac) == float(sums.clipfrac_low + sums.clipfrac_high)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -258,9 +258,9 @@ def test_cispo_keeps_the_tokens_ppo_clips(impl):
     (_, sums), grad = _loss_and_grad(impl, old, adv, w, surrogate="weight")(logp)
     np.testing.assert_allclose(grad, [-1.2, 0.8, -2.2, 2.4, 0.0, 0.0], rtol=1e-5, atol=1e-6)
     expected_pg = -1.2 * -0.5 + 0.8 * -1.0 - 2.2 * -2.0 + 2.4 * -0.25
-    np.testing.assert_allclose(sums.pg, expected_pg, rtol=1e-5)
+    np.testing.assert_allclose(sums.pg_loss, expected_pg, rtol=1e-5)
     # Weight truncated on 3 tokens: r=0.5 from below, r=1.5 and r=4 from above.
-    assert (float(sums.clipped), float(sums.clipped_low), float(sums.clipped_high)) == (3, 1, 2)
+    assert (float(sums.clipfrac), float(sums.clipfrac_low), float(sums.clipfrac_high)) == (3, 1, 2)
     (_, _), ppo_grad = _loss_and_grad(impl, old, adv, w)(logp)
     np.testing.assert_allclose(ppo_grad[:2], [0.0, 0.0], atol=1e-7)
 
@@ -292,16 +292,16 @@ def test_gspo_sequence_ratio_by_hand(impl):
     # seg 3: s = 1.5, A = +1: clipped at 1.2 → −1.2 per token, grad 0.
     (_, sums), grad = _loss_and_grad(impl, old, adv, w, sequence_ratio=True,
                                      segment_ids=seg)(logp)
-    np.testing.assert_allclose(sums.pg, -2 * s1 + 4.0 - 2.4, rtol=1e-5)
+    np.testing.assert_allclose(sums.pg_loss, -2 * s1 + 4.0 - 2.4, rtol=1e-5)
     np.testing.assert_allclose(grad, [-s1, 0, -s1, 2, 2, 0, 0, 0, 0], rtol=1e-5, atol=1e-6)
-    assert (float(sums.clipped), float(sums.clipped_low), float(sums.clipped_high)) == (2, 0, 2)
+    assert (float(sums.clipfrac), float(sums.clipfrac_low), float(sums.clipfrac_high)) == (2, 0, 2)
     np.testing.assert_allclose(sums.ratio, 2 * s1 + 4.0 + 3.0, rtol=1e-5)
     # approx_kl_old stays token level: Σ (old − logp) over the 6 loss tokens.
-    np.testing.assert_allclose(sums.approx_kl_old, -np.log(1.5 * 0.5 * 4 * 2.25), rtol=1e-5)
+    np.testing.assert_allclose(sums.approx_kl, -np.log(1.5 * 0.5 * 4 * 2.25), rtol=1e-5)
     # Token-level PPO on the same data differs: seg 1 token 0 (r = 1.5) is clipped there.
     ppo = masked_ppo_loss(logp, old, adv, w, impl=impl)
-    np.testing.assert_allclose(ppo.pg, -1.2 - 0.5 + 4.0 - 2.4, rtol=1e-5)
-    assert abs(float(ppo.pg) - float(sums.pg)) > 0.03
+    np.testing.assert_allclose(ppo.pg_loss, -1.2 - 0.5 + 4.0 - 2.4, rtol=1e-5)
+    assert abs(float(ppo.pg_loss) - float(sums.pg_loss)) > 0.03
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -316,7 +316,7 @@ def test_gspo_token_form_keeps_each_tokens_own_advantage(impl):
     (_, sums), grad = _loss_and_grad(impl, logp, adv, w, sequence_ratio=True,
                                      segment_ids=seg)(logp)
     np.testing.assert_allclose(grad, [-0.25, -0.25, 0.25, 0.25], atol=1e-7)
-    np.testing.assert_allclose(sums.pg, 0.0, atol=1e-7)
+    np.testing.assert_allclose(sums.pg_loss, 0.0, atol=1e-7)
     np.testing.assert_allclose(sums.ratio, 4.0, rtol=1e-6)
 
 
@@ -329,8 +329,8 @@ def test_gspo_token_form_clips_per_token():
     (_, sums), grad = _loss_and_grad("reference", old, adv, w, sequence_ratio=True,
                                      segment_ids=seg)(logp)
     np.testing.assert_allclose(grad, [0.0, 1.5], rtol=1e-6)
-    np.testing.assert_allclose(sums.pg, -1.2 + 1.5, rtol=1e-6)
-    assert (float(sums.clipped_high), float(sums.clipped_low)) == (1.0, 0.0)
+    np.testing.assert_allclose(sums.pg_loss, -1.2 + 1.5, rtol=1e-6)
+    assert (float(sums.clipfrac_high), float(sums.clipfrac_low)) == (1.0, 0.0)
 
 
 def test_gspo_single_token_samples_equal_ppo():
@@ -385,7 +385,7 @@ def test_cispo_takes_its_own_bounds_without_a_lower_one(impl):
     (_, sums), grad = _loss_and_grad(impl, old, adv, w, surrogate="weight", clip_low=1.0,
                                      clip_high=5.0)(logp)
     np.testing.assert_allclose(grad, [-0.1, -0.5, -4.0, -6.0], rtol=1e-5)
-    assert (float(sums.clipped_low), float(sums.clipped_high)) == (0.0, 1.0)
+    assert (float(sums.clipfrac_low), float(sums.clipfrac_high)) == (0.0, 1.0)
     with pytest.raises(ValueError, match="0 < clip_low < 1"):
         masked_ppo_loss(logp, old, adv, w, clip_low=1.0)  # still PPO's rule for ppo
 
