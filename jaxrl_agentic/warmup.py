@@ -130,7 +130,8 @@ def format_warmup(base_model_dir: str, c, out_dir: str, *, log=print) -> dict[st
     from jaxrl_agentic.parallel import make_mesh
     from jaxrl_agentic.rollout.conversation import ChatFormatter
     from jaxrl_agentic.rollout.groups import EpisodeSpec
-    from jaxrl_agentic.rollout.loop import GenerationConfig, RolloutRunner
+    from jaxrl_agentic.rollout.loop import RolloutRunner
+    from jaxrl_agentic.rollout.turns import GenerationConfig
 
     model, tokenizer = load_pretrained(base_model_dir,
                                        untie_word_embeddings=c.untie_word_embeddings)
@@ -211,8 +212,8 @@ def _python_warmup_runner(c, i: int, tag: str, spec, env_config: dict, formatter
     through the real `PythonRolloutRunner` (same token streams as in RL)."""
     from jaxrl_agentic.config import ConfigError
     from jaxrl_agentic.envs.python_env import make_python_env
-    from jaxrl_agentic.rollout.loop import GenerationConfig
     from jaxrl_agentic.rollout.python_runner import PythonRolloutRunner
+    from jaxrl_agentic.rollout.turns import GenerationConfig
 
     policies = _text_policies()
     if spec.env_type not in policies:

@@ -24,7 +24,7 @@ A slot is a row of one sampler session (its KV cache); `slots` of them (0: one p
 episode) serve all episodes in plan order. Prefix reuse, the length check on the current
 prompt, the EOS a reply is closed with and exact logprobs are those of lockstep, and so are
 the tokens: a reply's noise is keyed by (sample seed, turn, episode id) only
-(`loop.turn_seed`, `slot_decoder`), so for the same seeds both schedules produce the same
+(`turns.turn_seed`, `slot_decoder`), so for the same seeds both schedules produce the same
 trajectories token for token, whatever the slot count or chunk size.
 
 The slots' KV cache is allocated for `max_total_len` at the start, as a serving engine's
@@ -38,7 +38,7 @@ from __future__ import annotations
 import collections
 
 from jaxrl_agentic.data.trajectory import Trajectory
-from jaxrl_agentic.rollout.loop import (
+from jaxrl_agentic.rollout.turns import (
     GenerationConfig,
     append_prompt,
     close_reply,

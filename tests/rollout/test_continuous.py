@@ -8,8 +8,9 @@ import threading
 import pytest
 
 from jaxrl_agentic.envs.python_env import PyStep, PythonTextEnv, make_python_env, text_state_hash
-from jaxrl_agentic.rollout.loop import GenerationConfig, RolloutRunner
+from jaxrl_agentic.rollout.loop import RolloutRunner
 from jaxrl_agentic.rollout.python_runner import PythonRolloutRunner
+from jaxrl_agentic.rollout.turns import GenerationConfig
 from tests.rollout.test_python_runner import (  # noqa: F401 (the fixture)
     ENV,
     MAX_NEW,
