@@ -23,7 +23,6 @@ import random
 import re
 from typing import Any
 
-from jaxrl_agentic.envs.python_env import register_python_env
 from jaxrl_agentic.envs.tools import CALL_CLOSE, CALL_OPEN, Tool, ToolEnv, tool_responses
 
 MAX_SEARCH_RESULTS = 5
@@ -201,5 +200,3 @@ def lookup_factory(*, num_people: int = 12, num_cities: int = 5, format_penalty:
 
     return factory
 
-
-register_python_env("lookup", lookup_factory)
