@@ -57,7 +57,7 @@ from flax import nnx
 from jaxrl_agentic import timing
 from jaxrl_agentic.models.transformer import KVCache, Transformer
 from jaxrl_agentic.parallel import kv_cache_sharding, rows_sharding
-from pallas_kernels._same_bits import compiler_options
+from pallas_kernels import compiler_options
 
 STOP_REASONS = ("none", "eos", "stop", "length")
 _EOS, _STOP, _LENGTH = 1, 2, 3
