@@ -233,13 +233,13 @@ def _python_warmup_runner(c, i: int, tag: str, spec, env_config: dict, formatter
 
 def warmed_model_dir(base_model_dir: str, c, *, log=None) -> str:
     """The cached format-warmed model for `c` (built on first use)."""
-    from jaxrl_agentic.models.tiny import _file_lock, cache_dir
+    from jaxrl_agentic.models.tiny import cache_dir, file_lock
 
     log = log or (lambda msg: print(msg, file=sys.stderr))
     out = os.path.join(cache_dir(), "warmup", warmup_cache_key(base_model_dir, c))
     if os.path.exists(os.path.join(out, "model.safetensors")):
         return out
-    with _file_lock(out + ".lock"):
+    with file_lock(out + ".lock"):
         if not os.path.exists(os.path.join(out, "model.safetensors")):
             log(f"[jaxrl_agentic] format warm-up ({c.format_warmup.steps} steps) → {out}")
             format_warmup(base_model_dir, c, out, log=log)
