@@ -27,7 +27,7 @@ import sys
 
 import numpy as np
 
-from jaxrl_agentic.sampler import GenerationResult
+from jaxrl_agentic.sampling import GenerationResult
 
 
 class ScriptedSampler:

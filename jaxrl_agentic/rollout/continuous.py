@@ -45,8 +45,7 @@ from jaxrl_agentic.rollout.turns import (
     record_turn,
     turn_seed,
 )
-from jaxrl_agentic.sampler import Sampler
-from jaxrl_agentic.slot_decoder import SlotDecoder
+from jaxrl_agentic.sampling import Sampler, SlotDecoder
 
 # How long the loop waits for a chunk before it looks for environment answers again, while a
 # block has no live row (all its episodes wait for their environment).

@@ -51,7 +51,7 @@ from jaxrl_agentic.rollout.turns import (
     set_episode_metrics,
     turn_seed,
 )
-from jaxrl_agentic.sampler import Sampler
+from jaxrl_agentic.sampling import Sampler, SamplerSession
 
 
 class RolloutRunner:
@@ -230,9 +230,9 @@ def play(batching: str, envs, trajs: list[Trajectory], pending: dict[int, list[i
                    **common)
 
 
-def play_turns(envs, trajs: list[Trajectory], pending: dict[int, list[int]], session,
-               formatter, gen: GenerationConfig, *, sample_seed: int, max_turns: int,
-               max_input_length: int, params) -> None:
+def play_turns(envs, trajs: list[Trajectory], pending: dict[int, list[int]],
+               session: SamplerSession, formatter, gen: GenerationConfig, *, sample_seed: int,
+               max_turns: int, max_input_length: int, params) -> None:
     """Turn lockstep: per turn, one sampler call for every running episode, then every
     environment steps and the next turn waits for all of them."""
     active = np.zeros(len(trajs), bool)

@@ -58,7 +58,7 @@ from jaxrl_agentic.rollout.turns import (
     new_trajectories,
     set_episode_metrics,
 )
-from jaxrl_agentic.sampler import Sampler
+from jaxrl_agentic.sampling import Sampler
 
 _TIMED_OUT = object()
 

@@ -21,6 +21,7 @@ from jaxrl_agentic import timing
 from jaxrl_agentic.data.trajectory import Trajectory, Turn
 from jaxrl_agentic.envs import episode_metrics
 from jaxrl_agentic.rollout.groups import EpisodeSpec
+from jaxrl_agentic.sampling import SamplerSession
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,8 +102,9 @@ class Reply(NamedTuple):
                     reply=self.reply, **env_fields)
 
 
-def append_prompts(trajs: list[Trajectory], session, pending: dict[int, list[int]],
-                   active: np.ndarray, max_input_length: int) -> list[int]:
+def append_prompts(trajs: list[Trajectory], session: SamplerSession,
+                   pending: dict[int, list[int]], active: np.ndarray,
+                   max_input_length: int) -> list[int]:
     """`append_prompt` for each active episode (session row = episode index); those whose
     prompt would not fit are no longer active. → rows that go on."""
     rows = []
@@ -114,7 +116,7 @@ def append_prompts(trajs: list[Trajectory], session, pending: dict[int, list[int
     return rows
 
 
-def append_prompt(traj: Trajectory, session, row: int, ids: list[int],
+def append_prompt(traj: Trajectory, session: SamplerSession, row: int, ids: list[int],
                   max_input_length: int) -> bool:
     """Appends an episode's next user message to its stream and to session row `row`, or
     ends it (truncated by length) when the prompt would not fit. → whether it goes on.
@@ -128,8 +130,8 @@ def append_prompt(traj: Trajectory, session, row: int, ids: list[int],
     return True
 
 
-def generate_replies(session, rows: list[int], trajs: list[Trajectory], formatter,
-                     gen: GenerationConfig, *, params, seed: int) -> dict[int, Reply]:
+def generate_replies(session: SamplerSession, rows: list[int], trajs: list[Trajectory],
+                     formatter, gen: GenerationConfig, *, params, seed: int) -> dict[int, Reply]:
     """One batched generation for `rows`; each reply is appended to its stream, and one that
     stopped without EOS is closed with an EOS the model did not generate (loss mask 0)."""
     out = session.generate(
@@ -151,8 +153,8 @@ def generate_replies(session, rows: list[int], trajs: list[Trajectory], formatte
                                                   out.stop_reasons, strict=True)}
 
 
-def close_reply(session, row: int, traj: Trajectory, ids: list[int], logprobs: np.ndarray,
-                reason: str, formatter) -> Reply:
+def close_reply(session: SamplerSession, row: int, traj: Trajectory, ids: list[int],
+                logprobs: np.ndarray, reason: str, formatter) -> Reply:
     """Appends a generated reply to its episode's stream (the session holds it already);
     one that stopped without EOS is closed with an EOS the model did not generate."""
     context_len = len(traj.tokens)

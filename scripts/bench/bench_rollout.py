@@ -62,7 +62,7 @@ from jaxrl_agentic.rollout.conversation import ChatFormatter  # noqa: E402
 from jaxrl_agentic.rollout.groups import EnvManagerConfig, plan_episodes  # noqa: E402
 from jaxrl_agentic.rollout.python_runner import PythonRolloutRunner  # noqa: E402
 from jaxrl_agentic.rollout.turns import GenerationConfig  # noqa: E402
-from jaxrl_agentic.sampler import Sampler  # noqa: E402
+from jaxrl_agentic.sampling import Sampler  # noqa: E402
 
 
 class LatencyEnv(PythonTextEnv):

@@ -47,7 +47,7 @@ def with_row_blocks(setup, blocks: int):  # noqa: F811
     its own thread, `SlotDecoder.launch`) from 2 rows a block."""
     from flax import nnx
 
-    from jaxrl_agentic.sampler import Sampler
+    from jaxrl_agentic.sampling import Sampler
 
     env, params, sampler, formatter, max_input_length = setup
     split = Sampler(nnx.merge(sampler.graphdef, sampler.params), sampler.tokenizer,
@@ -126,7 +126,7 @@ def test_without_precompile_the_same_trajectories_compile_on_first_use(setup, ge
     precompiled sampler."""
     from flax import nnx
 
-    from jaxrl_agentic.sampler import Sampler
+    from jaxrl_agentic.sampling import Sampler
 
     env, params, sampler, formatter, max_input_length = setup
     lazy = Sampler(nnx.merge(sampler.graphdef, sampler.params), sampler.tokenizer,

@@ -14,7 +14,7 @@ from jaxrl_agentic.rollout.conversation import ChatFormatter
 from jaxrl_agentic.rollout.groups import EnvManagerConfig, plan_episodes
 from jaxrl_agentic.rollout.loop import RolloutRunner
 from jaxrl_agentic.rollout.turns import GenerationConfig
-from jaxrl_agentic.sampler import Sampler
+from jaxrl_agentic.sampling import Sampler
 
 MAX_NEW = 8
 

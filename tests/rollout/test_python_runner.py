@@ -16,7 +16,7 @@ from jaxrl_agentic.rollout.groups import EnvManagerConfig, EpisodeSpec, plan_epi
 from jaxrl_agentic.rollout.loop import RolloutRunner
 from jaxrl_agentic.rollout.python_runner import PythonRolloutRunner
 from jaxrl_agentic.rollout.turns import GenerationConfig
-from jaxrl_agentic.sampler import Sampler
+from jaxrl_agentic.sampling import Sampler
 
 MAX_NEW = 8
 ENV = "frozen_lake_slippery"  # slippery: the per-member dynamics noise matters
