@@ -19,6 +19,7 @@ from jaxrl_agentic.algos.estimators import REWARD_NORM_BY, estimator_names, vali
 from jaxrl_agentic.algos.schedules import LR_SCHEDULER_TYPES
 from jaxrl_agentic.data.samples import SAMPLE_MODES
 from jaxrl_agentic.models.config import DTYPES
+from jaxrl_agentic.rollout.batching import ROLLOUT_BATCHING
 
 
 class ConfigError(ValueError):
@@ -26,10 +27,6 @@ class ConfigError(ValueError):
 
 
 ENV_BACKENDS = ("jax", "python")
-# The rollout's schedules (rollout/loop.py, rollout/continuous.py). Defined here, not
-# imported from there: importing the rollout initialises JAX's backend, and the config is
-# read before jax.distributed.initialize.
-ROLLOUT_BATCHING = ("turn", "continuous")
 
 
 def env_spec(env_type: str, max_turns: int = 10, max_tokens_per_step: int = 64,
@@ -443,15 +440,6 @@ def validate_filters(c) -> None:
     if not isinstance(c.loss_norm_length, int) or c.loss_norm_length < 0:
         _fail("loss_norm_length", f"must be an integer >= 0 (0 = the generation budget), got "
               f"{c.loss_norm_length!r}")
-
-
-def generation_budget(c, sample_mode: str | None = None) -> int:
-    """Most tokens a sample can generate: the largest ``max_tokens_per_step`` over the
-    envs, times their ``max_turns`` when a sample is the whole trajectory (``sample_mode``,
-    default the run's)."""
-    whole_episode = (sample_mode or c.sample_mode) == "trajectory"
-    return max(spec.max_tokens_per_step * (spec.max_turns if whole_episode else 1)
-               for spec in c.custom_envs.values())
 
 
 def validate_distributed(c) -> None:

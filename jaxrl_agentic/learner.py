@@ -74,8 +74,12 @@ from jaxrl_agentic.update import (
     mean_over_applied,
     per_sample_outputs,
 )
-from pallas_kernels import OUT_OF_SUPPORT_LOGPROB, restricted_token_logprobs, token_logprobs
-from pallas_kernels._same_bits import compiler_options
+from pallas_kernels import (
+    OUT_OF_SUPPORT_LOGPROB,
+    compiler_options,
+    restricted_token_logprobs,
+    token_logprobs,
+)
 from pallas_kernels.segment_attention import IMPLS as ATTENTION_IMPLS
 
 _F32 = jnp.float32

@@ -34,10 +34,11 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-# Batch rows over ("data", "fsdp"): the kernels' per-device split reads the same names.
-from pallas_kernels._per_shard import BATCH_AXES, HEAD_AXIS
+# The mesh convention is this module's; its names are defined with the kernels, which split
+# their operands by them and import only jax (rows over BATCH_AXES, heads over HEAD_AXIS).
+from pallas_kernels.mesh_axes import BATCH_AXES, HEAD_AXIS
 
-MESH_AXES = ("data", "fsdp", HEAD_AXIS)
+MESH_AXES = (*BATCH_AXES, HEAD_AXIS)
 STACKED_LAYERS = "layers"  # the module whose weights carry a leading layer axis
 
 # (module name, parameter name) → mesh axis of each dimension. Kernels are [in, out]

@@ -59,7 +59,7 @@ from jaxrl_agentic.rollout.groups import plan_episodes
 from jaxrl_agentic.rollout.loop import RolloutRunner
 from jaxrl_agentic.rollout.producer import RolloutProducer
 from jaxrl_agentic.rollout.python_runner import PythonRolloutRunner
-from jaxrl_agentic.sampler import Sampler
+from jaxrl_agentic.sampling import Sampler
 
 
 def _mean(values) -> float:

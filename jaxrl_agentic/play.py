@@ -74,7 +74,7 @@ def model_policy(model_dir: str, stdout: TextIO, *, max_new_tokens: int = 64,
     from jaxrl_agentic.models import load_pretrained
     from jaxrl_agentic.models.tiny import default_tiny_model_dir
     from jaxrl_agentic.rollout.conversation import ChatFormatter
-    from jaxrl_agentic.sampler import Sampler
+    from jaxrl_agentic.sampling import Sampler
 
     model, tokenizer = load_pretrained(default_tiny_model_dir() if model_dir == "tiny"
                                        else model_dir)

@@ -17,8 +17,8 @@ returns its argument without waiting, so asynchronous dispatch is untouched.
 
 **Span names** (``scripts/bench/bench_pipeline.py`` reports them as its buckets):
 
-    rollout/prefill   sampler.Session._prefill
-    rollout/decode    sampler.Session.generate, less its prefill
+    rollout/prefill   sampling.Session.prefill
+    rollout/decode    sampling.Session.generate, less its prefill
     rollout/env       env reset/step/select and their host copies, first/feedback messages,
                       parse_action, state_hash, episode_metrics (rollout/loop.py); the
                       thread-pool env calls (rollout/python_runner.py)

@@ -9,12 +9,20 @@ typed configs' defaults equal ``config.default_config()``'s (a test holds them t
 from __future__ import annotations
 
 from jaxrl_agentic.algos.estimators import get_advantage_estimator
-from jaxrl_agentic.config import generation_budget
 from jaxrl_agentic.critic import CriticConfig
 from jaxrl_agentic.data import PackingConfig
 from jaxrl_agentic.learner import LearnerConfig
 from jaxrl_agentic.rollout.groups import EnvManagerConfig
-from jaxrl_agentic.rollout.loop import GenerationConfig
+from jaxrl_agentic.rollout.turns import GenerationConfig
+
+
+def generation_budget(c, sample_mode: str | None = None) -> int:
+    """Most tokens a sample can generate: the largest ``max_tokens_per_step`` over the
+    envs, times their ``max_turns`` when a sample is the whole trajectory (``sample_mode``,
+    default the run's)."""
+    whole_episode = (sample_mode or c.sample_mode) == "trajectory"
+    return max(spec.max_tokens_per_step * (spec.max_turns if whole_episode else 1)
+               for spec in c.custom_envs.values())
 
 
 def loss_slots(c) -> int:

@@ -61,7 +61,7 @@ from jaxrl_agentic.parallel import (
     stacked_layer_dims,
     to_host,
 )
-from pallas_kernels._per_shard import use_mesh_for_kernels
+from pallas_kernels import use_mesh_for_kernels
 
 _F32 = jnp.float32
 # Batch arrays whose last axis is not the row's positions (never cut by a prefix).

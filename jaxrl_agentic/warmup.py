@@ -28,7 +28,7 @@ import sys
 
 import numpy as np
 
-from jaxrl_agentic.sampler import GenerationResult
+from jaxrl_agentic.sampling import GenerationResult
 
 
 class ScriptedSampler:
@@ -131,7 +131,8 @@ def format_warmup(base_model_dir: str, c, out_dir: str, *, log=print) -> dict[st
     from jaxrl_agentic.parallel import make_mesh
     from jaxrl_agentic.rollout.conversation import ChatFormatter
     from jaxrl_agentic.rollout.groups import EpisodeSpec
-    from jaxrl_agentic.rollout.loop import GenerationConfig, RolloutRunner
+    from jaxrl_agentic.rollout.loop import RolloutRunner
+    from jaxrl_agentic.rollout.turns import GenerationConfig
 
     model, tokenizer = load_pretrained(base_model_dir,
                                        untie_word_embeddings=c.untie_word_embeddings)
@@ -212,8 +213,8 @@ def _python_warmup_runner(c, i: int, tag: str, spec, env_config: dict, formatter
     through the real `PythonRolloutRunner` (same token streams as in RL)."""
     from jaxrl_agentic.config import ConfigError
     from jaxrl_agentic.envs.python_env import make_python_env
-    from jaxrl_agentic.rollout.loop import GenerationConfig
     from jaxrl_agentic.rollout.python_runner import PythonRolloutRunner
+    from jaxrl_agentic.rollout.turns import GenerationConfig
 
     policies = _text_policies()
     if spec.env_type not in policies:
@@ -235,13 +236,13 @@ def _python_warmup_runner(c, i: int, tag: str, spec, env_config: dict, formatter
 
 def warmed_model_dir(base_model_dir: str, c, *, log=None) -> str:
     """The cached format-warmed model for `c` (built on first use)."""
-    from jaxrl_agentic.models.tiny import _file_lock, cache_dir
+    from jaxrl_agentic.models.tiny import cache_dir, file_lock
 
     log = log or (lambda msg: print(msg, file=sys.stderr))
     out = os.path.join(cache_dir(), "warmup", warmup_cache_key(base_model_dir, c))
     if os.path.exists(os.path.join(out, "model.safetensors")):
         return out
-    with _file_lock(out + ".lock"):
+    with file_lock(out + ".lock"):
         if not os.path.exists(os.path.join(out, "model.safetensors")):
             log(f"[jaxrl_agentic] format warm-up ({c.format_warmup.steps} steps) → {out}")
             format_warmup(base_model_dir, c, out, log=log)

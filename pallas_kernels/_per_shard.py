@@ -7,8 +7,8 @@ replicated operands, so every device would compute every row. The learner traces
 under ``jax.set_mesh(mesh)``; when that mesh spans more than one device, the kernel
 wrappers call the kernel through :func:`per_shard`, with every mesh axis manual, as
 Mosaic requires. Their operands are laid out by the learner's mesh convention
-(``jaxrl_agentic.parallel``): rows (or tokens) over ``BATCH_AXES``, attention heads over
-``HEAD_AXIS``. Without a mesh, or on one device, the kernel is called as it is.
+(``mesh_axes``, owned by ``jaxrl_agentic.parallel``): rows (or tokens) over ``BATCH_AXES``,
+attention heads over ``HEAD_AXIS``. Without a mesh, or on one device, the kernel is called as it is.
 
 Every kernel using this maps rows to rows (attention, per-token logprobs) or returns
 per-shard partial sums that the caller adds up outside (the PPO loss): no collective inside,
@@ -22,8 +22,7 @@ import math
 import jax
 from jax.sharding import PartitionSpec as P
 
-BATCH_AXES = ("data", "fsdp")
-HEAD_AXIS = "tensor"
+from pallas_kernels.mesh_axes import BATCH_AXES, HEAD_AXIS
 
 
 def use_mesh_for_kernels(mesh):
@@ -77,5 +76,5 @@ def per_shard(fn, specs):
                          check_vma=False)
 
 
-__all__ = ["BATCH_AXES", "HEAD_AXIS", "P", "axis_size", "batch_spec", "head_spec",
-           "kernel_mesh", "per_shard", "use_mesh_for_kernels"]
+__all__ = ["P", "axis_size", "batch_spec", "head_spec", "kernel_mesh", "per_shard",
+           "use_mesh_for_kernels"]

@@ -1,7 +1,7 @@
 """Token logprobs under the sampler's top-k / top-p support restriction.
 
 A top-k / top-p sampler draws from the tempered distribution renormalised over a kept set
-``K`` (``jaxrl_agentic.sampler._filter_logits``), so the behaviour probability of a drawn
+``K`` (``jaxrl_agentic.sampling.draws.filter_logits``), so the behaviour probability of a drawn
 token is
 
     q(y) = p(y) / Σ_{v ∈ K} p(v),      log q(y) = z_y − logsumexp_{v ∈ K} z_v,   z = logits / T
@@ -48,7 +48,7 @@ _TILE_BYTES = 16 * 2**20
 def support_mask(z: jax.Array, top_k: int = 0, top_p: float = 1.0) -> jax.Array:
     """Bool ``[n, V]``: the tokens the sampler may draw from tempered logits ``z [n, V]``.
 
-    The same computation as ``jaxrl_agentic.sampler._filter_logits`` (there as −inf masking);
+    The same computation as ``jaxrl_agentic.sampling.draws.filter_logits`` (there as −inf masking);
     ``top_k = 0`` means no top-k, ``top_p = 1`` no top-p.
     """
     vocab = z.shape[-1]

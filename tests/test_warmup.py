@@ -8,7 +8,8 @@ from jaxrl_agentic.envs import make
 from jaxrl_agentic.models import load_pretrained
 from jaxrl_agentic.rollout.conversation import ChatFormatter
 from jaxrl_agentic.rollout.groups import EpisodeSpec
-from jaxrl_agentic.rollout.loop import GenerationConfig, RolloutRunner
+from jaxrl_agentic.rollout.loop import RolloutRunner
+from jaxrl_agentic.rollout.turns import GenerationConfig
 
 
 def small_config(steps: int):

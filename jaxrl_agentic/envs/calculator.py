@@ -27,7 +27,6 @@ import re
 from fractions import Fraction
 from typing import Any
 
-from jaxrl_agentic.envs.python_env import register_python_env
 from jaxrl_agentic.envs.tools import Tool, ToolEnv, format_tool_call, tool_responses
 
 MAX_EXPRESSION_CHARS = 200
@@ -309,5 +308,3 @@ def calculator_factory(*, operations: int = 0, format_penalty: float = 0.1,
 
     return factory
 
-
-register_python_env("calculator", calculator_factory)

@@ -23,7 +23,6 @@ import random
 import re
 from typing import Any
 
-from jaxrl_agentic.envs.python_env import register_python_env
 from jaxrl_agentic.envs.tools import Tool, ToolEnv, format_tool_call, tool_responses
 
 MAX_SEARCH_RESULTS = 5
@@ -203,5 +202,3 @@ def lookup_factory(*, num_people: int = 12, num_cities: int = 5, format_penalty:
 
     return factory
 
-
-register_python_env("lookup", lookup_factory)

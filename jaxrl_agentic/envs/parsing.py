@@ -12,8 +12,9 @@ One parser for every environment. Rules:
 import re
 from typing import Any
 
+# The answer tag of every environment (tool environments read their final answer with it).
 # ASCII: under Unicode case folding the Kelvin sign would pass for a "k", and so on.
-_ANSWER = re.compile(
+ANSWER_TAG = re.compile(
     r"<answer>((?:(?!<answer>).)*?)</answer>", re.IGNORECASE | re.ASCII | re.DOTALL
 )
 # Action names are short; longer contents cannot match and need no normalising.
@@ -26,7 +27,7 @@ def parse_action(reply: Any, action_names: tuple[str, ...]) -> int | None:
         reply = bytes(reply).decode("utf-8", errors="replace")
     if not isinstance(reply, str):
         return None
-    answers = _ANSWER.findall(reply)
+    answers = ANSWER_TAG.findall(reply)
     if not answers or len(answers[-1]) > _MAX_CONTENT_CHARS:
         return None
     content = answers[-1].strip().casefold()

@@ -33,7 +33,9 @@ against each other; `step_delay_s` / `hang_on_step` stand in for a slow / hung t
 
 Registry: `make_python_env(name, **config)` returns a factory `(spec, run_seed) -> env`.
 Every JAX environment name (`jaxrl_agentic.envs.make`'s, `gymnax:<id>` included) works through
-the adapter, with config = `step_delay_s`, `hang_on_step` and the environment's own params.
+the adapter, with config = `step_delay_s`, `hang_on_step` and the environment's own params. The tool
+environments `calculator` and `lookup` build on this module and are registered by the
+package (`jaxrl_agentic/envs/__init__.py`), so they are there whatever module is imported.
 """
 
 from __future__ import annotations
@@ -225,21 +227,13 @@ def register_python_env(name: str, factory_builder: FactoryBuilder) -> None:
     _REGISTRY[name] = factory_builder
 
 
-def _register_builtin_tool_envs() -> None:
-    """The tool environments register themselves on import; they build on this module, so
-    they are imported on first use of the registry rather than at its import (a cycle)."""
-    from jaxrl_agentic.envs import calculator, lookup  # noqa: F401
-
-
 def registered_python_envs() -> list[str]:
     """Registered names, sorted (any JAX environment name works too, through the adapter)."""
-    _register_builtin_tool_envs()
     return sorted(_REGISTRY)
 
 
 def make_python_env(name: str, **config: Any) -> PythonEnvFactory:
     """The episode factory `(spec, run_seed) -> PythonTextEnv` for `name` with `config`."""
-    _register_builtin_tool_envs()
     if name in _REGISTRY:
         return _REGISTRY[name](**config)
     if name.startswith(GYMNAX_PREFIX) or name in registered_envs():

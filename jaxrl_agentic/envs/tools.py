@@ -41,7 +41,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from jaxrl_agentic.envs.base import INVALID_ACTION
-from jaxrl_agentic.envs.parsing import _ANSWER  # one answer-tag rule for every env
+from jaxrl_agentic.envs.parsing import ANSWER_TAG as _ANSWER  # one answer-tag rule for every env
 from jaxrl_agentic.envs.python_env import PyStep, PythonTextEnv, text_state_hash
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"

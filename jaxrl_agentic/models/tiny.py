@@ -172,7 +172,9 @@ def cache_dir() -> str:
 
 
 @contextlib.contextmanager
-def _file_lock(path: str):
+def file_lock(path: str):
+    """Holds an exclusive lock on the file `path` (across processes): callers that build the
+    same cached directory take turns, and the later ones find it built."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -187,7 +189,7 @@ def default_tiny_model_dir(seed: int = 0) -> str:
     out = os.path.join(cache_dir(), "models", f"tiny-{TINY_VERSION}-seed{seed}")
     if os.path.exists(os.path.join(out, "model.safetensors")):
         return out
-    with _file_lock(out + ".lock"):
+    with file_lock(out + ".lock"):
         if not os.path.exists(os.path.join(out, "model.safetensors")):
             print(f"[jaxrl_agentic] building the tiny default model in {out}", file=sys.stderr)
             build_tiny_model(out, seed=seed)

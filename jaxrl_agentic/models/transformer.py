@@ -40,8 +40,7 @@ from flax import nnx
 from jaxrl_agentic.models.config import ModelConfig
 from jaxrl_agentic.models.dense_grad import projection_dot_general
 from jaxrl_agentic.models.rope import apply_rope, rope_cos_sin, rope_frequencies
-from pallas_kernels import _online_softmax as online_softmax
-from pallas_kernels._same_bits import fixed_order_sum, keeps_same_bits
+from pallas_kernels import fixed_order_sum, keeps_same_bits, online_softmax
 from pallas_kernels.segment_attention import (
     BLOCK,
     resolve_attention_impl,

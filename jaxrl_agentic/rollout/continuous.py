@@ -23,7 +23,7 @@ A slot is a row of one sampler session (its KV cache); `slots` of them (0: one p
 episode) serve all episodes in plan order. Prefix reuse, the length check on the current
 prompt, the EOS a reply is closed with and exact logprobs are those of lockstep, and so are
 the tokens: a reply's noise is keyed by (sample seed, turn, episode id) only
-(`loop.turn_seed`, `slot_decoder`), so for the same seeds both schedules produce the same
+(`turns.turn_seed`, `slot_decoder`), so for the same seeds both schedules produce the same
 trajectories token for token, whatever the slot count or chunk size.
 
 The slots' KV cache is allocated for `max_total_len` at the start, as a serving engine's
@@ -37,15 +37,14 @@ from __future__ import annotations
 import collections
 
 from jaxrl_agentic.data.trajectory import Trajectory
-from jaxrl_agentic.rollout.loop import (
+from jaxrl_agentic.rollout.turns import (
     GenerationConfig,
     append_prompt,
     close_reply,
     record_turn,
     turn_seed,
 )
-from jaxrl_agentic.sampler import Sampler
-from jaxrl_agentic.slot_decoder import SlotDecoder
+from jaxrl_agentic.sampling import Sampler, SlotDecoder
 
 # How long the loop waits for a chunk before it looks for environment answers again, while a
 # block has no live row (all its episodes wait for their environment).

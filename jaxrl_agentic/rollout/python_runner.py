@@ -53,17 +53,17 @@ from jaxrl_agentic.data.trajectory import Trajectory
 from jaxrl_agentic.envs import INVALID_ACTION
 from jaxrl_agentic.envs.python_env import PyStep, PythonEnvFactory, PythonTextEnv
 from jaxrl_agentic.envs.tools import tool_episode_metrics
+from jaxrl_agentic.rollout.batching import check_batching
 from jaxrl_agentic.rollout.conversation import ChatFormatter
 from jaxrl_agentic.rollout.groups import EpisodeSpec
-from jaxrl_agentic.rollout.loop import (
+from jaxrl_agentic.rollout.loop import play
+from jaxrl_agentic.rollout.turns import (
     EnvOutcome,
     GenerationConfig,
-    check_batching,
     new_trajectories,
-    play,
     set_episode_metrics,
 )
-from jaxrl_agentic.sampler import Sampler
+from jaxrl_agentic.sampling import Sampler
 
 _TIMED_OUT = object()
 DEFAULT_STEP_TIMEOUT_S = 60.0  # generous for a tool call, yet a hung one ends its episode

@@ -28,7 +28,7 @@ def sampled_samples(model, prompts, new_tokens: int):
     """`Sample`s of each prompt and `new_tokens` tokens sampled from `model` (T = 1, no EOS),
     with the sampler's logprobs as `old_logprobs` and the reply as the loss tokens."""
     from jaxrl_agentic.data import Sample
-    from jaxrl_agentic.sampler import Sampler
+    from jaxrl_agentic.sampling import Sampler
 
     longest = max(len(p) for p in prompts)
     out = Sampler(model, max_total_len=longest + new_tokens + 32, eos_token_id=-1).generate(

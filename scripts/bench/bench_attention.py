@@ -63,9 +63,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, common.ROOT)
 
-from pallas_kernels._flash_attention_pallas import DKDV_GRIDS  # noqa: E402
-from pallas_kernels._shapes import round_up  # noqa: E402
-from pallas_kernels._softmax_math import matmul_precision  # noqa: E402
+from pallas_kernels import DKDV_GRIDS, matmul_precision  # noqa: E402
 from pallas_kernels.segment_attention import (  # noqa: E402
     BLOCK,
     attended_block_pairs,
@@ -185,7 +183,7 @@ def forward_diffs(impl, q, k, v, seg, ids, lengths, dense, padded, block=None):
     """Max |Δ| (float32) of the sparse path's forward output against the dense reference
     (if `dense`) and cuDNN on the padded batch (if `padded`, its q, k, v are given), over the
     real tokens: the timed paths compute the same function at this shape."""
-    width = round_up(max(lengths), BLOCK)
+    width = -(-max(lengths) // BLOCK) * BLOCK
     mask = np.arange(width)[None, :] < np.asarray(lengths)[:, None]
 
     def packed(impl):
@@ -236,7 +234,7 @@ def main():
                           (q, k, v))
     padded = None
     if args.device == "gpu":
-        width = round_up(max(lengths), BLOCK)
+        width = -(-max(lengths) // BLOCK) * BLOCK
         padded = tuple(jnp.asarray(padded_batch(x, ids, lengths, width)) for x in (q, k, v))
         padded_w = jnp.asarray(padded_batch(weights, ids, lengths, width))
         cases["cudnn_padded"] = (_timed(_cudnn_padded_loss(lengths, padded_w),

@@ -27,9 +27,9 @@ for them is split equally among the blocks' open spans (prefill or decode). Span
 in ``eval`` are charged to ``eval``.
 
     bucket              span(s) (``timing.span`` / ``timing.spanned``)
-    rollout/prefill     ``sampler.Session._prefill`` (tail gathering, cache growth, jitted
+    rollout/prefill     ``sampling.Session.prefill`` (tail gathering, cache growth, jitted
                         prefill; waits for the logits)
-    rollout/decode      ``sampler.Session.generate`` minus its prefill: the jitted
+    rollout/decode      ``sampling.Session.generate`` minus its prefill: the jitted
                         ``while_loop`` decode, fetching its outputs, the host bookkeeping
     rollout/env         ``rollout/loop.py``: the runner's jitted reset / step / row select
                         and the copies of their outputs to the host, ``first_message`` /

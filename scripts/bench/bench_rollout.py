@@ -62,9 +62,9 @@ from jaxrl_agentic.models import load_pretrained  # noqa: E402
 from jaxrl_agentic.models.tiny import default_tiny_model_dir  # noqa: E402
 from jaxrl_agentic.rollout.conversation import ChatFormatter  # noqa: E402
 from jaxrl_agentic.rollout.groups import EnvManagerConfig, plan_episodes  # noqa: E402
-from jaxrl_agentic.rollout.loop import GenerationConfig  # noqa: E402
 from jaxrl_agentic.rollout.python_runner import PythonRolloutRunner  # noqa: E402
-from jaxrl_agentic.sampler import Sampler  # noqa: E402
+from jaxrl_agentic.rollout.turns import GenerationConfig  # noqa: E402
+from jaxrl_agentic.sampling import Sampler  # noqa: E402
 
 
 class LatencyEnv(PythonTextEnv):

@@ -52,7 +52,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, common.ROOT)
 
 from jaxrl_agentic.models import load_pretrained  # noqa: E402
-from jaxrl_agentic.sampler import Sampler  # noqa: E402
+from jaxrl_agentic.sampling import Sampler  # noqa: E402
 
 _COMPILE_EVENTS = (
     "/jax/core/compile/jaxpr_trace_duration",

@@ -31,7 +31,7 @@ def _cudnn_cases():
     import numpy as np
 
     import tests.pallas_kernels.test_cudnn_attention as t
-    from pallas_kernels._cudnn_attention import cudnn_packed_attention
+    from pallas_kernels import cudnn_packed_attention
 
     results = {}
     for name, seg in (("cudnn_packed_rows", t.PACKED_ROWS),

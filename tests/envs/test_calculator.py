@@ -16,7 +16,7 @@ from jaxrl_agentic.envs.calculator import (
 )
 from jaxrl_agentic.envs.python_env import make_python_env, registered_python_envs
 from jaxrl_agentic.envs.tools import tool_response_text
-from jaxrl_agentic.rollout.loop import EpisodeSpec
+from jaxrl_agentic.rollout.groups import EpisodeSpec
 
 
 def play(env, policy, seed):

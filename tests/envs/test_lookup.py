@@ -7,7 +7,7 @@ import pytest
 from jaxrl_agentic.envs.lookup import LookupOracle, get_record, make_world, search_world
 from jaxrl_agentic.envs.python_env import make_python_env
 from jaxrl_agentic.envs.tools import CALL_CLOSE, CALL_OPEN
-from jaxrl_agentic.rollout.loop import EpisodeSpec
+from jaxrl_agentic.rollout.groups import EpisodeSpec
 from tests.envs.test_calculator import play
 
 

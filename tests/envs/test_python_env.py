@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from jaxrl_agentic.envs import INVALID_ACTION, make
+from jaxrl_agentic.envs.messages import feedback_message, first_message
 from jaxrl_agentic.envs.python_env import (
     JaxEnvAsPython,
     PyStep,
@@ -15,7 +16,6 @@ from jaxrl_agentic.envs.python_env import (
     text_state_hash,
 )
 from jaxrl_agentic.rollout.groups import EpisodeSpec
-from jaxrl_agentic.rollout.loop import feedback_message, first_message
 
 
 def test_adapter_plays_the_jax_env_with_the_rollout_keys():

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_agentic.sampler import _filter_logits
+from jaxrl_agentic.sampling.draws import filter_logits
 from pallas_kernels import token_logprobs
 from pallas_kernels.restricted_logprobs import (
     OUT_OF_SUPPORT_LOGPROB,
@@ -22,7 +22,7 @@ def test_support_is_the_samplers(top_k, top_p):
     rng = np.random.default_rng(top_k)
     # Rounded logits make ties, including at the k-th value and at the top-p threshold.
     z = jnp.asarray(np.round(rng.normal(size=(64, V)) * 2) / 2, jnp.float32)
-    sampler = _filter_logits(z, jnp.int32(top_k), jnp.float32(top_p)) > -jnp.inf
+    sampler = filter_logits(z, jnp.int32(top_k), jnp.float32(top_p)) > -jnp.inf
     np.testing.assert_array_equal(support_mask(z, top_k, top_p), sampler)
 
 
@@ -35,7 +35,7 @@ def _data(seed=0):
 
 def _sampler_distribution(h, w, top_k, top_p):
     z = jnp.dot(h, w, precision="highest") / T
-    filtered = _filter_logits(z, jnp.int32(top_k), jnp.float32(top_p))
+    filtered = filter_logits(z, jnp.int32(top_k), jnp.float32(top_p))
     return z, jax.nn.log_softmax(filtered, axis=-1)
 
 
@@ -72,7 +72,7 @@ def test_gradient_and_entropy_match_full_logits_autodiff():
     def direct(h, w):
         z = jnp.dot(h, w, precision="highest") / T
         keep = jax.lax.stop_gradient(
-            _filter_logits(jax.lax.stop_gradient(z), jnp.int32(top_k), jnp.float32(top_p))
+            filter_logits(jax.lax.stop_gradient(z), jnp.int32(top_k), jnp.float32(top_p))
             > -jnp.inf)
         lq = jax.nn.log_softmax(jnp.where(keep, z, -1e30), axis=-1)
         ent = -jnp.sum(jnp.where(keep, jnp.exp(lq) * lq, 0.0), axis=-1)

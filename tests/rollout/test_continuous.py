@@ -8,8 +8,9 @@ import threading
 import pytest
 
 from jaxrl_agentic.envs.python_env import PyStep, PythonTextEnv, make_python_env, text_state_hash
-from jaxrl_agentic.rollout.loop import GenerationConfig, RolloutRunner
+from jaxrl_agentic.rollout.loop import RolloutRunner
 from jaxrl_agentic.rollout.python_runner import PythonRolloutRunner
+from jaxrl_agentic.rollout.turns import GenerationConfig
 from tests.rollout.test_python_runner import (  # noqa: F401 (the fixture)
     ENV,
     MAX_NEW,
@@ -46,7 +47,7 @@ def with_row_blocks(setup, blocks: int):  # noqa: F811
     its own thread, `SlotDecoder.launch`) from 2 rows a block."""
     from flax import nnx
 
-    from jaxrl_agentic.sampler import Sampler
+    from jaxrl_agentic.sampling import Sampler
 
     env, params, sampler, formatter, max_input_length = setup
     split = Sampler(nnx.merge(sampler.graphdef, sampler.params), sampler.tokenizer,
@@ -125,7 +126,7 @@ def test_without_precompile_the_same_trajectories_compile_on_first_use(setup, ge
     precompiled sampler."""
     from flax import nnx
 
-    from jaxrl_agentic.sampler import Sampler
+    from jaxrl_agentic.sampling import Sampler
 
     env, params, sampler, formatter, max_input_length = setup
     lazy = Sampler(nnx.merge(sampler.graphdef, sampler.params), sampler.tokenizer,

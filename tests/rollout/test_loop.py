@@ -8,11 +8,13 @@ import pytest
 from jaxrl_agentic.data import pack_samples
 from jaxrl_agentic.data.samples import step_samples, trajectory_sample
 from jaxrl_agentic.envs import make
+from jaxrl_agentic.envs.messages import first_message
 from jaxrl_agentic.models import load_pretrained
 from jaxrl_agentic.rollout.conversation import ChatFormatter
 from jaxrl_agentic.rollout.groups import EnvManagerConfig, plan_episodes
-from jaxrl_agentic.rollout.loop import GenerationConfig, RolloutRunner, first_message
-from jaxrl_agentic.sampler import Sampler
+from jaxrl_agentic.rollout.loop import RolloutRunner
+from jaxrl_agentic.rollout.turns import GenerationConfig
+from jaxrl_agentic.sampling import Sampler
 
 MAX_NEW = 8
 

@@ -9,18 +9,15 @@ import numpy as np
 import pytest
 
 from jaxrl_agentic.envs import INVALID_ACTION, make
+from jaxrl_agentic.envs.messages import first_message
 from jaxrl_agentic.envs.python_env import PyStep, PythonTextEnv, make_python_env, text_state_hash
 from jaxrl_agentic.models import load_pretrained
 from jaxrl_agentic.rollout.conversation import ChatFormatter
-from jaxrl_agentic.rollout.groups import EnvManagerConfig, plan_episodes
-from jaxrl_agentic.rollout.loop import (
-    EpisodeSpec,
-    GenerationConfig,
-    RolloutRunner,
-    first_message,
-)
+from jaxrl_agentic.rollout.groups import EnvManagerConfig, EpisodeSpec, plan_episodes
+from jaxrl_agentic.rollout.loop import RolloutRunner
 from jaxrl_agentic.rollout.python_runner import DEFAULT_STEP_TIMEOUT_S, PythonRolloutRunner
-from jaxrl_agentic.sampler import Sampler
+from jaxrl_agentic.rollout.turns import GenerationConfig
+from jaxrl_agentic.sampling import Sampler
 
 MAX_NEW = 8
 ENV = "frozen_lake_slippery"  # slippery: the per-member dynamics noise matters

@@ -10,8 +10,9 @@ from jaxrl_agentic.envs.lookup import LookupOracle
 from jaxrl_agentic.envs.python_env import make_python_env
 from jaxrl_agentic.envs.tools import CALL_CLOSE, CALL_OPEN
 from jaxrl_agentic.rollout.conversation import ChatFormatter
-from jaxrl_agentic.rollout.loop import EpisodeSpec, GenerationConfig
+from jaxrl_agentic.rollout.groups import EpisodeSpec
 from jaxrl_agentic.rollout.python_runner import PythonRolloutRunner
+from jaxrl_agentic.rollout.turns import GenerationConfig
 from jaxrl_agentic.warmup import ScriptedSampler, text_policy_replies
 
 GARBLED = f"{CALL_OPEN}{{not json}}{CALL_CLOSE}"

@@ -51,20 +51,21 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_agentic import timing
-from jaxrl_agentic.sampler import (
-    _LENGTH,
-    STOP_REASONS,
-    Session,
-    ShardedSession,
-    _draw,
+from jaxrl_agentic.sampling.buckets import (
     compact_length,
     compact_rows,
     extent_index,
     next_power_of_two,
+)
+from jaxrl_agentic.sampling.draws import (
+    REASON_LENGTH,
+    STOP_REASONS,
+    draw_tokens,
     output_weight,
     row_uniforms,
     stop_ids_array,
 )
+from jaxrl_agentic.sampling.sessions import Session, ShardedSession
 
 
 @dataclasses.dataclass
@@ -120,12 +121,12 @@ class SlotDecoder:
         else:
             self._starts = [0, session.num_rows]
             self._blocks = [_BlockState(session)]
-        self._program = _chunk_program(self.sampler)
+        self._program = self.sampler.program("decode_chunk", _chunk_program)
         self._inflight: dict[int, concurrent.futures.Future] = {}  # block -> its chunk
 
     def _locate(self, row: int) -> tuple[_BlockState, int]:
         if isinstance(self._session, ShardedSession):
-            block, local = self._session._locate(row)
+            block, local = self._session.locate(row)
             return self._blocks[block], local
         if not 0 <= row < self._session.num_rows:
             raise IndexError(f"row {row} is not a slot of this decoder")
@@ -159,7 +160,7 @@ class SlotDecoder:
             if index in self._inflight or not (block.live.any() or block.to_prefill):
                 continue
             if len(self._blocks) > 1:
-                self._inflight[index] = self.sampler._submit(self._work, params, block)
+                self._inflight[index] = self.sampler.submit(self._work, params, block)
             else:  # nothing to run beside it: no thread hop
                 done = concurrent.futures.Future()
                 done.set_result(self._work(params, block))
@@ -213,7 +214,7 @@ class SlotDecoder:
         """Prefills the prompts of the rows `start`ed since the block's last chunk."""
         rows, block.to_prefill = block.to_prefill, []
         session = block.session
-        block.logits = session._prefill(rows, block.prefill_params, compact=True)
+        block.logits = session.prefill(rows, block.prefill_params, compact=True)
         # Fed tokens land below len(stream) + budget − 1 (the last one is not fed).
         session.reserve(max(int(block.pos[r] + block.budget[r]) for r in rows))
 
@@ -262,7 +263,7 @@ class SlotDecoder:
                     key = ("prefill", cap, batch, length, max_len)
                     if key not in sampler.warmed:
                         tokens = jnp.zeros((batch, length), jnp.int32)
-                        session.cache = sampler._prefill(
+                        session.cache = sampler.prefill_program(
                             params, session.cache, tokens, tokens, tokens.astype(bool),
                             jnp.full((batch,), cap, jnp.int32), jnp.int32(0),
                             extents=extents)[0]
@@ -302,7 +303,7 @@ class SlotDecoder:
             cache_rows[: len(live)] = live
             cache_rows, at = jnp.asarray(cache_rows), {int(r): i for i, r in enumerate(live)}
         else:
-            rows, cache_rows, at = session._rows, None, {int(r): int(r) for r in live}
+            rows, cache_rows, at = session.row_input, None, {int(r): int(r) for r in live}
         session.cache, *out = self._program(
             params, session.cache, block.logits, rows(block.fresh), rows(block.token),
             rows(block.pos), rows(block.live), rows(block.n_gen), rows(block.budget),
@@ -318,7 +319,7 @@ class SlotDecoder:
         width = self._width(len(live), session.capacity)
         out, at = self._run_chunk_program(params, block, live, width)
         toks, lps, steps, token, pos, n_gen, reasons = jax.device_get(out)
-        self.sampler._count(decode_steps=int(steps))
+        self.sampler.count(decode_steps=int(steps))
         finished = {}
         for r, i in at.items():
             drawn = int(n_gen[i] - block.n_gen[r])
@@ -333,22 +334,19 @@ class SlotDecoder:
             # Every generated token but the last was fed, so it is cached already.
             session.cached[r] += max(0, len(ids) - 1)
             session.streams[r].extend(ids)
-            finished[int(r)] = SlotReply(ids, np.concatenate(block.logprobs.pop(r)),
-                                         STOP_REASONS[max(int(reasons[i]), _LENGTH * (not ids))])
+            reason = STOP_REASONS[max(int(reasons[i]), REASON_LENGTH * (not ids))]
+            finished[int(r)] = SlotReply(ids, np.concatenate(block.logprobs.pop(r)), reason)
         return finished
 
 
 def _chunk_program(sampler):
-    """The jitted chunk step of `sampler` (one per sampler: its cache holds the programs)."""
-    program = sampler._decode_chunk
-    if program is None:
-        program = jax.jit(
-            functools.partial(_decode_chunk, sampler.graphdef, sampler.eos_token_id,
-                              logprob_under_filter=sampler.logprob_under_filter),
-            static_argnames=("chunk", "max_new_bucket", "extents"), donate_argnums=(1,),
-            compiler_options=sampler.compiler_options)
-        sampler._decode_chunk = program
-    return program
+    """The jitted chunk step of `sampler` (kept by `Sampler.program`, one per sampler: its
+    compile cache holds the shapes `precompile` compiled)."""
+    return jax.jit(
+        functools.partial(_decode_chunk, sampler.graphdef, sampler.eos_token_id,
+                          logprob_under_filter=sampler.logprob_under_filter),
+        static_argnames=("chunk", "max_new_bucket", "extents"), donate_argnums=(1,),
+        compiler_options=sampler.compiler_options)
 
 
 def _decode_chunk(graphdef, eos_id, params, cache, fresh_logits, fresh, token, pos, live, n_gen,
@@ -385,7 +383,7 @@ def _decode_chunk(graphdef, eos_id, params, cache, fresh_logits, fresh, token, p
         index = jnp.minimum(n_gen, max_new_bucket - 1)
         u = jnp.take_along_axis(uniforms, index[:, None, None], axis=1)[:, 0]
         drawing = ~done
-        new, logprob, n_gen, reason, finishing = _draw(
+        new, logprob, n_gen, reason, finishing = draw_tokens(
             logits, u, drawing, n_gen, budget, reason, eos_id, stop_ids, temperature, top_k,
             top_p, greedy, logprob_under_filter)
         toks = toks.at[:, step].set(jnp.where(drawing, new, 0))

@@ -6,9 +6,8 @@ import pytest
 from flax import nnx
 
 from jaxrl_agentic.models import Transformer
-from jaxrl_agentic.sampler import Sampler
-from jaxrl_agentic.slot_decoder import SlotDecoder
-from tests.test_sampler import CFG
+from jaxrl_agentic.sampling import Sampler, SlotDecoder
+from tests.sampling.test_jax_sampler import CFG
 
 EOS, STOPS, SEED = 5, [7, 8], 1234
 LENGTHS = (3, 11, 6, 20, 9, 14)
