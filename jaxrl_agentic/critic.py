@@ -45,7 +45,7 @@ from jax import lax
 from jaxrl_agentic.algos.losses import value_loss
 from jaxrl_agentic.data import Sample, updates_per_step
 from jaxrl_agentic.models.value import ValueModel, state_values
-from jaxrl_agentic.parallel import make_mesh, train_state_shardings
+from jaxrl_agentic.runtime.parallel import make_mesh, train_state_shardings
 from jaxrl_agentic.update import (
     EngineDriver,
     UpdateConfig,

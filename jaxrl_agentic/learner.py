@@ -57,7 +57,12 @@ from jaxrl_agentic.algos.policy_losses import get_policy_loss, policy_loss_names
 from jaxrl_agentic.algos.reductions import REDUCTIONS, loss_denominator, loss_weights
 from jaxrl_agentic.data import Sample, token_stats, trained_loss_mask, updates_per_step
 from jaxrl_agentic.models.transformer import REMAT_POLICIES, in_compute_dtype
-from jaxrl_agentic.parallel import make_mesh, place, stacked_layer_dims, train_state_shardings
+from jaxrl_agentic.runtime.parallel import (
+    make_mesh,
+    place,
+    stacked_layer_dims,
+    train_state_shardings,
+)
 from jaxrl_agentic.update import (
     EngineDriver,
     UpdateConfig,

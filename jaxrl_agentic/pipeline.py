@@ -20,8 +20,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 
-from jaxrl_agentic import memory_plan as plans
-from jaxrl_agentic import timing, typed_configs
+from jaxrl_agentic import typed_configs
 from jaxrl_agentic.algos import advantages as adv
 from jaxrl_agentic.algos import diagnostics, filters
 from jaxrl_agentic.algos.estimators import (
@@ -47,18 +46,20 @@ from jaxrl_agentic.envs.tools import tool_metrics
 from jaxrl_agentic.learner import Learner, comparable_masks
 from jaxrl_agentic.models import load_pretrained
 from jaxrl_agentic.models.hf_io import read_model_config
-from jaxrl_agentic.parallel import (
+from jaxrl_agentic.rollout.conversation import ChatFormatter
+from jaxrl_agentic.rollout.groups import plan_episodes
+from jaxrl_agentic.rollout.loop import RolloutRunner
+from jaxrl_agentic.rollout.producer import RolloutProducer
+from jaxrl_agentic.rollout.python_runner import PythonRolloutRunner
+from jaxrl_agentic.runtime import memory_plan as plans
+from jaxrl_agentic.runtime import timing
+from jaxrl_agentic.runtime.parallel import (
     SamplerPlacement,
     allgather_objects,
     make_mesh,
     param_partition_spec,
     process_share,
 )
-from jaxrl_agentic.rollout.conversation import ChatFormatter
-from jaxrl_agentic.rollout.groups import plan_episodes
-from jaxrl_agentic.rollout.loop import RolloutRunner
-from jaxrl_agentic.rollout.producer import RolloutProducer
-from jaxrl_agentic.rollout.python_runner import PythonRolloutRunner
 from jaxrl_agentic.sampling import Sampler
 
 

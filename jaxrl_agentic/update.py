@@ -51,7 +51,7 @@ from jaxrl_agentic.data import (
     spread_rows,
     updates_per_step,
 )
-from jaxrl_agentic.parallel import (
+from jaxrl_agentic.runtime.parallel import (
     batch_sharding,
     constrain_like_params,
     num_batch_shards,

@@ -30,7 +30,7 @@ _SCRIPT = textwrap.dedent(
     from jaxrl_agentic.learner import LOGPROB_BATCH_KEYS, Learner, LearnerConfig
     from jaxrl_agentic.models import load_pretrained
     from jaxrl_agentic.models.tiny import default_tiny_model_dir
-    from jaxrl_agentic.parallel import make_mesh
+    from jaxrl_agentic.runtime.parallel import make_mesh
     from jaxrl_agentic.update import pad_to_shards, put_batch
 
     assert len(jax.devices()) == 4, jax.devices()

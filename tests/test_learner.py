@@ -33,7 +33,7 @@ from jaxrl_agentic.learner import (
 )
 from jaxrl_agentic.models.config import ModelConfig
 from jaxrl_agentic.models.transformer import Transformer
-from jaxrl_agentic.parallel import make_mesh, stacked_layer_dims, train_state_shardings
+from jaxrl_agentic.runtime.parallel import make_mesh, stacked_layer_dims, train_state_shardings
 from tests.conftest import load_script
 
 MODEL_CFG = ModelConfig(

@@ -1,6 +1,6 @@
 """After warm-up, pipeline steps whose episodes change length compile nothing new.
 
-Compilations are counted with `jaxrl_agentic.compile_events.CompileEvents`, a
+Compilations are counted with `jaxrl_agentic.runtime.compile_events.CompileEvents`, a
 `jax.monitoring` listener on `/jax/core/compile/backend_compile_duration`. JAX records that
 event around `compile_or_get_cached` for every program missing from the process' in-memory
 executable cache, whether XLA then compiles it or the persistent compilation cache (enabled in
@@ -35,9 +35,9 @@ import numpy as np
 import pytest
 
 from jaxrl_agentic import train
-from jaxrl_agentic.compile_events import CompileEvents
 from jaxrl_agentic.envs import register, registered_envs
 from jaxrl_agentic.envs.frozen_lake import FrozenLake
+from jaxrl_agentic.runtime.compile_events import CompileEvents
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = "frozen_lake_any_reply"

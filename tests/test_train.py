@@ -149,7 +149,7 @@ def test_export_writes_a_model_transformers_loads(reference_run, tmp_path):
     import transformers
 
     from jaxrl_agentic import export
-    from jaxrl_agentic.run_loading import load_run_config, restore_pipeline
+    from jaxrl_agentic.runtime.run_loading import load_run_config, restore_pipeline
 
     out = str(tmp_path / "hf")
     ckpt = os.path.join(reference_run, "checkpoints", str(STEPS))
@@ -246,8 +246,8 @@ def test_three_nonfinite_steps_stop_the_run(tmp_path, capsys):
 def test_checkpointer_refuses_nonfinite_params(tmp_path):
     import jax.numpy as jnp
 
-    from jaxrl_agentic.checkpoint import Checkpointer, CheckpointError
     from jaxrl_agentic.learner import LearnerConfig, init_train_state
+    from jaxrl_agentic.runtime.checkpoint import Checkpointer, CheckpointError
 
     state = init_train_state({"w": jnp.array([1.0, jnp.nan])}, LearnerConfig())
     ckpt = Checkpointer(str(tmp_path / "ckpt"))
@@ -262,8 +262,8 @@ def test_a_checkpoint_of_per_layer_parameters_gets_a_one_line_error(tmp_path):
     per-layer dicts; restoring one into a stacked run names the mismatch in one line."""
     import jax.numpy as jnp
 
-    from jaxrl_agentic.checkpoint import Checkpointer, CheckpointError
     from jaxrl_agentic.learner import LearnerConfig, init_train_state
+    from jaxrl_agentic.runtime.checkpoint import Checkpointer, CheckpointError
 
     old = init_train_state({"layers": [{"w": jnp.ones(3)}, {"w": jnp.ones(3)}]},
                            LearnerConfig())

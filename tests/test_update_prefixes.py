@@ -19,7 +19,7 @@ from jaxrl_agentic.learner import (
     make_compute_logprobs,
     make_loss_and_grads,
 )
-from jaxrl_agentic.parallel import make_mesh, train_state_shardings
+from jaxrl_agentic.runtime.parallel import make_mesh, train_state_shardings
 from jaxrl_agentic.update import (
     computed_slots,
     on_shortest_prefix,

@@ -117,7 +117,7 @@ from flax import nnx  # noqa: E402
 
 sys.path.insert(0, common.ROOT)
 
-from jaxrl_agentic.parallel import use_cpu_devices  # noqa: E402
+from jaxrl_agentic.runtime.parallel import use_cpu_devices  # noqa: E402
 
 
 def _cpu_devices_flag() -> int:

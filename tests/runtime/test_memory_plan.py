@@ -11,15 +11,15 @@ from jax._src.ad_checkpoint import saved_residuals
 
 from jaxrl_agentic.data import Sample, pack_samples
 from jaxrl_agentic.learner import LearnerConfig, micro_batch_sums
-from jaxrl_agentic.memory_plan import (
+from jaxrl_agentic.models.config import ModelConfig
+from jaxrl_agentic.models.qwen_fixture import qwen25_config
+from jaxrl_agentic.models.transformer import Transformer
+from jaxrl_agentic.runtime.memory_plan import (
     GIB,
     check_memory_plan,
     layer_activation_bytes,
     memory_plan,
 )
-from jaxrl_agentic.models.config import ModelConfig
-from jaxrl_agentic.models.qwen_fixture import qwen25_config
-from jaxrl_agentic.models.transformer import Transformer
 
 
 def test_training_state_of_qwen2_5_0_5b_is_sixteen_bytes_a_parameter():
@@ -100,8 +100,8 @@ def test_over_budget_plans_say_what_to_change():
 
 def test_a_run_whose_state_cannot_fit_fails_before_loading_weights(monkeypatch, tmp_path):
     """The CLI's one-line error, before the model is read or warmed up."""
-    from jaxrl_agentic import memory_plan as plan_module
     from jaxrl_agentic import train
+    from jaxrl_agentic.runtime import memory_plan as plan_module
 
     monkeypatch.setattr(plan_module, "device_budget", lambda: 1024.0)
     assert train.main(["train", f"--config.output_dir={tmp_path}", "--config.max_steps=1"]) == 2
