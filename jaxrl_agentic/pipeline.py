@@ -37,13 +37,11 @@ from jaxrl_agentic.config import (
     manager_env_config,
     resolve_model_path,
 )
-from jaxrl_agentic.critic import Critic, gae_rollout_metrics
 from jaxrl_agentic.data import updates_per_step
 from jaxrl_agentic.data.samples import build_samples, trajectory_sample
 from jaxrl_agentic.envs import make
 from jaxrl_agentic.envs.python_env import make_python_env
 from jaxrl_agentic.envs.tools import tool_metrics
-from jaxrl_agentic.learner import Learner, comparable_masks
 from jaxrl_agentic.models import load_pretrained
 from jaxrl_agentic.models.hf_io import read_model_config
 from jaxrl_agentic.rollout.conversation import ChatFormatter
@@ -61,6 +59,9 @@ from jaxrl_agentic.runtime.parallel import (
     process_share,
 )
 from jaxrl_agentic.sampling import Sampler
+from jaxrl_agentic.training.critic import Critic, gae_rollout_metrics
+from jaxrl_agentic.training.learner import Learner
+from jaxrl_agentic.training.off_policy import comparable_masks
 
 
 def _mean(values) -> float:

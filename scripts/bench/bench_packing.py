@@ -82,7 +82,6 @@ from jaxrl_agentic.data import (  # noqa: E402
 from jaxrl_agentic.data.baseline_packing import dynamic_batches, pad_samples  # noqa: E402
 from jaxrl_agentic.data.samples import step_samples  # noqa: E402
 from jaxrl_agentic.envs import make  # noqa: E402
-from jaxrl_agentic.learner import Learner, LearnerConfig  # noqa: E402
 from jaxrl_agentic.models import load_pretrained, transformer  # noqa: E402
 from jaxrl_agentic.models.tiny import default_tiny_model_dir  # noqa: E402
 from jaxrl_agentic.rollout.conversation import ChatFormatter  # noqa: E402
@@ -91,7 +90,10 @@ from jaxrl_agentic.rollout.loop import RolloutRunner  # noqa: E402
 from jaxrl_agentic.rollout.turns import GenerationConfig  # noqa: E402
 from jaxrl_agentic.runtime.parallel import make_mesh, num_batch_shards  # noqa: E402
 from jaxrl_agentic.sampling import Sampler  # noqa: E402
-from jaxrl_agentic.update import computed_slots, pad_to_shards, put_batch  # noqa: E402
+from jaxrl_agentic.training.learner import Learner  # noqa: E402
+from jaxrl_agentic.training.learner_config import LearnerConfig  # noqa: E402
+from jaxrl_agentic.training.per_token import computed_slots  # noqa: E402
+from jaxrl_agentic.training.update import pad_to_shards, put_batch  # noqa: E402
 from pallas_kernels import segment_attention  # noqa: E402
 
 ENV = "frozen_lake"

@@ -100,8 +100,9 @@ _SCRIPT = textwrap.dedent(
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
     from flax import nnx
     from jaxrl_agentic.data import PackingConfig, Sample, pack_samples
-    from jaxrl_agentic.learner import (LearnerConfig, init_train_state, make_compute_logprobs,
-                                       make_train_step)
+    from jaxrl_agentic.training.learner import (init_train_state, make_compute_logprobs,
+                                                make_train_step)
+    from jaxrl_agentic.training.learner_config import LearnerConfig
     from jaxrl_agentic.models.config import ModelConfig
     from jaxrl_agentic.models.transformer import Transformer
     from jaxrl_agentic.runtime.parallel import make_mesh, train_state_shardings
@@ -174,7 +175,7 @@ _SCRIPT = textwrap.dedent(
     out["logprob_nonzero"] = int((lp_single != 0).sum())
     out["loss_tokens"] = int((np.asarray(batches[0]["loss_mask"]) > 0).sum())
     # The host loop on a (2, 4, 1) mesh: 5 short samples need 2 rows, padded to 8 shards.
-    from jaxrl_agentic.learner import Learner
+    from jaxrl_agentic.training.learner import Learner
     import dataclasses
     learner = Learner(graphdef, params, dataclasses.replace(config, init_kl_coef=0.0),
                       make_mesh(2, 4, 1))

@@ -46,19 +46,18 @@ from jaxrl_agentic.algos.losses import value_loss
 from jaxrl_agentic.data import Sample, updates_per_step
 from jaxrl_agentic.models.value import ValueModel, state_values
 from jaxrl_agentic.runtime.parallel import make_mesh, train_state_shardings
-from jaxrl_agentic.update import (
+from jaxrl_agentic.training.accumulation import accumulate_gradients
+from jaxrl_agentic.training.per_token import make_per_token, per_sample_outputs
+from jaxrl_agentic.training.update import (
     EngineDriver,
     UpdateConfig,
     UpdateEngine,
     UpdateLoss,
-    accumulate_gradients,
     applied,
     check_learning_rates,
     fail_first,
     init_optimizer_state,
-    make_per_token,
     make_update_step,
-    per_sample_outputs,
 )
 
 _F32 = jnp.float32
