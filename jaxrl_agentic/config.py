@@ -198,7 +198,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.sample_align = 0
     # a sample that would straddle one more 128-token attention block than it needs starts
     # on the next block edge when the row's slack allows it without a computed slot more:
-    # the same rows, fewer attention block pairs (data.packing.row_starts)
+    # the same rows, fewer attention block pairs (data.buckets.row_starts)
     c.align_when_free = True
     # Micro-batch counts are rounded up to a multiple of this (0 = next power of two): a
     # handful of compiled shapes, without doubling the rows as powers of two can.
