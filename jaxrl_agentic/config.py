@@ -173,7 +173,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.min_lr_ratio = 0.0
     c.weight_decay = 0.0
     c.max_grad_norm = 1.0
-    # also clip to this multiple of the typical recent gradient norm (0 = off; update.py)
+    # also clip to this multiple of the typical recent gradient norm (0 = off; training/update.py)
     c.relative_grad_clip = 0.0
     c.mini_batch_size = 32  # samples per optimizer update
     c.estimated_chunks_per_traj = 0  # 0 = automatic (from env limits, corrected as observed)
@@ -190,7 +190,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.row_len_ratio = 2.0
     # a group of rows whose real tokens end early is computed on the shortest of
     # row / 2^k (k <= this; multiples of 128, >= 512) that holds them: one compiled
-    # branch each (update.on_shortest_prefix); 0 = always the whole row
+    # branch each (accumulation.on_shortest_prefix); 0 = always the whole row
     c.row_prefixes = 2
     # each sample starts at a multiple of this in its row (0 = automatic: the attention
     # block, 128, in bf16 where the learner's attention is block-sparse (CPU), so the

@@ -58,7 +58,7 @@ def prefix_lengths(row_len: int, halvings: int) -> tuple[int, ...]:
     """The lengths a group of rows may be computed at, ascending, the last ``row_len``:
     ``row_len / 2^k`` (k ≤ ``halvings``) rounded down to a multiple of the attention block
     (128), those of at least 512 tokens. Each is one branch of the compiled step
-    (``update.on_shortest_prefix``)."""
+    (``accumulation.on_shortest_prefix``)."""
     lengths = {row_len}
     for k in range(1, halvings + 1):
         n = (row_len >> k) // ATTENTION_BLOCK * ATTENTION_BLOCK

@@ -71,7 +71,7 @@ class PackingConfig:
     the fewest of ``loss_slots / 2^j`` that hold its fullest row
     (:func:`loss_slots_bucket`). ``row_prefixes`` h: the learner computes each group of
     rows (one per batch shard) on the shortest of ``T, T/2, …, T/2^h`` (multiples of 128, at
-    least 512) that holds its real tokens (``update.on_shortest_prefix``: exact, one
+    least 512) that holds its real tokens (``accumulation.on_shortest_prefix``: exact, one
     compiled branch each), so the part-filled last group of a mini-batch costs a shorter
     row (0 = always the whole row). ``align_when_free``: a sample that would straddle one
     more 128-token attention block than its length needs starts on the next block edge

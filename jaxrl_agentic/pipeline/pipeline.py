@@ -85,7 +85,7 @@ class Pipeline:
         self.memory_plan = self._memory_plan(model_dir or resolve_model_path(c), max_total_len)
         log(self.memory_plan.table())
         if self.memory_plan.total > plans.MALLOC_RELEASE_SHARE * self.memory_plan.budget:
-            plans.return_freed_memory_to_os()  # before any weight is read (memory_plan.py)
+            plans.return_freed_memory_to_os()  # before any weight is read (runtime/memory_plan.py)
         try:  # before any weight is read or warmed up: a state that cannot fit fails now
             plans.check_memory_plan(self.memory_plan, warn=log)
         except ValueError as e:

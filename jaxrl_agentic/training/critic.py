@@ -195,7 +195,7 @@ def value_update_loss(graphdef, config: CriticConfig) -> UpdateLoss:
 
 def make_value_loss_and_grads(graphdef, config: CriticConfig, mesh=None):
     """``loss_and_grads(params, batch) -> (grads, sums, denominator)``: gradients of the
-    mini-batch value loss ``Σ m·ℓ / max(Σ m, 1)`` (``update.accumulate_gradients``; not
+    mini-batch value loss ``Σ m·ℓ / max(Σ m, 1)`` (``accumulation.accumulate_gradients``; not
     jitted)."""
     loss = value_update_loss(graphdef, config)
 

@@ -275,7 +275,7 @@ def policy_update_loss(graphdef, config: LearnerConfig) -> UpdateLoss:
 
 def make_loss_and_grads(graphdef, config: LearnerConfig, mesh=None):
     """``loss_and_grads(params, batch, kl_coef) -> (grads, sums, denominator)``: gradients of
-    the mini-batch loss ``Σ objective / max(D, 1)`` (``update.accumulate_gradients``; not
+    the mini-batch loss ``Σ objective / max(D, 1)`` (``accumulation.accumulate_gradients``; not
     jitted: tests jit it)."""
     zero_sums = PolicyLossSums(*(jnp.zeros((), _F32) for _ in PolicyLossSums._fields))
 

@@ -30,7 +30,7 @@ Attention is segment-aware (``pallas_kernels.segment_attention``): both layouts 
 the 128-token block pairs their segments need (``timed_*_block_pairs_computed_causal``), so
 its work follows Σ len² of the samples in either layout. What packing removes is padding
 slots: ``timed_slot_ratio`` = padded / packed slots the update computes
-(``update.computed_slots``), the speedup if every slot cost the same and nothing else
+(``per_token.computed_slots``), the speedup if every slot cost the same and nothing else
 differed. Since the attention's work does not shrink with the slots, the step's speedup
 stays below that ratio by the attention's share of the step; ``--ablate-attention``
 measures the rest alone (each layer's attention replaced by its queries: not a model, an

@@ -1,5 +1,5 @@
 """Row groups computed on the shortest prefix that holds their real tokens
-(``update.on_shortest_prefix``, ``PackingConfig.row_prefixes``): which prefix runs, and that
+(``accumulation.on_shortest_prefix``, ``PackingConfig.row_prefixes``): which prefix runs, and that
 cutting the padding off changes neither the loss, the gradients nor the logprobs."""
 
 from __future__ import annotations
