@@ -149,7 +149,7 @@ def test_export_writes_a_model_transformers_loads(reference_run, tmp_path):
     import transformers
 
     from jaxrl_agentic import export
-    from jaxrl_agentic.runtime.run_loading import load_run_config, restore_pipeline
+    from jaxrl_agentic.run_loading import load_run_config, restore_pipeline
 
     out = str(tmp_path / "hf")
     ckpt = os.path.join(reference_run, "checkpoints", str(STEPS))
