@@ -173,7 +173,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.min_lr_ratio = 0.0
     c.weight_decay = 0.0
     c.max_grad_norm = 1.0
-    # also clip to this multiple of the typical recent gradient norm (0 = off; update.py)
+    # also clip to this multiple of the typical recent gradient norm (0 = off; training/update.py)
     c.relative_grad_clip = 0.0
     c.mini_batch_size = 32  # samples per optimizer update
     c.estimated_chunks_per_traj = 0  # 0 = automatic (from env limits, corrected as observed)
@@ -190,7 +190,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.row_len_ratio = 2.0
     # a group of rows whose real tokens end early is computed on the shortest of
     # row / 2^k (k <= this; multiples of 128, >= 512) that holds them: one compiled
-    # branch each (update.on_shortest_prefix); 0 = always the whole row
+    # branch each (accumulation.on_shortest_prefix); 0 = always the whole row
     c.row_prefixes = 2
     # each sample starts at a multiple of this in its row (0 = automatic: the attention
     # block, 128, in bf16 where the learner's attention is block-sparse (CPU), so the
@@ -198,7 +198,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.sample_align = 0
     # a sample that would straddle one more 128-token attention block than it needs starts
     # on the next block edge when the row's slack allows it without a computed slot more:
-    # the same rows, fewer attention block pairs (data.packing.row_starts)
+    # the same rows, fewer attention block pairs (data.buckets.row_starts)
     c.align_when_free = True
     # Micro-batch counts are rounded up to a multiple of this (0 = next power of two): a
     # handful of compiled shapes, without doubling the rows as powers of two can.

@@ -15,9 +15,9 @@ from jaxrl_agentic.config import ConfigError
 
 
 def main(argv=None) -> int:
-    from jaxrl_agentic.checkpoint import CheckpointError
     from jaxrl_agentic.models import CheckpointError as ModelError
     from jaxrl_agentic.run_loading import evaluate_checkpoint
+    from jaxrl_agentic.runtime.checkpoint import CheckpointError
     from jaxrl_agentic.train import EXIT_BAD_INPUT
 
     argv = list(sys.argv if argv is None else argv)

@@ -13,11 +13,11 @@ import sys
 
 
 def main(argv=None) -> int:
-    from jaxrl_agentic.checkpoint import CheckpointError
     from jaxrl_agentic.config import ConfigError
     from jaxrl_agentic.models import CheckpointError as ModelError
     from jaxrl_agentic.models import save_pretrained
     from jaxrl_agentic.run_loading import load_run_config, restore_pipeline
+    from jaxrl_agentic.runtime.checkpoint import CheckpointError
 
     parser = argparse.ArgumentParser(prog="python -m jaxrl_agentic.export",
                                      description=__doc__.splitlines()[0])

@@ -7,8 +7,8 @@ import os
 
 import ml_collections
 
-from jaxrl_agentic.checkpoint import Checkpointer, CheckpointError, resolve_checkpoint
 from jaxrl_agentic.config import output_paths
+from jaxrl_agentic.runtime.checkpoint import Checkpointer, CheckpointError, resolve_checkpoint
 
 
 def find_run_config(checkpoint_path: str) -> str:

@@ -91,8 +91,8 @@ def write_episode(writer, pipeline, traj, step: int, kind: str, gif_path: str, *
     """The episode as text (`episodes/<kind>`) and, when its environment can draw itself,
     as frames (`episodes/frames` for train, `episodes/eval_frames`) and a GIF.
     → False when the frames were skipped (logged once per env tag)."""
-    from jaxrl_agentic.metrics_writer import save_gif
     from jaxrl_agentic.rollout.loop import replay_frames
+    from jaxrl_agentic.runtime.metrics_writer import save_gif
 
     writer.write_text(step, f"episodes/{kind}", sample_episode_text(pipeline.formatter, traj))
     # The runner of the split the episode was played in: a manager's env_config overrides
@@ -120,7 +120,7 @@ def run(c, *, log=print) -> dict[str, float]:
     # Before anything else touches the JAX backend (validation imports the environments).
     validate_distributed(c)
     validate_devices(c)
-    from jaxrl_agentic.parallel import initialize_distributed, use_cpu_devices
+    from jaxrl_agentic.runtime.parallel import initialize_distributed, use_cpu_devices
 
     if c.distributed.enabled:
         initialize_distributed(c.distributed.coordinator_address,
@@ -128,11 +128,11 @@ def run(c, *, log=print) -> dict[str, float]:
     use_cpu_devices(c.mesh.get("cpu_devices", 1), log=log)
     devices = jax.devices()
     log(f"devices: {len(devices)} × {devices[0].platform} ({jax.process_count()} process(es))")
-    from jaxrl_agentic import timing
-    from jaxrl_agentic.checkpoint import Checkpointer, resolve_checkpoint
     from jaxrl_agentic.data.debug import dump_batch
-    from jaxrl_agentic.metrics_writer import MetricsWriter, console_line
     from jaxrl_agentic.pipeline import Pipeline
+    from jaxrl_agentic.runtime import timing
+    from jaxrl_agentic.runtime.checkpoint import Checkpointer, resolve_checkpoint
+    from jaxrl_agentic.runtime.metrics_writer import MetricsWriter, console_line
 
     validate(c)
     # Every process plays and trains; only process 0 writes logs, text and GIFs.
@@ -225,8 +225,8 @@ def run(c, *, log=print) -> dict[str, float]:
 
 def main(argv=None) -> int:
     argv = list(sys.argv if argv is None else argv)
-    from jaxrl_agentic.checkpoint import CheckpointError
     from jaxrl_agentic.models import CheckpointError as ModelError
+    from jaxrl_agentic.runtime.checkpoint import CheckpointError
 
     try:
         c = parse_config(argv)

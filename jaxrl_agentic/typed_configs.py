@@ -9,11 +9,11 @@ typed configs' defaults equal ``config.default_config()``'s (a test holds them t
 from __future__ import annotations
 
 from jaxrl_agentic.algos.estimators import get_advantage_estimator
-from jaxrl_agentic.critic import CriticConfig
 from jaxrl_agentic.data import PackingConfig
-from jaxrl_agentic.learner import LearnerConfig
 from jaxrl_agentic.rollout.groups import EnvManagerConfig
 from jaxrl_agentic.rollout.turns import GenerationConfig
+from jaxrl_agentic.training.critic import CriticConfig
+from jaxrl_agentic.training.learner_config import LearnerConfig
 
 
 def generation_budget(c, sample_mode: str | None = None) -> int:

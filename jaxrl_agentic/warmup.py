@@ -126,13 +126,14 @@ def format_warmup(base_model_dir: str, c, out_dir: str, *, log=print) -> dict[st
     from jaxrl_agentic.data import PackingConfig
     from jaxrl_agentic.data.samples import trajectory_sample
     from jaxrl_agentic.envs import make
-    from jaxrl_agentic.learner import Learner, LearnerConfig
     from jaxrl_agentic.models import load_pretrained, save_pretrained
-    from jaxrl_agentic.parallel import make_mesh
     from jaxrl_agentic.rollout.conversation import ChatFormatter
     from jaxrl_agentic.rollout.groups import EpisodeSpec
     from jaxrl_agentic.rollout.loop import RolloutRunner
     from jaxrl_agentic.rollout.turns import GenerationConfig
+    from jaxrl_agentic.runtime.parallel import make_mesh
+    from jaxrl_agentic.training.learner import Learner
+    from jaxrl_agentic.training.learner_config import LearnerConfig
 
     model, tokenizer = load_pretrained(base_model_dir,
                                        untie_word_embeddings=c.untie_word_embeddings)

@@ -7,7 +7,7 @@ replicated operands, so every device would compute every row. The learner traces
 under ``jax.set_mesh(mesh)``; when that mesh spans more than one device, the kernel
 wrappers call the kernel through :func:`per_shard`, with every mesh axis manual, as
 Mosaic requires. Their operands are laid out by the learner's mesh convention
-(``mesh_axes``, owned by ``jaxrl_agentic.parallel``): rows (or tokens) over ``BATCH_AXES``,
+(``mesh_axes``, owned by ``jaxrl_agentic.runtime.parallel``): rows (or tokens) over ``BATCH_AXES``,
 attention heads over ``HEAD_AXIS``. Without a mesh, or on one device, the kernel is called as it is.
 
 Every kernel using this maps rows to rows (attention, per-token logprobs) or returns

@@ -31,8 +31,9 @@ TRAIN_PATH = textwrap.dedent("""
     import json, sys
     baseline = set(json.loads(sys.argv[2]))
     import jaxrl_agentic.train as train
-    import jaxrl_agentic.pipeline, jaxrl_agentic.learner, jaxrl_agentic.sampling  # noqa
-    import jaxrl_agentic.checkpoint, jaxrl_agentic.metrics_writer, jaxrl_agentic.warmup  # noqa
+    import jaxrl_agentic.pipeline, jaxrl_agentic.training, jaxrl_agentic.sampling  # noqa
+    import jaxrl_agentic.runtime.checkpoint, jaxrl_agentic.runtime.metrics_writer  # noqa
+    import jaxrl_agentic.warmup  # noqa
     import jaxrl_agentic.evaluate, jaxrl_agentic.export, jaxrl_agentic.play  # noqa
     import jaxrl_agentic.rollout.python_runner  # noqa
     from jaxrl_agentic.models import load_pretrained

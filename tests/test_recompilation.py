@@ -1,6 +1,6 @@
 """After warm-up, pipeline steps whose episodes change length compile nothing new.
 
-Compilations are counted with `jaxrl_agentic.compile_events.CompileEvents`, a
+Compilations are counted with `jaxrl_agentic.runtime.compile_events.CompileEvents`, a
 `jax.monitoring` listener on `/jax/core/compile/backend_compile_duration`. JAX records that
 event around `compile_or_get_cached` for every program missing from the process' in-memory
 executable cache, whether XLA then compiles it or the persistent compilation cache (enabled in
@@ -35,9 +35,9 @@ import numpy as np
 import pytest
 
 from jaxrl_agentic import train
-from jaxrl_agentic.compile_events import CompileEvents
 from jaxrl_agentic.envs import register, registered_envs
 from jaxrl_agentic.envs.frozen_lake import FrozenLake
+from jaxrl_agentic.runtime.compile_events import CompileEvents
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = "frozen_lake_any_reply"
@@ -204,7 +204,8 @@ def learner_programs_after_warmup(small_policy, fixed_rows: bool):
     """What the pipeline test cannot force at test size, on the learner directly, through
     the two calls a pipeline step makes (the mismatch check's `sample_logprobs`, then the
     updates)."""
-    from jaxrl_agentic.learner import Learner, LearnerConfig
+    from jaxrl_agentic.training.learner import Learner
+    from jaxrl_agentic.training.learner_config import LearnerConfig
 
     config = LearnerConfig(mini_batch_size=8, learning_rate=1e-3, packing=small_rows(fixed_rows))
     learner = Learner(*small_policy, config)
@@ -229,7 +230,7 @@ def critic_programs_after_warmup(small_policy, fixed_rows: bool):
     """The GAE critic through what a pipeline step makes it do: values of the trajectory
     samples, then its value-loss updates. Before the shared update engine the critic had
     no `fixed_rows` and compiled a new train step whenever episodes grew."""
-    from jaxrl_agentic.critic import Critic, CriticConfig
+    from jaxrl_agentic.training.critic import Critic, CriticConfig
 
     config = CriticConfig(mini_batch_size=8, learning_rate=1e-3, packing=small_rows(fixed_rows))
     critic = Critic(*small_policy, config)
@@ -267,8 +268,9 @@ def test_row_length_buckets_compile_at_most_one_program_each(small_policy):
     for the mini-batch. Short and growing episodes visit several row lengths; each is
     compiled once, and no more programs than buckets are ever made."""
     from jaxrl_agentic.data import PackingConfig
-    from jaxrl_agentic.learner import Learner, LearnerConfig
-    from jaxrl_agentic.update import computed_slots
+    from jaxrl_agentic.training.learner import Learner
+    from jaxrl_agentic.training.learner_config import LearnerConfig
+    from jaxrl_agentic.training.per_token import computed_slots
 
     packing = PackingConfig(micro_batch_max_tokens=64, sequence_length=64, rows_bucket=4,
                             fixed_rows=True, row_len_buckets=3)

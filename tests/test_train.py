@@ -246,8 +246,9 @@ def test_three_nonfinite_steps_stop_the_run(tmp_path, capsys):
 def test_checkpointer_refuses_nonfinite_params(tmp_path):
     import jax.numpy as jnp
 
-    from jaxrl_agentic.checkpoint import Checkpointer, CheckpointError
-    from jaxrl_agentic.learner import LearnerConfig, init_train_state
+    from jaxrl_agentic.runtime.checkpoint import Checkpointer, CheckpointError
+    from jaxrl_agentic.training.learner import init_train_state
+    from jaxrl_agentic.training.learner_config import LearnerConfig
 
     state = init_train_state({"w": jnp.array([1.0, jnp.nan])}, LearnerConfig())
     ckpt = Checkpointer(str(tmp_path / "ckpt"))
@@ -262,8 +263,9 @@ def test_a_checkpoint_of_per_layer_parameters_gets_a_one_line_error(tmp_path):
     per-layer dicts; restoring one into a stacked run names the mismatch in one line."""
     import jax.numpy as jnp
 
-    from jaxrl_agentic.checkpoint import Checkpointer, CheckpointError
-    from jaxrl_agentic.learner import LearnerConfig, init_train_state
+    from jaxrl_agentic.runtime.checkpoint import Checkpointer, CheckpointError
+    from jaxrl_agentic.training.learner import init_train_state
+    from jaxrl_agentic.training.learner_config import LearnerConfig
 
     old = init_train_state({"layers": [{"w": jnp.ones(3)}, {"w": jnp.ones(3)}]},
                            LearnerConfig())

@@ -6,8 +6,8 @@ import pytest
 
 from jaxrl_agentic import typed_configs
 from jaxrl_agentic.config import ConfigError, default_config, validate
-from jaxrl_agentic.critic import CriticConfig
-from jaxrl_agentic.learner import LearnerConfig
+from jaxrl_agentic.training.critic import CriticConfig
+from jaxrl_agentic.training.learner_config import LearnerConfig
 
 
 def test_typed_defaults_equal_the_run_defaults():

@@ -16,14 +16,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from jaxrl_agentic.data.buckets import bucket_rows, round_up_to_bucket
 from jaxrl_agentic.data.packing import (
     PackedBatch,
-    _assemble,
-    _check_optional_fields,
-    _resolve_num_rows,
-    _truncate_all,
-    bucket_rows,
-    round_up_to_bucket,
+    assemble_batch,
+    common_optional_fields,
+    resolve_num_rows,
+    truncate_samples,
 )
 from jaxrl_agentic.data.types import Sample
 
@@ -49,17 +48,17 @@ def pad_samples(
     """
     if not samples:
         raise ValueError("pad_samples got no samples")
-    cut, num_truncated = _truncate_all(samples, sequence_length)
+    cut, num_truncated = truncate_samples(samples, sequence_length)
     longest = max(len(s) for s in cut)
-    return _assemble(
+    return assemble_batch(
         cut,
         [[i] for i in range(len(cut))],
-        num_rows=_resolve_num_rows(len(cut), num_rows, rows_bucket, "pad_samples"),
+        num_rows=resolve_num_rows(len(cut), num_rows, rows_bucket, "pad_samples"),
         row_len=_padded_row_len(longest, length_bucket, sequence_length),
         max_segments=1,
         num_truncated=num_truncated,
         pad_token_id=pad_token_id,
-        optional_fields=_check_optional_fields(cut),
+        optional_fields=common_optional_fields(cut),
     )
 
 
@@ -90,14 +89,14 @@ def dynamic_batches(
             f"max_tokens_per_micro_batch={max_tokens_per_micro_batch} must be >= "
             f"sequence_length={sequence_length} so that any sample fits in one micro-batch"
         )
-    cut, num_truncated = _truncate_all(samples, sequence_length)
+    cut, num_truncated = truncate_samples(samples, sequence_length)
     lengths = np.array([len(s) for s in cut], dtype=np.int64)
     if np.any(lengths > max_tokens_per_micro_batch):
         raise ValueError(
             f"a sample of {lengths.max()} tokens exceeds "
             f"max_tokens_per_micro_batch={max_tokens_per_micro_batch}; set sequence_length"
         )
-    optional = _check_optional_fields(cut)
+    optional = common_optional_fields(cut)
     limit = max_tokens_per_micro_batch if sequence_length is None else sequence_length
     order = np.argsort(-lengths, kind="stable")
     batches, start = [], 0
@@ -106,7 +105,7 @@ def dynamic_batches(
         capacity = max_tokens_per_micro_batch // row_len
         members = order[start : start + capacity]
         start += len(members)
-        batch = _assemble(
+        batch = assemble_batch(
             cut,
             [[int(i)] for i in members],
             num_rows=min(capacity, bucket_rows(len(members), rows_bucket)),

@@ -14,14 +14,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from jaxrl_agentic.data.packing import (
-    PackedBatch,
-    PackingConfig,
-    bucket_rows,
-    pad_rows,
-    round_up_to_bucket,
-    spread_rows,
-)
+from jaxrl_agentic.data.buckets import bucket_rows, round_up_to_bucket
+from jaxrl_agentic.data.packing import PackedBatch, PackingConfig, pad_rows, spread_rows
 from jaxrl_agentic.data.types import Sample
 
 

@@ -8,10 +8,11 @@ restarting at 0 for each. :class:`PackingConfig` holds the packing settings of a
 object, validated once, shared by the learner, the critic and the debug dump). The padded
 layouts the packing benchmark compares against live in ``data/baseline_packing.py``.
 
-Row counts and row lengths are rounded up to buckets so that a run compiles a handful of
-programs rather than one per step. Every sample is first cut to ``sequence_length`` tokens
-from the right (see :func:`~jaxrl_agentic.data.types.truncate_sample`); the number of
-truncated samples is kept on the batch.
+Row counts and row lengths are rounded up to buckets (``data/buckets.py``) so that a run
+compiles a handful of programs rather than one per step. Every sample is first cut to
+``sequence_length`` tokens from the right (see
+:func:`~jaxrl_agentic.data.types.truncate_sample`); the number of truncated samples is kept
+on the batch.
 
 A segment never straddles two rows, which is what makes the per-segment loss reductions
 (``algos/reductions.py``) exact when micro-batches are accumulated.
@@ -25,20 +26,21 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from jaxrl_agentic.data.buckets import (
+    ATTENTION_BLOCK,
+    bucket_rows,
+    footprints,
+    loss_slots_bucket,
+    prefix_lengths,
+    round_up_to_bucket,
+    row_starts,
+)
 from jaxrl_agentic.data.types import Sample, truncate_sample
 
 # Per-token fields copied from each Sample into the batch; the optional ones stay None in
 # the batch unless every sample has them.
 _REQUIRED_TOKEN_FIELDS = ("loss_mask", "advantages", "old_logprobs")
 _OPTIONAL_TOKEN_FIELDS = ("ref_logprobs", "returns", "values")
-# The attention's block (`pallas_kernels.segment_attention.BLOCK`): segment-aware attention
-# computes a (query block, key block) pair when a segment spans both, and the learner cuts
-# rows at multiples of it (`prefix_lengths`), so the blocks a sample's keys fall in, and
-# with them its values, do not depend on the cut.
-ATTENTION_BLOCK = 128
-# The shortest prefix worth its own compiled branch. At 512 the default recipe's rows
-# (512 tokens) keep their one program, and the values and curves measured with it.
-_PREFIX_MIN = 512
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +71,7 @@ class PackingConfig:
     the fewest of ``loss_slots / 2^j`` that hold its fullest row
     (:func:`loss_slots_bucket`). ``row_prefixes`` h: the learner computes each group of
     rows (one per batch shard) on the shortest of ``T, T/2, …, T/2^h`` (multiples of 128, at
-    least 512) that holds its real tokens (``update.on_shortest_prefix``: exact, one
+    least 512) that holds its real tokens (``accumulation.on_shortest_prefix``: exact, one
     compiled branch each), so the part-filled last group of a mini-batch costs a shorter
     row (0 = always the whole row). ``align_when_free``: a sample that would straddle one
     more 128-token attention block than its length needs starts on the next block edge
@@ -179,18 +181,6 @@ class PackingConfig:
         return batch
 
 
-def loss_slots_bucket(load: int, cap: int) -> int:
-    """The fewest of ``cap, cap/2, cap/4, …`` loss slots (each rounded up to a multiple of
-    64, at least 64) that hold ``load`` loss positions: a handful of shapes per row length."""
-    slots = cap
-    while slots > 64:
-        half = max(64, -(-(slots // 2) // 64) * 64)
-        if half < load or half >= slots:
-            break
-        slots = half
-    return slots
-
-
 def loss_loads(samples: Sequence[Sample], lengths: Sequence[int], loss_slots: int) -> list[int]:
     """Loss tokens of each sample within its first ``lengths[i]`` tokens (what a row holds
     of it after the cut); one over ``loss_slots`` (0 = no cap) is a ``ValueError`` naming
@@ -281,104 +271,14 @@ class PackedBatch:
         return index
 
 
-def round_up_to_bucket(n: int, bucket: int = 0) -> int:
-    """Smallest bucket value ``>= n``: the next power of two if ``bucket == 0``, otherwise
-    the next multiple of ``bucket``. ``round_up_to_bucket(0) == 0``."""
-    if n < 0 or bucket < 0:
-        raise ValueError(f"round_up_to_bucket needs n >= 0 and bucket >= 0, got {n}, {bucket}")
-    if n == 0:
-        return 0
-    if bucket == 0:
-        return 1 << (n - 1).bit_length()
-    return -(-n // bucket) * bucket
-
-
-def bucket_rows(n: int, rows_bucket: int = 0) -> int:
-    """Number of rows to allocate for ``n`` needed rows.
-
-    ``rows_bucket == 0``: next power of two (at most 2× waste, ``log2`` distinct shapes);
-    ``rows_bucket > 0``: next multiple of ``rows_bucket`` (waste < ``rows_bucket`` rows).
-    """
-    return round_up_to_bucket(n, rows_bucket)
-
-
-def prefix_lengths(row_len: int, halvings: int) -> tuple[int, ...]:
-    """The lengths a group of rows may be computed at, ascending, the last ``row_len``:
-    ``row_len / 2^k`` (k ≤ ``halvings``) rounded down to a multiple of the attention block
-    (128), those of at least 512 tokens. Each is one branch of the compiled step
-    (``update.on_shortest_prefix``)."""
-    lengths = {row_len}
-    for k in range(1, halvings + 1):
-        n = (row_len >> k) // ATTENTION_BLOCK * ATTENTION_BLOCK
-        if n >= _PREFIX_MIN:
-            lengths.add(n)
-    return tuple(sorted(lengths))
-
-
-def block_pairs(starts: Sequence[int], lengths: Sequence[int], block: int) -> int:
-    """(query block, key block) pairs segment-aware attention computes for samples at
-    ``starts`` (ascending) of ``lengths`` in one row: a sample spanning n blocks needs the
-    n(n+1)/2 causal pairs among them, and two consecutive samples that meet in one block
-    share its diagonal pair (the only pair two disjoint runs of blocks can share)."""
-    firsts = [s // block for s in starts]
-    lasts = [(s + n - 1) // block for s, n in zip(starts, lengths, strict=True)]
-    spans = [b - a + 1 for a, b in zip(firsts, lasts, strict=True)]
-    shared = sum(last == first for last, first in zip(lasts, firsts[1:], strict=False))
-    return sum(n * (n + 1) // 2 for n in spans) - shared
-
-
-def row_starts(lengths: Sequence[int], align: int = 1, block: int = 0,
-               limits: Sequence[int] = ()) -> list[int]:
-    """Where a row's samples start: back to back, each at a multiple of ``align``; with
-    ``block`` > 0 (a multiple of ``align``), sample k (and with it the samples after it)
-    also moves up to the next multiple of ``block`` when that is free and saves attention:
-
-    - free: the row's last token stays below the smallest of ``limits`` (ascending; the
-      lengths the row may be computed at) that holds the row laid out tight, so no
-      computed slot is added;
-    - saves: :func:`block_pairs` of the whole row drops. A sample of n blocks' worth that
-      starts mid-block may span n + 1 blocks, (n+1)(n+2)/2 − 1 pairs against n(n+1)/2 on
-      the edge; the samples after it move too, so the row is counted whole.
-
-    Greedy, first sample first; each accepted move lowers the row's pairs, so the result
-    never costs more than the tight layout. Positions restart at 0 in every sample: where a
-    sample starts changes none of its values (only, in floating point, the bits of its
-    attention's block folding)."""
-    starts, end = [], 0
-    for n in lengths:
-        starts.append(round_up_to_bucket(end, align))
-        end = starts[-1] + n
-    if not block or block % align or not lengths:
-        return starts
-    limit = min((x for x in limits if x >= end), default=end)
-    pairs = block_pairs(starts, lengths, block)
-    for k in range(1, len(lengths)):
-        shift = round_up_to_bucket(starts[k], block) - starts[k]
-        if shift == 0 or end + shift > limit:
-            continue
-        moved = starts[:k] + [x + shift for x in starts[k:]]
-        moved_pairs = block_pairs(moved, lengths, block)
-        if moved_pairs < pairs:
-            starts, pairs, end = moved, moved_pairs, end + shift
-    return starts
-
-
-def footprints(lengths: Sequence[int], align: int, capacity: int) -> list[int]:
-    """The slots each sample takes in a row when samples start at multiples of ``align``:
-    its length rounded up to ``align``, at most ``capacity`` (such a sample fills its row
-    alone). Placed back to back, footprints keep every start aligned and every sample
-    inside the row whenever they sum to ≤ ``capacity``."""
-    return [min(round_up_to_bucket(n, align), capacity) for n in lengths]
-
-
-def _truncate_all(samples: Sequence[Sample], sequence_length: int | None):
+def truncate_samples(samples: Sequence[Sample], sequence_length: int | None):
     if sequence_length is None:
         return list(samples), 0
     pairs = [truncate_sample(s, sequence_length) for s in samples]
     return [s for s, _ in pairs], sum(cut for _, cut in pairs)
 
 
-def _check_optional_fields(samples: Sequence[Sample]) -> tuple[str, ...]:
+def common_optional_fields(samples: Sequence[Sample]) -> tuple[str, ...]:
     """Optional fields present in all samples; a field present in only some is an error."""
     present = []
     for name in _OPTIONAL_TOKEN_FIELDS:
@@ -390,7 +290,7 @@ def _check_optional_fields(samples: Sequence[Sample]) -> tuple[str, ...]:
     return tuple(present)
 
 
-def _assemble(
+def assemble_batch(
     samples: Sequence[Sample],
     rows: Sequence[Sequence[int]],
     *,
@@ -448,7 +348,7 @@ def _assemble(
     )
 
 
-def _resolve_num_rows(needed: int, num_rows: int | None, rows_bucket: int, what: str) -> int:
+def resolve_num_rows(needed: int, num_rows: int | None, rows_bucket: int, what: str) -> int:
     if num_rows is None:
         return bucket_rows(needed, rows_bucket)
     if num_rows < needed:
@@ -536,18 +436,18 @@ def pack_samples(
         raise ValueError("pack_samples got no samples (pass num_rows for an all-padding batch)")
     if max_segments is not None and max_segments < 1:
         raise ValueError(f"max_segments={max_segments} must be >= 1")
-    cut, num_truncated = _truncate_all(samples, sequence_length)
-    optional = _check_optional_fields(cut)
+    cut, num_truncated = truncate_samples(samples, sequence_length)
+    optional = common_optional_fields(cut)
     loads = loss_loads(cut, [len(s) for s in cut], loss_slots)
     rows = first_fit_decreasing(
         footprints([len(s) for s in cut], sample_align, micro_batch_max_tokens),
         micro_batch_max_tokens, max_segments, loads=loads,
         load_capacity=loss_slots or micro_batch_max_tokens)
     width = max_segments or round_up_to_bucket(max((len(r) for r in rows), default=1))
-    return _assemble(
+    return assemble_batch(
         cut,
         rows,
-        num_rows=_resolve_num_rows(len(rows), num_rows, rows_bucket, "pack_samples"),
+        num_rows=resolve_num_rows(len(rows), num_rows, rows_bucket, "pack_samples"),
         row_len=micro_batch_max_tokens,
         max_segments=width,
         num_truncated=num_truncated,

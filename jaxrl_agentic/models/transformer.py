@@ -352,7 +352,7 @@ def tied_input_and_head(embedding, tokens, dtype):
         dE = scatter_add(0, tokens, dh_0) + dW_outᵀ,
     the values autodiff gives, in the same order. Left to autodiff, the two uses of E were
     differentiated apart, and XLA kept more [V, D]-sized buffers alive at once
-    (``docs/benchmarks.md``, "Peak memory"; ``tests/test_update_memory.py``)."""
+    (``docs/benchmarks.md``, "Peak memory"; ``tests/training/test_update_memory.py``)."""
     return _tied_forward(embedding, tokens, dtype)
 
 

@@ -33,7 +33,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_agentic import timing
 from jaxrl_agentic.data.trajectory import Trajectory
 from jaxrl_agentic.envs import INVALID_ACTION
 from jaxrl_agentic.envs.messages import feedback_message, first_message
@@ -51,6 +50,7 @@ from jaxrl_agentic.rollout.turns import (
     set_episode_metrics,
     turn_seed,
 )
+from jaxrl_agentic.runtime import timing
 from jaxrl_agentic.sampling import Sampler, SamplerSession
 
 

@@ -48,7 +48,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-from jaxrl_agentic import timing
 from jaxrl_agentic.data.trajectory import Trajectory
 from jaxrl_agentic.envs import INVALID_ACTION
 from jaxrl_agentic.envs.python_env import PyStep, PythonEnvFactory, PythonTextEnv
@@ -63,6 +62,7 @@ from jaxrl_agentic.rollout.turns import (
     new_trajectories,
     set_episode_metrics,
 )
+from jaxrl_agentic.runtime import timing
 from jaxrl_agentic.sampling import Sampler
 
 _TIMED_OUT = object()

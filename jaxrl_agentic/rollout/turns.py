@@ -17,10 +17,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from jaxrl_agentic import timing
 from jaxrl_agentic.data.trajectory import Trajectory, Turn
 from jaxrl_agentic.envs import episode_metrics
 from jaxrl_agentic.rollout.groups import EpisodeSpec
+from jaxrl_agentic.runtime import timing
 from jaxrl_agentic.sampling import SamplerSession
 
 

@@ -30,9 +30,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_agentic import timing
 from jaxrl_agentic.models.transformer import KVCache
-from jaxrl_agentic.parallel import kv_cache_sharding, rows_sharding
+from jaxrl_agentic.runtime import timing
+from jaxrl_agentic.runtime.parallel import kv_cache_sharding, rows_sharding
 from jaxrl_agentic.sampling.buckets import (
     compact_length,
     compact_rows,

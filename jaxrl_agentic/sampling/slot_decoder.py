@@ -50,7 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxrl_agentic import timing
+from jaxrl_agentic.runtime import timing
 from jaxrl_agentic.sampling.buckets import (
     compact_length,
     compact_rows,

@@ -48,7 +48,8 @@ def recomputed(model, samples, row: int, sample_align: int) -> np.ndarray:
     from flax import nnx
 
     from jaxrl_agentic.data import PackingConfig
-    from jaxrl_agentic.learner import Learner, LearnerConfig
+    from jaxrl_agentic.training.learner import Learner
+    from jaxrl_agentic.training.learner_config import LearnerConfig
 
     graphdef, params = nnx.split(model)
     packing = PackingConfig(micro_batch_max_tokens=row, sequence_length=row,

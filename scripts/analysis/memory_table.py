@@ -1,4 +1,4 @@
-"""The memory plan (jaxrl_agentic/memory_plan.py) of Qwen2.5 0.5B/1.5B/3B/7B on 24/40/80 GB
+"""The memory plan (jaxrl_agentic/runtime/memory_plan.py) of Qwen2.5 0.5B/1.5B/3B/7B on 24/40/80 GB
 devices and a TPU v5e-8: per device, the first setting that fits. Prints a markdown table
 (for docs/real_models.md) and, last, one JSON line with every figure.
 
@@ -21,8 +21,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from jaxrl_agentic.memory_plan import GIB, memory_plan  # noqa: E402
 from jaxrl_agentic.models.config import ModelConfig  # noqa: E402
+from jaxrl_agentic.runtime.memory_plan import GIB, memory_plan  # noqa: E402
 
 MODELS = {
     "Qwen2.5-0.5B": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14,

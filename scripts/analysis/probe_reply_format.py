@@ -36,10 +36,11 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_agentic.data import PackingConfig, Sample
-from jaxrl_agentic.learner import Learner, LearnerConfig
 from jaxrl_agentic.models.config import ModelConfig
 from jaxrl_agentic.models.transformer import Transformer
-from jaxrl_agentic.parallel import make_mesh
+from jaxrl_agentic.runtime.parallel import make_mesh
+from jaxrl_agentic.training.learner import Learner
+from jaxrl_agentic.training.learner_config import LearnerConfig
 
 VOCAB, OPEN, CLOSE, EOS, BATCH = 32, 20, 21, 22, 64
 FORMAT = {"o": OPEN, "c": CLOSE, "e": EOS}

@@ -8,7 +8,7 @@ sampler/learner logprob agreement, time. Prints one JSON line.
 The recipe is configs/qwen2_5_0_5b_frozen_lake.py (fp32 parameters, AdamW, bf16 compute,
 a KL reference) with the episode counts and lengths given here; extra `--config.*`
 overrides follow `--`. `--steps N` runs N steps and reports the last: with N ≥ 2 its time
-and `breakdown_s` (exclusive seconds per `jaxrl_agentic.timing` span: rollout/prefill,
+and `breakdown_s` (exclusive seconds per `jaxrl_agentic.runtime.timing` span: rollout/prefill,
 rollout/decode, rollout/env, learner, ...) hold no compilation; `peak_growth_gib` covers
 every step. Peak RSS is the process's (Linux ru_maxrss), which includes the weights read
 from disk, the warm compile and every transient.
@@ -25,7 +25,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from jaxrl_agentic.memory_plan import GIB, peak_rss_bytes  # noqa: E402
+from jaxrl_agentic.runtime.memory_plan import GIB, peak_rss_bytes  # noqa: E402
 
 
 class PeakGrowth:
@@ -64,8 +64,8 @@ def main(argv=None) -> int:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
 
-    from jaxrl_agentic import timing
     from jaxrl_agentic.pipeline import Pipeline
+    from jaxrl_agentic.runtime import timing
     from jaxrl_agentic.train import parse_config
 
     groups = max(args.episodes // 4, 1)

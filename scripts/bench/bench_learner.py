@@ -14,9 +14,10 @@ seed), a prompt, then generated chunks (8–32 tokens, loss mask 1) alternating 
 observations (30–100 tokens, mask 0); one N(0, 1) advantage per sample; old logprobs = the
 model's own logprobs + N(0, 0.1) noise, so ratios sit around 1 and some tokens clip.
 
-* **Ours**: `jaxrl_agentic.learner.Learner` with `LearnerConfig(loss_reduction="token_mean",
-  init_kl_coef=0, entropy_loss_coef=0, ppo_epochs=1, mini_batch_size=--samples)`, packing
-  as the trainer's defaults do (`fixed_rows`, `rows_bucket=4`) into rows of `--row-len`
+* **Ours**: `jaxrl_agentic.training.learner.Learner` with
+  `LearnerConfig(loss_reduction="token_mean", init_kl_coef=0, entropy_loss_coef=0,
+  ppo_epochs=1, mini_batch_size=--samples)`, packing as the trainer's defaults do
+  (`fixed_rows`, `rows_bucket=4`) into rows of `--row-len`
   tokens (`micro_batch_max_tokens = sequence_length`). The first `Learner.step(samples,
   [lr])` compiles, and the batch it hands to the jitted `learner.engine.update_step` is
   kept: the timed call (`ours_*`) is that `update_step` on that batch, already on the
@@ -117,7 +118,7 @@ from flax import nnx  # noqa: E402
 
 sys.path.insert(0, common.ROOT)
 
-from jaxrl_agentic.parallel import use_cpu_devices  # noqa: E402
+from jaxrl_agentic.runtime.parallel import use_cpu_devices  # noqa: E402
 
 
 def _cpu_devices_flag() -> int:
@@ -131,10 +132,11 @@ if DEVICE == "cpu":
     use_cpu_devices(_cpu_devices_flag())
 
 from jaxrl_agentic.data import PackingConfig, Sample  # noqa: E402
-from jaxrl_agentic.learner import Learner, LearnerConfig  # noqa: E402
 from jaxrl_agentic.models import load_pretrained  # noqa: E402
+from jaxrl_agentic.training.learner import Learner  # noqa: E402
+from jaxrl_agentic.training.learner_config import LearnerConfig  # noqa: E402
+from jaxrl_agentic.training.per_token import computed_slots  # noqa: E402
 from jaxrl_agentic.typed_configs import auto_loss_slots  # noqa: E402
-from jaxrl_agentic.update import computed_slots  # noqa: E402
 
 # Qwen2-architecture configs (tied embeddings, q/k/v biases, as the tiny default model).
 SIZES = {

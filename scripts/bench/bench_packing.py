@@ -30,7 +30,7 @@ Attention is segment-aware (``pallas_kernels.segment_attention``): both layouts 
 the 128-token block pairs their segments need (``timed_*_block_pairs_computed_causal``), so
 its work follows Σ len² of the samples in either layout. What packing removes is padding
 slots: ``timed_slot_ratio`` = padded / packed slots the update computes
-(``update.computed_slots``), the speedup if every slot cost the same and nothing else
+(``per_token.computed_slots``), the speedup if every slot cost the same and nothing else
 differed. Since the attention's work does not shrink with the slots, the step's speedup
 stays below that ratio by the attention's share of the step; ``--ablate-attention``
 measures the rest alone (each layer's attention replaced by its queries: not a model, an
@@ -82,16 +82,18 @@ from jaxrl_agentic.data import (  # noqa: E402
 from jaxrl_agentic.data.baseline_packing import dynamic_batches, pad_samples  # noqa: E402
 from jaxrl_agentic.data.samples import step_samples  # noqa: E402
 from jaxrl_agentic.envs import make  # noqa: E402
-from jaxrl_agentic.learner import Learner, LearnerConfig  # noqa: E402
 from jaxrl_agentic.models import load_pretrained, transformer  # noqa: E402
 from jaxrl_agentic.models.tiny import default_tiny_model_dir  # noqa: E402
-from jaxrl_agentic.parallel import make_mesh, num_batch_shards  # noqa: E402
 from jaxrl_agentic.rollout.conversation import ChatFormatter  # noqa: E402
 from jaxrl_agentic.rollout.groups import EnvManagerConfig, plan_episodes  # noqa: E402
 from jaxrl_agentic.rollout.loop import RolloutRunner  # noqa: E402
 from jaxrl_agentic.rollout.turns import GenerationConfig  # noqa: E402
+from jaxrl_agentic.runtime.parallel import make_mesh, num_batch_shards  # noqa: E402
 from jaxrl_agentic.sampling import Sampler  # noqa: E402
-from jaxrl_agentic.update import computed_slots, pad_to_shards, put_batch  # noqa: E402
+from jaxrl_agentic.training.learner import Learner  # noqa: E402
+from jaxrl_agentic.training.learner_config import LearnerConfig  # noqa: E402
+from jaxrl_agentic.training.per_token import computed_slots  # noqa: E402
+from jaxrl_agentic.training.update import pad_to_shards, put_batch  # noqa: E402
 from pallas_kernels import segment_attention  # noqa: E402
 
 ENV = "frozen_lake"

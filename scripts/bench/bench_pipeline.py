@@ -15,7 +15,7 @@ any reply as a move (crc32 of the text mod 4, as in ``tests/test_recompilation.p
 random policy then walks, falls into holes or reaches the goal, and episode lengths vary
 from step to step the way a learning policy's do, which is what stresses the shape buckets.
 
-Each bucket is a ``jaxrl_agentic.timing`` span: the library marks where each kind of work
+Each bucket is a ``jaxrl_agentic.runtime.timing`` span: the library marks where each kind of work
 happens, and this script installs a recorder (``timing.recording(ExclusiveTimer())``); nothing
 is patched. Times are *exclusive*: a span nested in another one (prefill inside decode) is
 charged to the inner bucket only, so the buckets add up to the step time. While a span is
@@ -119,8 +119,9 @@ import jax  # noqa: E402
 ROOT = common.ROOT
 sys.path.insert(0, ROOT)
 
-from jaxrl_agentic import timing, train  # noqa: E402
-from jaxrl_agentic.compile_events import CompileEvents  # noqa: E402
+from jaxrl_agentic import train  # noqa: E402
+from jaxrl_agentic.runtime import timing  # noqa: E402
+from jaxrl_agentic.runtime.compile_events import CompileEvents  # noqa: E402
 
 BUCKETS = (
     "rollout/prefill", "rollout/decode", "rollout/env", "rollout/tokenize", "rollout/other",
@@ -198,10 +199,10 @@ def main(argv=None) -> dict:
         jax.config.update("jax_compilation_cache_dir", args.compilation_cache)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    from jaxrl_agentic.checkpoint import Checkpointer
     from jaxrl_agentic.config import output_paths, validate
-    from jaxrl_agentic.metrics_writer import MetricsWriter, save_gif
-    from jaxrl_agentic.parallel import use_cpu_devices
+    from jaxrl_agentic.runtime.checkpoint import Checkpointer
+    from jaxrl_agentic.runtime.metrics_writer import MetricsWriter, save_gif
+    from jaxrl_agentic.runtime.parallel import use_cpu_devices
 
     load_before = os.getloadavg()[0]
     # As train.run does, before anything starts the backend (importing the pipeline does).

@@ -15,7 +15,7 @@ from jaxrl_agentic.algos.policy_losses import (
     policy_loss_names,
     register_policy_loss,
 )
-from jaxrl_agentic.learner import LearnerConfig
+from jaxrl_agentic.training.learner_config import LearnerConfig
 from pallas_kernels import PPOLossSums
 
 

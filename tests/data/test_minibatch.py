@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from jaxrl_agentic.data import PackingConfig
+from jaxrl_agentic.data.buckets import bucket_rows
 from jaxrl_agentic.data.minibatch import pack_minibatches, split_minibatches, updates_per_step
-from jaxrl_agentic.data.packing import bucket_rows, pack_samples
+from jaxrl_agentic.data.packing import pack_samples
 from jaxrl_agentic.data.types import Sample
 
 

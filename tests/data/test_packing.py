@@ -5,15 +5,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxrl_agentic.data import packing
+from jaxrl_agentic.data import buckets
+from jaxrl_agentic.data.buckets import bucket_rows, loss_slots_bucket, round_up_to_bucket
 from jaxrl_agentic.data.packing import (
     PackedBatch,
     PackingConfig,
-    bucket_rows,
-    loss_slots_bucket,
     pack_samples,
     pad_rows,
-    round_up_to_bucket,
     token_stats,
 )
 from jaxrl_agentic.data.types import Sample, truncate_sample
@@ -362,18 +360,18 @@ def brute_force_block_pairs(segment_ids: np.ndarray, block: int) -> int:
 def test_row_starts_hand_examples():
     # 350 then 300 tokens: the second would start in block 2 and end in block 5 (4 blocks,
     # 4·5/2 − 1 = 9 pairs); on the edge, 384, it spans 3 (6 pairs). 34 slots of slack.
-    assert packing.row_starts([350, 300], 1, 128, (1024,)) == [0, 384]
+    assert buckets.row_starts([350, 300], 1, 128, (1024,)) == [0, 384]
     # ... but not past the length the row is computed at (650 tight, limit 660).
-    assert packing.row_starts([350, 300], 1, 128, (660,)) == [0, 350]
+    assert buckets.row_starts([350, 300], 1, 128, (660,)) == [0, 350]
     # 300 then 300: starting at 300 it spans blocks 2–4, as many as on the edge, and shares
     # block 2 with the first sample: moving it would cost a pair.
-    assert packing.row_starts([300, 300], 1, 128, (1024,)) == [0, 300]
-    assert packing.row_starts([350, 300], 1, 0, (1024,)) == [0, 350]  # off
-    assert packing.row_starts([350, 300], 128, 128, (1024,)) == [0, 384]  # forced
-    assert packing.row_starts([50, 60], 16, 128, (512,)) == [0, 64]  # 50 → 64 (align 16)
+    assert buckets.row_starts([300, 300], 1, 128, (1024,)) == [0, 300]
+    assert buckets.row_starts([350, 300], 1, 0, (1024,)) == [0, 350]  # off
+    assert buckets.row_starts([350, 300], 128, 128, (1024,)) == [0, 384]  # forced
+    assert buckets.row_starts([50, 60], 16, 128, (512,)) == [0, 64]  # 50 → 64 (align 16)
     # Pairs of the hand examples (the closed form against the count above).
-    assert packing.block_pairs([0, 350], [350, 300], 128) == 6 + 10 - 1
-    assert packing.block_pairs([0, 384], [350, 300], 128) == 6 + 6
+    assert buckets.block_pairs([0, 350], [350, 300], 128) == 6 + 10 - 1
+    assert buckets.block_pairs([0, 384], [350, 300], 128) == 6 + 6
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -388,7 +386,7 @@ def test_align_when_free_keeps_rows_and_slots_and_never_adds_block_pairs(seed):
     tight = PackingConfig(**kwargs, align_when_free=False).pack(samples)
     free = PackingConfig(**kwargs).pack(samples)
     np.testing.assert_array_equal(free.sample_index, tight.sample_index)
-    limits = np.asarray(packing.prefix_lengths(2048, PackingConfig().row_prefixes))
+    limits = np.asarray(buckets.prefix_lengths(2048, PackingConfig().row_prefixes))
     for r in range(tight.num_micro_batches):
         used = [np.nonzero(b.segment_ids[r])[0].max(initial=-1) + 1 for b in (tight, free)]
         assert used[1] <= limits[np.searchsorted(limits, used[0])]

@@ -22,7 +22,7 @@ from jaxrl_agentic.models.transformer import (
     Transformer,
     tied_input_and_head,
 )
-from jaxrl_agentic.update import _decay_mask
+from jaxrl_agentic.training.update import _decay_mask
 
 CFG = ModelConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=8)

@@ -40,47 +40,48 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxrl_agentic.algos.importance import TIS_LEVELS, TIS_MODES, importance_weights, tis_metrics
 from jaxrl_agentic.algos.kl import (
-    KL_ESTIMATORS,
     KLControllerState,
     init_kl_controller,
     update_kl_controller,
 )
 from jaxrl_agentic.algos.losses import (
-    KERNEL_IMPLS,
     PolicyLossSums,
     flat_segment_ids,
     policy_loss,
 )
-from jaxrl_agentic.algos.policy_losses import get_policy_loss, policy_loss_names
-from jaxrl_agentic.algos.reductions import REDUCTIONS, loss_denominator, loss_weights
-from jaxrl_agentic.data import Sample, token_stats, trained_loss_mask, updates_per_step
-from jaxrl_agentic.models.transformer import REMAT_POLICIES, in_compute_dtype
-from jaxrl_agentic.parallel import make_mesh, place, stacked_layer_dims, train_state_shardings
-from jaxrl_agentic.update import (
+from jaxrl_agentic.algos.reductions import loss_denominator, loss_weights
+from jaxrl_agentic.data import Sample, token_stats, updates_per_step
+from jaxrl_agentic.models.transformer import in_compute_dtype
+from jaxrl_agentic.runtime.parallel import (
+    make_mesh,
+    place,
+    stacked_layer_dims,
+    train_state_shardings,
+)
+from jaxrl_agentic.training.accumulation import accumulate_gradients
+from jaxrl_agentic.training.learner_config import LearnerConfig
+from jaxrl_agentic.training.off_policy import (
+    logprob_mismatch,
+    out_of_support_tokens,
+    sample_importance_weights,
+)
+from jaxrl_agentic.training.per_token import computed_slots, make_per_token, per_sample_outputs
+from jaxrl_agentic.training.update import (
     EngineDriver,
-    UpdateConfig,
     UpdateEngine,
     UpdateLoss,
-    accumulate_gradients,
     applied,
     check_learning_rates,
-    computed_slots,
-    fail_first,
     init_optimizer_state,
-    make_per_token,
     make_update_step,
     mean_over_applied,
-    per_sample_outputs,
 )
 from pallas_kernels import (
-    OUT_OF_SUPPORT_LOGPROB,
     compiler_options,
     restricted_token_logprobs,
     token_logprobs,
 )
-from pallas_kernels.segment_attention import IMPLS as ATTENTION_IMPLS
 
 _F32 = jnp.float32
 # Arrays of a PackedBatch the train step reads (ref_logprobs only when a reference is used).
@@ -105,138 +106,6 @@ ACTOR_METRICS = ("loss", *PER_DENOMINATOR, *PER_TOKEN, "grad_norm")
 # recompute them anyway: a diagnostic, and a forward over the whole batch would cost a
 # third of the learner's time.
 MISMATCH_SAMPLES = 8
-
-
-@dataclasses.dataclass(frozen=True)
-class LearnerConfig(UpdateConfig):
-    """The policy's loss settings, on top of the shared optimizer/packing ones.
-
-    Loss: ``policy_loss`` a registered name (ppo, gspo, cispo, …; ``algos/policy_losses.py``),
-    ``pg_clip`` / ``pg_clip_high`` are ε_lo / ε_hi (None = symmetric), ``dual_clip`` the
-    dual-clip bound c (None = off, ppo only), ``loss_reduction`` one of ``REDUCTIONS`` with
-    ``loss_norm_length`` L for ``seq_mean_token_sum_norm`` (Dr. GRPO). KL:
-    ``init_kl_coef`` β₀, ``target_kl`` (None = fixed β, else the adaptive controller with
-    ``kl_horizon``), ``kl_estimator`` k1/k2/k3, ``kl_in_reward`` (penalise rewards instead of
-    the loss: the loss then carries no KL term, the reported KL is still measured).
-    ``temperature``: the sampling temperature the logprobs are taken at.
-    ``recompute_old_logprobs``: replace the sampler's logprobs by the learner's at the start
-    of each pipeline step. ``tis_imp_ratio_cap`` C (0 = off, needs recompute): importance
-    weights of the sampler/learner gap at ``tis_level`` (token, sequence, geometric) in
-    ``tis_mode`` (truncate, mask; the mask's band is ``[tis_lower_cap, C]``, None = 1/C),
-    ``algos/importance.py``. ``cispo_clip_low`` / ``cispo_clip_high``: CISPO's weight bounds
-    ``clip(r, 1 − ε_lo, 1 + ε_hi)`` (ε_lo ≥ 1: no lower bound, as MiniMax-M1), apart from
-    PPO's ``pg_clip`` so that each keeps its own range. ``top_k`` / ``top_p``: the
-    sampler's support restriction; with ``logprob_under_sampling_filter`` every logprob the
-    learner computes is that of the renormalised distribution the sampler drew from
-    (``pallas_kernels/restricted_logprobs.py``), so the ratio is that of the distribution
-    actually sampled. ``kernel_impl``: ``token_logprobs`` implementation.
-    ``attention_impl``: the training forward's segment-aware attention
-    (``pallas_kernels.segment_attention``). ``remat``: the
-    training forward's rematerialisation, one of ``REMAT_POLICIES``
-    (``models/transformer.py``; "layer" keeps only the blocks' inputs for the backward).
-    Defaults equal the run defaults (``config.default_config``).
-    """
-
-    policy_loss: str = "ppo"
-    loss_reduction: str = "token_mean"
-    loss_norm_length: float | None = None
-    pg_clip: float = 0.2
-    pg_clip_high: float | None = None
-    dual_clip: float | None = None
-    init_kl_coef: float = 0.0
-    target_kl: float | None = None
-    kl_horizon: float = 10000.0
-    kl_estimator: str = "k3"
-    kl_in_reward: bool = False
-    entropy_loss_coef: float = 0.0
-    temperature: float = 1.0
-    recompute_old_logprobs: bool = False
-    tis_imp_ratio_cap: float = 0.0
-    tis_level: str = "token"
-    tis_mode: str = "truncate"
-    tis_lower_cap: float | None = None
-    cispo_clip_low: float = 1.0
-    cispo_clip_high: float = 0.28
-    top_k: int = 0
-    top_p: float = 1.0
-    logprob_under_sampling_filter: bool = False
-    kernel_impl: str = "auto"
-    attention_impl: str = "auto"
-    remat: str = "none"
-
-    def __post_init__(self):
-        super().__post_init__()
-        fail_first([
-            (self.policy_loss in policy_loss_names(), "policy_loss",
-             f"choose one of {', '.join(policy_loss_names())} (or register one: "
-             "algos.policy_losses.register_policy_loss)"),
-            (self.remat in REMAT_POLICIES, "remat", f"choose one of {', '.join(REMAT_POLICIES)}"),
-            (self.loss_reduction in REDUCTIONS, "loss_reduction",
-             f"choose one of {', '.join(REDUCTIONS)}"),
-            (self.loss_reduction != "seq_mean_token_sum_norm"
-             or (self.loss_norm_length or 0) > 0, "loss_norm_length",
-             "seq_mean_token_sum_norm divides each sample's token sum by it; set it > 0"),
-            (self.dual_clip is None or self.policy_loss not in policy_loss_names()
-             or get_policy_loss(self.policy_loss).allows_dual_clip, "dual_clip",
-             f"bounds PPO's token loss; policy_loss={self.policy_loss!r} has none"),
-            (self.kernel_impl in KERNEL_IMPLS, "kernel_impl",
-             f"choose one of {', '.join(KERNEL_IMPLS)}"),
-            (self.attention_impl in ATTENTION_IMPLS, "attention_impl",
-             f"choose one of {', '.join(ATTENTION_IMPLS)}"),
-            (self.kl_estimator in KL_ESTIMATORS, "kl_estimator",
-             f"choose one of {', '.join(KL_ESTIMATORS)}"),
-            (0 < self.pg_clip < 1, "pg_clip", "must lie in (0, 1)"),
-            (self.pg_clip_high is None or self.pg_clip_high > 0, "pg_clip_high", "must be > 0"),
-            (self.dual_clip is None or self.dual_clip > 1, "dual_clip", "must be 0 (off) or > 1"),
-            (self.init_kl_coef >= 0, "init_kl_coef", "must be >= 0"),
-            (self.target_kl is None or (self.target_kl > 0 and self.init_kl_coef > 0),
-             "target_kl", "an adaptive KL coefficient needs init_kl_coef > 0 to start from"),
-            (self.kl_horizon > 0, "kl_horizon", "must be > 0"),
-            (not self.kl_in_reward or self.init_kl_coef > 0, "kl_in_reward",
-             "folds init_kl_coef·KL into the rewards; set init_kl_coef > 0"),
-            (self.entropy_loss_coef >= 0, "entropy_loss_coef", "must be >= 0"),
-            (self.temperature > 0, "temperature", "must be > 0"),
-            (self.tis_imp_ratio_cap >= 0, "tis_imp_ratio_cap", "must be >= 0"),
-            (self.tis_imp_ratio_cap == 0 or self.recompute_old_logprobs, "tis_imp_ratio_cap",
-             "needs recompute_old_logprobs=True (without it the old policy is the behaviour "
-             "policy and every weight is 1)"),
-            (self.tis_level in TIS_LEVELS, "tis_level", f"choose one of {', '.join(TIS_LEVELS)}"),
-            (self.tis_mode in TIS_MODES, "tis_mode", f"choose one of {', '.join(TIS_MODES)}"),
-            (self.tis_lower_cap is None or 0 < self.tis_lower_cap <= max(
-                self.tis_imp_ratio_cap, 0), "tis_lower_cap",
-             "must lie in (0, tis_imp_ratio_cap] (0 = 1/tis_imp_ratio_cap)"),
-            (self.cispo_clip_low >= 0, "cispo_clip_low",
-             "must be >= 0 (>= 1: no lower bound on the weight)"),
-            (self.cispo_clip_high > 0, "cispo_clip_high", "must be > 0"),
-            (self.top_k >= 0, "top_k", "must be >= 0 (0 = off)"),
-            (0 < self.top_p <= 1, "top_p", "must lie in (0, 1]"),
-            (not self.logprob_under_sampling_filter or self.restricts_support,
-             "logprob_under_sampling_filter", "needs generation top_k > 0 or top_p < 1"),
-        ], self)
-
-    @property
-    def ratio_bounds(self) -> tuple[float, float | None]:
-        """``(ε_lo, ε_hi)`` of the policy loss: CISPO's own weight bounds, else PPO's clip."""
-        if get_policy_loss(self.policy_loss).bounds == "cispo_clip":
-            return self.cispo_clip_low, self.cispo_clip_high
-        return self.pg_clip, self.pg_clip_high
-
-    @property
-    def restricts_support(self) -> bool:
-        """Whether the sampler draws from a top-k / top-p restricted support."""
-        return self.top_k > 0 or self.top_p < 1.0
-
-    @property
-    def logprob_filter(self) -> tuple[int, float]:
-        """``(top_k, top_p)`` the learner's logprobs are taken under ((0, 1.0) = none)."""
-        if self.logprob_under_sampling_filter:
-            return self.top_k, self.top_p
-        return 0, 1.0
-
-    @property
-    def uses_reference(self) -> bool:
-        """A reference policy is kept iff the KL coefficient can be non-zero."""
-        return self.init_kl_coef > 0 or self.target_kl is not None
 
 
 @flax.struct.dataclass
@@ -406,7 +275,7 @@ def policy_update_loss(graphdef, config: LearnerConfig) -> UpdateLoss:
 
 def make_loss_and_grads(graphdef, config: LearnerConfig, mesh=None):
     """``loss_and_grads(params, batch, kl_coef) -> (grads, sums, denominator)``: gradients of
-    the mini-batch loss ``Σ objective / max(D, 1)`` (``update.accumulate_gradients``; not
+    the mini-batch loss ``Σ objective / max(D, 1)`` (``accumulation.accumulate_gradients``; not
     jitted: tests jit it)."""
     zero_sums = PolicyLossSums(*(jnp.zeros((), _F32) for _ in PolicyLossSums._fields))
 
@@ -470,68 +339,6 @@ def make_compute_logprobs(graphdef, config: LearnerConfig, mesh, param_shardings
 
 
 # ----------------------------------------------------------------------------- host side
-
-
-def comparable_masks(samples: Sequence[Sample], recomputed: Sequence[np.ndarray],
-                     sequence_length: int | None) -> list[np.ndarray]:
-    """Per sample, the loss tokens where the sampler's and the learner's logprobs can be
-    compared: within ``sequence_length`` (the learner's values are 0 beyond it) and inside
-    both supports (a top-k/top-p logprob of a token outside the kept set is the
-    ``OUT_OF_SUPPORT_LOGPROB`` sentinel, not a logprob). Bool ``[len(sample)]`` each."""
-    floor = OUT_OF_SUPPORT_LOGPROB / 2
-    return [(trained_loss_mask(s, sequence_length) > 0) & (np.asarray(r) > floor)
-            & (np.asarray(s.old_logprobs) > floor)
-            for s, r in zip(samples, recomputed, strict=True)]
-
-
-def logprob_mismatch(samples: Sequence[Sample], recomputed: Sequence[np.ndarray],
-                     sequence_length: int | None = None) -> float:
-    """Mean |sampler logprob − learner logprob| over the samples' comparable loss tokens
-    (:func:`comparable_masks`)."""
-    masks = comparable_masks(samples, recomputed, sequence_length)
-    gap = sum(float(np.abs(s.old_logprobs - r)[m].sum())
-              for s, r, m in zip(samples, recomputed, masks, strict=True))
-    return gap / max(sum(int(m.sum()) for m in masks), 1)
-
-
-def out_of_support_tokens(samples: Sequence[Sample], recomputed: Sequence[np.ndarray],
-                          sequence_length: int | None = None) -> int:
-    """Trained loss tokens that one side's logprob puts outside its top-k/top-p support."""
-    masks = comparable_masks(samples, recomputed, sequence_length)
-    return sum(int((trained_loss_mask(s, sequence_length) > 0).sum() - m.sum())
-               for s, m in zip(samples, masks, strict=True))
-
-
-def sample_importance_weights(samples: Sequence[Sample], recomputed: Sequence[np.ndarray],
-                              config: LearnerConfig) -> tuple[list[np.ndarray], dict]:
-    """Per-sample TIS weights of ``π_old = recomputed`` against the sampler's logprobs, at
-    ``config.tis_level`` / ``tis_mode`` / ``tis_imp_ratio_cap`` (``algos/importance.py``),
-    and their metrics.
-
-    Only comparable tokens (:func:`comparable_masks`) enter the weights: a token cut by
-    ``sequence_length`` or outside a support gets weight 0 (masked, its advantage with it)
-    and adds nothing to its sample's sequence or geometric ratio.
-
-    All samples go in one call as the segments of one row padded to a power of two, so the
-    sequence and geometric levels see exactly each sample's loss tokens and the few eager
-    programs compile for a handful of lengths, not once per sample length.
-    """
-    lengths = [len(s) for s in samples]
-    total = sum(lengths)
-    width = max(1024, 1 << (total - 1).bit_length())
-    row = lambda parts, dtype: np.pad(np.concatenate(parts).astype(dtype),  # noqa: E731
-                                      (0, width - total))
-    ids = row([np.full(n, i + 1) for i, n in enumerate(lengths)], np.int32)
-    mask = row(comparable_masks(samples, recomputed, config.packing.sequence_length),
-               np.float32)
-    tis = importance_weights(row(list(recomputed), np.float32),
-                             row([s.old_logprobs for s in samples], np.float32),
-                             mask[None], ids[None], level=config.tis_level,
-                             mode=config.tis_mode, cap=config.tis_imp_ratio_cap,
-                             lower_cap=config.tis_lower_cap)
-    stats = tis_metrics(tis, mask[None])
-    weights = np.asarray(tis.weights)[0, :total]
-    return np.split(weights, np.cumsum(lengths)[:-1]), stats
 
 
 class Learner(EngineDriver):

@@ -22,18 +22,18 @@ from flax import nnx
 
 from jaxrl_agentic.algos.advantages import gae
 from jaxrl_agentic.algos.estimators import AdvantageSettings
-from jaxrl_agentic.critic import (
-    Critic,
-    CriticConfig,
-    init_critic_state,
-    make_value_loss_and_grads,
-)
 from jaxrl_agentic.data import PackingConfig, Sample, pack_samples
 from jaxrl_agentic.models.config import ModelConfig
 from jaxrl_agentic.models.transformer import Transformer
 from jaxrl_agentic.models.value import state_values
 from jaxrl_agentic.pipeline import token_estimator_samples
-from jaxrl_agentic.update import make_optimizer, set_learning_rate
+from jaxrl_agentic.training.critic import (
+    Critic,
+    CriticConfig,
+    init_critic_state,
+    make_value_loss_and_grads,
+)
+from jaxrl_agentic.training.update import make_optimizer, set_learning_rate
 from tests.data.test_samples import EOS, make_traj
 
 MODEL_CFG = ModelConfig(

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from jaxrl_agentic.parallel import (
+from jaxrl_agentic.runtime.parallel import (
     batch_sharding,
     make_mesh,
     num_batch_shards,
@@ -100,11 +100,12 @@ _SCRIPT = textwrap.dedent(
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
     from flax import nnx
     from jaxrl_agentic.data import PackingConfig, Sample, pack_samples
-    from jaxrl_agentic.learner import (LearnerConfig, init_train_state, make_compute_logprobs,
-                                       make_train_step)
+    from jaxrl_agentic.training.learner import (init_train_state, make_compute_logprobs,
+                                                make_train_step)
+    from jaxrl_agentic.training.learner_config import LearnerConfig
     from jaxrl_agentic.models.config import ModelConfig
     from jaxrl_agentic.models.transformer import Transformer
-    from jaxrl_agentic.parallel import make_mesh, train_state_shardings
+    from jaxrl_agentic.runtime.parallel import make_mesh, train_state_shardings
 
     assert len(jax.devices()) == 8, jax.devices()
     cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -174,7 +175,7 @@ _SCRIPT = textwrap.dedent(
     out["logprob_nonzero"] = int((lp_single != 0).sum())
     out["loss_tokens"] = int((np.asarray(batches[0]["loss_mask"]) > 0).sum())
     # The host loop on a (2, 4, 1) mesh: 5 short samples need 2 rows, padded to 8 shards.
-    from jaxrl_agentic.learner import Learner
+    from jaxrl_agentic.training.learner import Learner
     import dataclasses
     learner = Learner(graphdef, params, dataclasses.replace(config, init_kl_coef=0.0),
                       make_mesh(2, 4, 1))
@@ -237,7 +238,7 @@ def test_use_cpu_devices_splits_the_cpu_before_the_backend_starts():
     them and says so; 0 means one device per core this process may run on."""
     out = _last_json_line("""
         import json, os
-        from jaxrl_agentic.parallel import use_cpu_devices
+        from jaxrl_agentic.runtime.parallel import use_cpu_devices
         said = []
         asked = use_cpu_devices(3, log=said.append)
         import jax
@@ -256,7 +257,7 @@ def test_use_cpu_devices_splits_the_cpu_before_the_backend_starts():
 def test_use_cpu_devices_leaves_an_xla_flags_device_count_alone():
     out = _last_json_line("""
         import json
-        from jaxrl_agentic.parallel import use_cpu_devices
+        from jaxrl_agentic.runtime.parallel import use_cpu_devices
         said = []
         use_cpu_devices(1, log=said.append)
         use_cpu_devices(4, log=said.append)
@@ -269,7 +270,7 @@ def test_use_cpu_devices_leaves_an_xla_flags_device_count_alone():
 
 
 def test_use_cpu_devices_rejects_a_negative_count():
-    from jaxrl_agentic.parallel import use_cpu_devices
+    from jaxrl_agentic.runtime.parallel import use_cpu_devices
 
     with pytest.raises(ValueError, match="cpu_devices must be >= 0"):
         use_cpu_devices(-1)

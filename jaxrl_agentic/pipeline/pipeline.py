@@ -20,15 +20,11 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 
-from jaxrl_agentic import memory_plan as plans
-from jaxrl_agentic import timing, typed_configs
+from jaxrl_agentic import typed_configs
 from jaxrl_agentic.algos import advantages as adv
 from jaxrl_agentic.algos import diagnostics, filters
 from jaxrl_agentic.algos.estimators import (
-    DEFAULT_SETTINGS,
-    AdvantageSettings,
     get_advantage_estimator,
-    token_advantages,
     turn_advantages,
 )
 from jaxrl_agentic.algos.kl import kl_estimate
@@ -38,115 +34,33 @@ from jaxrl_agentic.config import (
     manager_env_config,
     resolve_model_path,
 )
-from jaxrl_agentic.critic import Critic, gae_rollout_metrics
 from jaxrl_agentic.data import updates_per_step
 from jaxrl_agentic.data.samples import build_samples, trajectory_sample
 from jaxrl_agentic.envs import make
 from jaxrl_agentic.envs.python_env import make_python_env
-from jaxrl_agentic.envs.tools import tool_metrics
-from jaxrl_agentic.learner import Learner, comparable_masks
 from jaxrl_agentic.models import load_pretrained
 from jaxrl_agentic.models.hf_io import read_model_config
-from jaxrl_agentic.parallel import (
+from jaxrl_agentic.pipeline.metrics import mean_of, trajectory_metrics
+from jaxrl_agentic.pipeline.run_checks import check_same_model_everywhere
+from jaxrl_agentic.pipeline.samples import advantage_settings, token_estimator_samples
+from jaxrl_agentic.rollout.conversation import ChatFormatter
+from jaxrl_agentic.rollout.groups import plan_episodes
+from jaxrl_agentic.rollout.loop import RolloutRunner
+from jaxrl_agentic.rollout.producer import RolloutProducer
+from jaxrl_agentic.rollout.python_runner import PythonRolloutRunner
+from jaxrl_agentic.runtime import memory_plan as plans
+from jaxrl_agentic.runtime import timing
+from jaxrl_agentic.runtime.parallel import (
     SamplerPlacement,
     allgather_objects,
     make_mesh,
     param_partition_spec,
     process_share,
 )
-from jaxrl_agentic.rollout.conversation import ChatFormatter
-from jaxrl_agentic.rollout.groups import plan_episodes
-from jaxrl_agentic.rollout.loop import RolloutRunner
-from jaxrl_agentic.rollout.producer import RolloutProducer
-from jaxrl_agentic.rollout.python_runner import PythonRolloutRunner
 from jaxrl_agentic.sampling import Sampler
-
-
-def _mean(values) -> float:
-    values = list(values)
-    return float(np.mean(values)) if values else 0.0
-
-
-def trajectory_metrics(trajs, prefix: str) -> dict[str, float]:
-    """Means over episodes of the env-side metrics (and per tag when there are several);
-    tool envs add `tool/*` totals and rates (`envs.tools.tool_metrics`)."""
-    out = {}
-    tags = sorted({t.tag for t in trajs})
-    for tag in [None] + (tags if len(tags) > 1 else []):
-        group = [t for t in trajs if tag is None or t.tag == tag]
-        p = prefix if tag is None else f"{prefix}{tag}/"
-        out[f"{p}success"] = _mean(t.metrics["success"] for t in group)
-        out[f"{p}return"] = _mean(t.metrics["return"] for t in group)
-        out[f"{p}num_turns"] = _mean(len(t.turns) for t in group)
-        out[f"{p}action_is_valid"] = _mean(t.metrics["action_is_valid"] for t in group)
-        out[f"{p}action_is_effective"] = _mean(t.metrics["action_is_effective"] for t in group)
-        # Python envs: an env call that missed its deadline, or raised, ended the episode.
-        out[f"{p}timeout"] = _mean(t.metrics.get("env_timeout", 0.0) for t in group)
-        out[f"{p}errors"] = _mean(t.metrics.get("env_error", 0.0) for t in group)
-        # Tool envs: call totals, calls per episode, valid-call share ({} for other envs).
-        out.update(tool_metrics([t.metrics for t in group], p))
-    out[f"{prefix}truncated_by_length"] = _mean(t.truncated_by_length for t in trajs)
-    return out
-
-
-def model_files_digest(model_dir: str) -> str:
-    """sha256 over the weight and config files of an HF directory (names and contents)."""
-    import hashlib
-    import os
-
-    digest = hashlib.sha256()
-    for name in sorted(os.listdir(model_dir)):
-        if name.endswith((".safetensors", ".json")):
-            digest.update(name.encode())
-            with open(os.path.join(model_dir, name), "rb") as f:
-                for block in iter(lambda: f.read(1 << 24), b""):
-                    digest.update(block)
-    return digest.hexdigest()
-
-
-def check_same_model_everywhere(model_dir: str) -> None:
-    """Each process loads its own shards from its own copy of the model (and may have run
-    its own format warm-up): different files would silently mix two models."""
-    digests = allgather_objects(model_files_digest(model_dir))
-    if len(set(digests)) > 1:
-        odd = [i for i, d in enumerate(digests) if d != digests[0]]
-        raise ConfigError(f"config.pretrain: the model files in {model_dir} differ between "
-                          f"processes (process 0 vs {odd}); copy the same model to every host")
-
-
-def advantage_settings(c) -> AdvantageSettings:
-    """The estimators' knobs of run config `c`."""
-    return AdvantageSettings(use_std=c.norm_adv_std, step_reward_gamma=c.step_reward_gamma,
-                             gigpo_step_weight=c.gigpo_step_weight, gamma=c.gamma,
-                             lambd=c.lambd)
-
-
-def token_estimator_samples(trajs, *, adv_estimator: str,
-                            settings: AdvantageSettings = DEFAULT_SETTINGS,
-                            critic: Critic | None = None):
-    """Trajectory samples with per-token advantages (a ``"token"``-level estimator of
-    ``algos/estimators.py``), and counts.
-
-    GAE: the critic's ``V`` on each trajectory sample (before any update of this step) →
-    ``token_advantages`` → ``build_samples`` with the returns ``R = A + V`` and the old
-    values for the value loss's clipping, plus ``gae_rollout_metrics``. Trajectories without
-    turns give no sample.
-    """
-    played = [t for t in trajs if t.turns]
-    if not played:
-        return [], {"batch/sequences_before_merge": 0.0, "batch/sequences_after_merge": 0.0,
-                    "batch/empty_trajectories": float(len(trajs))}
-    values = None
-    if critic is not None:
-        values = critic.sample_values([trajectory_sample(t, 0.0) for t in played])
-    advantages, returns = token_advantages(played, adv_estimator=adv_estimator,
-                                           settings=settings, values=values)
-    samples, stats = build_samples(played, advantages, sample_mode="trajectory",
-                                   token_level=True, returns=returns, values=values)
-    stats["batch/empty_trajectories"] = float(len(trajs) - len(played))
-    if critic is not None:
-        stats.update(gae_rollout_metrics(samples))
-    return samples, stats
+from jaxrl_agentic.training.critic import Critic
+from jaxrl_agentic.training.learner import Learner
+from jaxrl_agentic.training.off_policy import comparable_masks
 
 
 class Pipeline:
@@ -171,7 +85,7 @@ class Pipeline:
         self.memory_plan = self._memory_plan(model_dir or resolve_model_path(c), max_total_len)
         log(self.memory_plan.table())
         if self.memory_plan.total > plans.MALLOC_RELEASE_SHARE * self.memory_plan.budget:
-            plans.return_freed_memory_to_os()  # before any weight is read (memory_plan.py)
+            plans.return_freed_memory_to_os()  # before any weight is read (runtime/memory_plan.py)
         try:  # before any weight is read or warmed up: a state that cannot fit fails now
             plans.check_memory_plan(self.memory_plan, warn=log)
         except ValueError as e:
@@ -414,7 +328,7 @@ class Pipeline:
                     metrics.update(self.critic.step(samples))
             with timing.span("learner"):
                 metrics.update(self.learner.step(samples, lrs))
-            metrics["critic/advantages_mean"] = _mean(
+            metrics["critic/advantages_mean"] = mean_of(
                 float(s.advantages[s.loss_mask > 0].mean()) for s in samples
                 if s.loss_mask.sum() > 0)
         else:

@@ -23,17 +23,17 @@ from flax import nnx
 from jaxrl_agentic.algos.reductions import REDUCTIONS
 from jaxrl_agentic.data import PackingConfig, Sample, pack_samples, updates_per_step
 from jaxrl_agentic.data.baseline_packing import pad_samples
-from jaxrl_agentic.learner import (
+from jaxrl_agentic.models.config import ModelConfig
+from jaxrl_agentic.models.transformer import Transformer
+from jaxrl_agentic.runtime.parallel import make_mesh, stacked_layer_dims, train_state_shardings
+from jaxrl_agentic.training.learner import (
     TRAIN_BATCH_KEYS,
     Learner,
-    LearnerConfig,
     init_train_state,
     make_loss_and_grads,
     make_train_step,
 )
-from jaxrl_agentic.models.config import ModelConfig
-from jaxrl_agentic.models.transformer import Transformer
-from jaxrl_agentic.parallel import make_mesh, stacked_layer_dims, train_state_shardings
+from jaxrl_agentic.training.learner_config import LearnerConfig
 from tests.conftest import load_script
 
 MODEL_CFG = ModelConfig(
@@ -503,7 +503,7 @@ def test_the_lm_head_runs_at_the_loss_slots_only():
     """Counted in the compiled program's FLOPs: one row of 64 tokens with 16 loss slots
     saves (64 − 16) LM-head rows, 2·D·V multiply-adds each, forward and backward (≥ 3 dots
     per row: logits, d hidden, d head)."""
-    from jaxrl_agentic.learner import micro_batch_sums
+    from jaxrl_agentic.training.learner import micro_batch_sums
 
     config = dataclasses.replace(BASE, kernel_impl="reference")
     samples = SAMPLES[:3]
@@ -550,7 +550,7 @@ def test_remat_keeps_the_gradients_and_cuts_the_activation_memory():
     input, not its attention scores and MLP activations."""
     from jax._src.ad_checkpoint import saved_residuals
 
-    from jaxrl_agentic.learner import micro_batch_sums
+    from jaxrl_agentic.training.learner import micro_batch_sums
 
     rng = np.random.default_rng(0)
     mask = np.r_[np.zeros(32), np.ones(224)]

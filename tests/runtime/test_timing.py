@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jaxrl_agentic import timing
+from jaxrl_agentic.runtime import timing
 
 
 class FakeClock:

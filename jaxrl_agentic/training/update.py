@@ -23,6 +23,9 @@ Host side, one pipeline step (:class:`UpdateEngine`): split the samples into min
 (reshuffled per epoch) → pack each to one common ``[n_micro, micro_batch_max_tokens]`` shape
 (``data/minibatch.pack_minibatches``) → put on the mesh → one jitted update per mini-batch
 with its learning rate → one host fetch of all metrics.
+
+The scan over groups of rows is ``accumulation.py``'s; the per-token passes without a
+gradient (logprobs, values) are ``per_token.py``'s.
 """
 
 from __future__ import annotations
@@ -42,30 +45,25 @@ from jaxrl_agentic.data import (
     PackedBatch,
     PackingConfig,
     Sample,
-    bucket_rows,
     pack_minibatches,
     pad_rows,
-    prefix_lengths,
     round_up_to_bucket,
     split_minibatches,
     spread_rows,
     updates_per_step,
 )
-from jaxrl_agentic.parallel import (
+from jaxrl_agentic.runtime.parallel import (
     batch_sharding,
-    constrain_like_params,
     num_batch_shards,
     place,
     put_rows,
     replicated,
     stacked_layer_dims,
-    to_host,
 )
+from jaxrl_agentic.training.accumulation import accumulate_gradient_sums, scale_gradients
 from pallas_kernels import use_mesh_for_kernels
 
 _F32 = jnp.float32
-# Batch arrays whose last axis is not the row's positions (never cut by a prefix).
-_NOT_POSITIONAL = ("loss_index",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,7 +158,7 @@ def clip_gradients(max_norm: float | None = None, relative: float | None = None,
     (the train step's non-finite guard), so the gradient is not read again for it. And the
     clip is a multiply by one scalar, which XLA fuses into Adam's moments: optax's clip
     divides every element by |g|, and XLA:CPU kept that clipped copy of the whole gradient
-    as a buffer (``tests/test_update_memory.py``).
+    as a buffer (``tests/training/test_update_memory.py``).
     """
 
     def init(params):
@@ -235,148 +233,6 @@ def init_optimizer_state(params: Any, config: UpdateConfig):
 # ----------------------------------------------------------------------------- the step
 
 
-def micro_groups(batch: dict[str, jax.Array], group_rows: int) -> dict[str, jax.Array]:
-    """``[n_micro, T]`` → ``[n_micro / group_rows, group_rows, T]``, group ``j`` holding rows
-    ``j, j + k, j + 2k, …`` (``k`` = groups): with rows sharded in contiguous blocks over the
-    batch axes, every group then has one row on each shard and the reshape moves no data."""
-    n_micro = batch["tokens"].shape[0]
-    if n_micro % group_rows:
-        raise ValueError(
-            f"the batch has {n_micro} micro-batch rows, not a multiple of the mesh's "
-            f"{group_rows} batch shards (data·fsdp); pad it with data.pad_rows"
-        )
-    groups = n_micro // group_rows
-
-    def regroup(x):
-        return jnp.swapaxes(x.reshape(group_rows, groups, *x.shape[1:]), 0, 1)
-
-    return {k: regroup(v) for k, v in batch.items()}
-
-
-def ungroup(out: jax.Array) -> jax.Array:
-    """Undoes :func:`micro_groups` on a scan's stacked output ``[groups, group_rows, T]``."""
-    return jnp.swapaxes(out, 0, 1).reshape(-1, out.shape[-1])
-
-
-def constrain_rows(micro, mesh):
-    """``micro`` constrained to the mesh's batch sharding (identity without a mesh)."""
-    if mesh is None:
-        return micro
-    return lax.with_sharding_constraint(micro, batch_sharding(mesh))
-
-
-def used_length(segment_ids: jax.Array) -> jax.Array:
-    """1 + the last position at which any row of ``segment_ids [rows, T]`` holds a real
-    token (0 when all are padding)."""
-    busy = jnp.any(segment_ids > 0, axis=0)
-    return jnp.max(jnp.where(busy, jnp.arange(1, busy.shape[0] + 1), 0))
-
-
-def on_shortest_prefix(fn, empty, micro: dict[str, jax.Array], lengths: tuple[int, ...]):
-    """``fn`` on ``micro``'s rows cut to the shortest of ``lengths`` that holds every real
-    token, or ``empty(micro)`` when the group is all padding (one ``lax.switch``).
-
-    Exact: positions at and after :func:`used_length` are padding, which attends to nothing,
-    is attended by nothing and carries no loss, so cutting them off changes no real token's
-    value or gradient. It pays on the last, part-filled group of a mini-batch (first-fit
-    leaves one): 13 rows of 1,024 tokens on 2 devices make 7 groups, the 7th holding 158
-    tokens, and that group costs a 512-token row instead of a 1,024-token one.
-    ``loss_index`` (positions, not a position axis) is passed whole."""
-    used = used_length(micro["segment_ids"])
-    index = jnp.where(used == 0, 0, 1 + jnp.searchsorted(jnp.asarray(lengths), used))
-
-    def cut(n):
-        return lambda m: fn({k: v if k in _NOT_POSITIONAL else v[:, :n] for k, v in m.items()})
-
-    return lax.switch(index, [empty] + [cut(n) for n in lengths], micro)
-
-
-def scan_row_groups(fn, batch: dict[str, jax.Array], mesh, halvings: int = 0) -> jax.Array:
-    """``[n_micro, T]`` per-token outputs of ``fn(micro) -> [group_rows, T']`` over groups of
-    ``data · fsdp`` rows, each group run on the shortest prefix of
-    :func:`prefix_lengths` ``(T, halvings)`` that holds its real tokens (T' its length; the
-    rest is zeros); groups of padding rows give zeros without running ``fn``."""
-    row_len = batch["tokens"].shape[-1]
-    lengths = prefix_lengths(row_len, halvings)
-
-    def padded(m):
-        out = fn(m)
-        return jnp.pad(out.astype(_F32), ((0, 0), (0, row_len - out.shape[-1])))
-
-    def body(_, micro):
-        micro = constrain_rows(micro, mesh)
-        return None, on_shortest_prefix(
-            padded, lambda m: jnp.zeros(m["tokens"].shape, _F32), micro, lengths)
-
-    group_rows = 1 if mesh is None else num_batch_shards(mesh)
-    _, out = lax.scan(body, None, micro_groups(batch, group_rows))
-    return ungroup(out)
-
-
-def accumulate_gradients(micro_objective, params, batch, zero_sums, mesh=None,
-                         halvings: int = 0):
-    """Gradient of ``Σ_micro objective / max(Σ_micro D, 1)`` over a mini-batch, in one scan:
-    :func:`accumulate_gradient_sums` divided *once* by the global denominator, in fp32.
-    Returns ``(grads, sums, denominator)``."""
-    grad_sum, sums, denominator = accumulate_gradient_sums(micro_objective, params, batch,
-                                                           zero_sums, mesh, halvings)
-    return scale_gradients(grad_sum, 1.0 / jnp.maximum(denominator, 1.0)), sums, denominator
-
-
-def scale_gradients(grads, scale):
-    """``grads · scale`` in fp32."""
-    return jax.tree.map(lambda g: g.astype(_F32) * scale, grads)
-
-
-def accumulate_gradient_sums(micro_objective, params, batch, zero_sums, mesh=None,
-                             halvings: int = 0):
-    """``(Σ_micro ∇objective, sums, denominator)`` over a mini-batch, in one scan.
-
-    ``micro_objective(params, micro) -> (objective_sum, (sums, denominator))`` is evaluated
-    on groups of ``data · fsdp`` rows, each cut to the shortest prefix of
-    :func:`prefix_lengths` ``(T, halvings)`` that holds its real tokens
-    (:func:`on_shortest_prefix`); gradient sums, loss sums and denominators accumulate
-    in fp32. The caller divides by the denominator where the gradient is used
-    (:func:`apply_if_finite`), so the division never needs a buffer of its own.
-
-    A mini-batch of a single group is differentiated directly: the scan's fp32 accumulator
-    would sit beside that group's own gradient (a second copy of every parameter's
-    gradient in the step's temporaries), to add it to zeros.
-    """
-    group_rows = 1 if mesh is None else num_batch_shards(mesh)
-    grad_fn = jax.grad(micro_objective, has_aux=True)
-    lengths = prefix_lengths(batch["tokens"].shape[-1], halvings)
-    groups = micro_groups(batch, group_rows)
-    if batch["tokens"].shape[0] == group_rows:
-        micro = constrain_rows({k: v[0] for k, v in groups.items()}, mesh)
-        grads, (sums, denominator) = grad_fn(params, micro)
-        return grads, sums, denominator
-
-    def zeros(_):
-        return (jax.tree.map(jnp.zeros_like, params),
-                (jax.tree.map(jnp.zeros_like, zero_sums), jnp.zeros((), _F32)))
-
-    def body(carry, micro):
-        grad_sum, sums_acc, denominator_acc = carry
-        micro = constrain_rows(micro, mesh)
-        # A group of padding rows adds exactly nothing: skip its forward and backward.
-        grads, (sums, denominator) = on_shortest_prefix(
-            lambda m: grad_fn(params, m), zeros, micro, lengths)
-        grad_sum = jax.tree.map(lambda a, g: a + g.astype(_F32), grad_sum, grads)
-        if mesh is not None:
-            grad_sum = constrain_like_params(grad_sum, mesh)
-        sums_acc = jax.tree.map(jnp.add, sums_acc, sums)
-        return (grad_sum, sums_acc, denominator_acc + denominator), None
-
-    init = (
-        jax.tree.map(lambda p: jnp.zeros(p.shape, _F32), params),
-        zero_sums,
-        jnp.zeros((), _F32),
-    )
-    (grad_sum, sums, denominator), _ = lax.scan(body, init, groups)
-    return grad_sum, sums, denominator
-
-
 def apply_if_finite(optimizer, params, opt_state, grads, loss, lr, grad_scale=1.0):
     """One optax update with learning rate ``lr`` and gradient ``grads · grad_scale``, kept
     only if ``loss`` and the gradient norm are finite. Returns ``(params, opt_state,
@@ -388,7 +244,7 @@ def apply_if_finite(optimizer, params, opt_state, grads, loss, lr, grad_scale=1.
     The update runs inside a ``lax.cond``: its false branch returns the state untouched, so
     the new parameters and moments are written over the donated ones leaf by leaf. Choosing
     between a computed new state and the old one with ``jnp.where`` kept both alive in the
-    update step's temporaries (``tests/test_update_memory.py``).
+    update step's temporaries (``tests/training/test_update_memory.py``).
     """
     # |g · s| = |g| · s, read from the gradient as it came out of the backward: a norm is a
     # reduction XLA:CPU runs as a library call, which takes its input from a buffer, so the
@@ -495,26 +351,6 @@ def make_update_step(loss: UpdateLoss, config: UpdateConfig, mesh, state_shardin
     )
 
 
-def make_per_token(fn, keys: Sequence[str], mesh, param_shardings, halvings: int = 0,
-                   compiler_options: dict | None = None):
-    """Jitted ``compute(params, batch) -> [n_micro, row_len]`` fp32 from ``fn(params, micro)
-    -> [group_rows, T]`` run on groups of rows (:func:`scan_row_groups`, cut to prefixes of
-    up to ``halvings`` halvings); reads ``keys``; ``compiler_options`` as
-    :func:`make_update_step`'s."""
-
-    @kernels_see_mesh(mesh)
-    def compute(params, batch):
-        return scan_row_groups(lambda micro: fn(params, micro), {k: batch[k] for k in keys},
-                               mesh, halvings)
-
-    return jax.jit(
-        compute,
-        in_shardings=(param_shardings, batch_sharding(mesh)),
-        out_shardings=batch_sharding(mesh),
-        compiler_options=compiler_options,
-    )
-
-
 # ----------------------------------------------------------------------------- host side
 
 
@@ -532,37 +368,6 @@ def put_batch(batch: PackedBatch, keys: Sequence[str], mesh) -> dict[str, jax.Ar
     """The named token arrays of ``batch``, placed with the mesh's batch sharding."""
     arrays = batch.device_arrays()
     return put_rows({k: arrays[k] for k in keys}, mesh)
-
-
-def computed_slots(batch: PackedBatch, mesh, halvings: int = 0) -> int:
-    """Token slots a step really computes: the scan skips groups of rows (one per batch
-    shard, rows ``j, j + groups, …``) that hold only padding and runs each other group on
-    its prefix (:func:`on_shortest_prefix`, ``halvings`` as ``PackingConfig.row_prefixes``).
-    A mini-batch of one group is differentiated whole (:func:`accumulate_gradient_sums`)."""
-    shards = num_batch_shards(mesh)
-    groups = batch.num_micro_batches // shards
-    lengths = np.asarray(prefix_lengths(batch.row_len, halvings if groups > 1 else 0))
-    busy = (batch.segment_ids > 0).reshape(shards, groups, -1).any(axis=0)  # [groups, T]
-    used = np.where(busy, np.arange(1, batch.row_len + 1), 0).max(axis=1, initial=0)
-    cut = np.where(used > 0, lengths[np.searchsorted(lengths, used)], 0)
-    return int(cut.sum()) * shards
-
-
-def per_sample_outputs(samples: Sequence[Sample], packing: PackingConfig, mesh, compute,
-                       params, keys: Sequence[str]) -> list[np.ndarray]:
-    """Per-sample ``[len(sample)]`` fp32 results of a jitted per-token ``compute(params,
-    batch) -> [n_micro, row_len]`` run on ``samples`` packed for ``mesh``; 0 beyond
-    ``sequence_length``."""
-    num_rows = None
-    if packing.fixed_rows:  # one sample per row at most: a shape that follows only n
-        num_rows = round_up_to_bucket(bucket_rows(len(samples), 0), num_batch_shards(mesh))
-    batch = pad_to_shards(packing.pack(samples, num_rows=num_rows), mesh, packing.pad_token_id)
-    per_token = to_host(compute(params, put_batch(batch, keys, mesh)))
-    out = [np.zeros(len(s), np.float32) for s in samples]
-    for row, column in zip(*np.nonzero(batch.sample_index >= 0), strict=True):
-        values = per_token[row][batch.segment_ids[row] == column + 1]
-        out[batch.sample_index[row, column]][: len(values)] = values
-    return out
 
 
 def check_learning_rates(learning_rates, num_samples: int, config: UpdateConfig,

@@ -10,16 +10,17 @@ from flax import nnx
 from jax._src.ad_checkpoint import saved_residuals
 
 from jaxrl_agentic.data import Sample, pack_samples
-from jaxrl_agentic.learner import LearnerConfig, micro_batch_sums
-from jaxrl_agentic.memory_plan import (
+from jaxrl_agentic.models.config import ModelConfig
+from jaxrl_agentic.models.qwen_fixture import qwen25_config
+from jaxrl_agentic.models.transformer import Transformer
+from jaxrl_agentic.runtime.memory_plan import (
     GIB,
     check_memory_plan,
     layer_activation_bytes,
     memory_plan,
 )
-from jaxrl_agentic.models.config import ModelConfig
-from jaxrl_agentic.models.qwen_fixture import qwen25_config
-from jaxrl_agentic.models.transformer import Transformer
+from jaxrl_agentic.training.learner import micro_batch_sums
+from jaxrl_agentic.training.learner_config import LearnerConfig
 
 
 def test_training_state_of_qwen2_5_0_5b_is_sixteen_bytes_a_parameter():
@@ -64,7 +65,7 @@ def test_activation_estimate_bounds_what_jax_keeps_for_the_backward(remat, row_l
 
 def test_the_accumulator_is_counted_only_when_a_mini_batch_can_span_groups():
     """One fp32 gradient copy more when the update accumulates over groups of rows
-    (`tests/test_update_memory.py` measures both cases); the pipeline decides from the
+    (`tests/training/test_update_memory.py` measures both cases); the pipeline decides from the
     mini-batch size and the longest sample a row can take."""
     cfg = qwen25_config()
     args = dict(row_len=2048, loss_slots=512, remat="layer", kernel_impl="auto",
@@ -100,8 +101,8 @@ def test_over_budget_plans_say_what_to_change():
 
 def test_a_run_whose_state_cannot_fit_fails_before_loading_weights(monkeypatch, tmp_path):
     """The CLI's one-line error, before the model is read or warmed up."""
-    from jaxrl_agentic import memory_plan as plan_module
     from jaxrl_agentic import train
+    from jaxrl_agentic.runtime import memory_plan as plan_module
 
     monkeypatch.setattr(plan_module, "device_budget", lambda: 1024.0)
     assert train.main(["train", f"--config.output_dir={tmp_path}", "--config.max_steps=1"]) == 2

@@ -13,7 +13,7 @@ import numpy as np
 import optax
 import pytest
 
-from jaxrl_agentic.update import UpdateConfig, clip_by_relative_global_norm, make_optimizer
+from jaxrl_agentic.training.update import UpdateConfig, clip_by_relative_global_norm, make_optimizer
 
 # A stream of gradient norms with two spikes (20× and 8× the typical 0.4).
 NORMS = [0.5, 0.3, 0.4, 8.0, 0.35, 0.45, 3.2, 0.4]

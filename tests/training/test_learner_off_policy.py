@@ -20,16 +20,16 @@ from flax import nnx
 from jaxrl_agentic.algos.losses import policy_loss
 from jaxrl_agentic.data import PackingConfig, Sample
 from jaxrl_agentic.data.trajectory import Trajectory, Turn
-from jaxrl_agentic.learner import (
-    Learner,
-    LearnerConfig,
+from jaxrl_agentic.models.config import ModelConfig
+from jaxrl_agentic.models.transformer import Transformer
+from jaxrl_agentic.pipeline import Pipeline
+from jaxrl_agentic.training.learner import Learner
+from jaxrl_agentic.training.learner_config import LearnerConfig
+from jaxrl_agentic.training.off_policy import (
     logprob_mismatch,
     out_of_support_tokens,
     sample_importance_weights,
 )
-from jaxrl_agentic.models.config import ModelConfig
-from jaxrl_agentic.models.transformer import Transformer
-from jaxrl_agentic.pipeline import Pipeline
 from pallas_kernels import OUT_OF_SUPPORT_LOGPROB
 
 

@@ -27,15 +27,11 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from jaxrl_agentic.learner import (
-    TRAIN_BATCH_KEYS,
-    LearnerConfig,
-    init_train_state,
-    make_train_step,
-)
 from jaxrl_agentic.models.config import ModelConfig
 from jaxrl_agentic.models.transformer import Transformer
-from jaxrl_agentic.parallel import make_mesh, train_state_shardings
+from jaxrl_agentic.runtime.parallel import make_mesh, train_state_shardings
+from jaxrl_agentic.training.learner import TRAIN_BATCH_KEYS, init_train_state, make_train_step
+from jaxrl_agentic.training.learner_config import LearnerConfig
 
 CFG = ModelConfig(vocab_size=8192, hidden_size=256, intermediate_size=1024,
                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -79,7 +75,7 @@ def test_two_groups_add_one_accumulator():
 
 _FRAGMENTED_RSS = """
 import ctypes, sys
-from jaxrl_agentic.memory_plan import return_freed_memory_to_os
+from jaxrl_agentic.runtime.memory_plan import return_freed_memory_to_os
 if sys.argv[1] == "fixed":
     assert return_freed_memory_to_os()
 libc = ctypes.CDLL(None)

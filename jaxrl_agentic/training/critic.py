@@ -45,20 +45,19 @@ from jax import lax
 from jaxrl_agentic.algos.losses import value_loss
 from jaxrl_agentic.data import Sample, updates_per_step
 from jaxrl_agentic.models.value import ValueModel, state_values
-from jaxrl_agentic.parallel import make_mesh, train_state_shardings
-from jaxrl_agentic.update import (
+from jaxrl_agentic.runtime.parallel import make_mesh, train_state_shardings
+from jaxrl_agentic.training.accumulation import accumulate_gradients
+from jaxrl_agentic.training.per_token import make_per_token, per_sample_outputs
+from jaxrl_agentic.training.update import (
     EngineDriver,
     UpdateConfig,
     UpdateEngine,
     UpdateLoss,
-    accumulate_gradients,
     applied,
     check_learning_rates,
     fail_first,
     init_optimizer_state,
-    make_per_token,
     make_update_step,
-    per_sample_outputs,
 )
 
 _F32 = jnp.float32
@@ -196,7 +195,7 @@ def value_update_loss(graphdef, config: CriticConfig) -> UpdateLoss:
 
 def make_value_loss_and_grads(graphdef, config: CriticConfig, mesh=None):
     """``loss_and_grads(params, batch) -> (grads, sums, denominator)``: gradients of the
-    mini-batch value loss ``Σ m·ℓ / max(Σ m, 1)`` (``update.accumulate_gradients``; not
+    mini-batch value loss ``Σ m·ℓ / max(Σ m, 1)`` (``accumulation.accumulate_gradients``; not
     jitted)."""
     loss = value_update_loss(graphdef, config)
 

@@ -21,10 +21,11 @@ from flax import nnx
 
 from jaxrl_agentic.data import PackingConfig
 from jaxrl_agentic.data.types import Sample
-from jaxrl_agentic.learner import LOGPROB_BATCH_KEYS, Learner, LearnerConfig
 from jaxrl_agentic.models import load_pretrained
 from jaxrl_agentic.models.tiny import default_tiny_model_dir
-from jaxrl_agentic.update import pad_to_shards, put_batch
+from jaxrl_agentic.training.learner import LOGPROB_BATCH_KEYS, Learner
+from jaxrl_agentic.training.learner_config import LearnerConfig
+from jaxrl_agentic.training.update import pad_to_shards, put_batch
 
 
 def _samples(n=8, seed=0):

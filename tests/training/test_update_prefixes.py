@@ -1,5 +1,5 @@
 """Row groups computed on the shortest prefix that holds their real tokens
-(``update.on_shortest_prefix``, ``PackingConfig.row_prefixes``): which prefix runs, and that
+(``accumulation.on_shortest_prefix``, ``PackingConfig.row_prefixes``): which prefix runs, and that
 cutting the padding off changes neither the loss, the gradients nor the logprobs."""
 
 from __future__ import annotations
@@ -12,22 +12,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_agentic.data import PackingConfig, Sample, pack_samples
-from jaxrl_agentic.learner import (
+from jaxrl_agentic.data import PackingConfig, Sample, pack_samples, prefix_lengths
+from jaxrl_agentic.runtime.parallel import make_mesh, train_state_shardings
+from jaxrl_agentic.training.accumulation import on_shortest_prefix, scan_row_groups, used_length
+from jaxrl_agentic.training.learner import (
     LOGPROB_BATCH_KEYS,
     init_train_state,
     make_compute_logprobs,
     make_loss_and_grads,
 )
-from jaxrl_agentic.parallel import make_mesh, train_state_shardings
-from jaxrl_agentic.update import (
-    computed_slots,
-    on_shortest_prefix,
-    prefix_lengths,
-    scan_row_groups,
-    used_length,
-)
-from tests.test_learner import BASE, BATCH_KEYS, GRAPHDEF, PARAMS, rel_err
+from jaxrl_agentic.training.per_token import computed_slots
+from tests.training.test_learner import BASE, BATCH_KEYS, GRAPHDEF, PARAMS, rel_err
 
 ROW = 1024  # prefixes 512 and 1024
 

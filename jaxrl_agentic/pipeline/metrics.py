@@ -1,0 +1,35 @@
+"""Episode metrics of a rollout: the env-side means the run logs (per tag when there are
+several), tool-call totals of tool envs."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jaxrl_agentic.envs.tools import tool_metrics
+
+
+def mean_of(values) -> float:
+    values = list(values)
+    return float(np.mean(values)) if values else 0.0
+
+
+def trajectory_metrics(trajs, prefix: str) -> dict[str, float]:
+    """Means over episodes of the env-side metrics (and per tag when there are several);
+    tool envs add `tool/*` totals and rates (`envs.tools.tool_metrics`)."""
+    out = {}
+    tags = sorted({t.tag for t in trajs})
+    for tag in [None] + (tags if len(tags) > 1 else []):
+        group = [t for t in trajs if tag is None or t.tag == tag]
+        p = prefix if tag is None else f"{prefix}{tag}/"
+        out[f"{p}success"] = mean_of(t.metrics["success"] for t in group)
+        out[f"{p}return"] = mean_of(t.metrics["return"] for t in group)
+        out[f"{p}num_turns"] = mean_of(len(t.turns) for t in group)
+        out[f"{p}action_is_valid"] = mean_of(t.metrics["action_is_valid"] for t in group)
+        out[f"{p}action_is_effective"] = mean_of(t.metrics["action_is_effective"] for t in group)
+        # Python envs: an env call that missed its deadline, or raised, ended the episode.
+        out[f"{p}timeout"] = mean_of(t.metrics.get("env_timeout", 0.0) for t in group)
+        out[f"{p}errors"] = mean_of(t.metrics.get("env_error", 0.0) for t in group)
+        # Tool envs: call totals, calls per episode, valid-call share ({} for other envs).
+        out.update(tool_metrics([t.metrics for t in group], p))
+    out[f"{prefix}truncated_by_length"] = mean_of(t.truncated_by_length for t in trajs)
+    return out
