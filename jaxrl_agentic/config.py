@@ -26,11 +26,12 @@ class ConfigError(ValueError):
     """A configuration value that cannot work; the message is one line naming the field."""
 
 
-ENV_BACKENDS = ("jax", "python")
+# "auto": the backend the environment was registered on (envs/registry.py).
+ENV_BACKENDS = ("auto", "jax", "python")
 
 
 def env_spec(env_type: str, max_turns: int = 10, max_tokens_per_step: int = 64,
-             format_penalty: float = 0.1, env_backend: str = "jax", step_timeout_s: float = 60.0,
+             format_penalty: float = 0.1, env_backend: str = "auto", step_timeout_s: float = 60.0,
              env_max_workers: int = 0, **env_config) -> ml_collections.ConfigDict:
     """`env_backend="python"`: host-side environments stepped in a thread pool, each step
     with a deadline of `step_timeout_s` (0 = none; a late or raising call ends its episode,
@@ -366,20 +367,20 @@ def validate(c) -> None:
                   f"max_tokens_per_step of {tag} = "
                   f"{c.max_input_length + spec.max_tokens_per_step}: {c.sample_mode} samples "
                   "would be cut")
-        from jaxrl_agentic.envs import registered_envs
+        from jaxrl_agentic.envs.registry import registered_envs, resolve_backend
 
-        backend = spec.get("env_backend", "jax")
+        backend = spec.get("env_backend", "auto")
         if backend not in ENV_BACKENDS:
             _fail(f"custom_envs.{tag}.env_backend", f"{backend!r} is not allowed; "
                   f"allowed: {', '.join(ENV_BACKENDS)}")
         known = registered_envs()
-        if backend == "python":
-            from jaxrl_agentic.envs.python_env import registered_python_envs
-
-            known = sorted(set(known) | set(registered_python_envs()))
         if spec.env_type not in known and not spec.env_type.startswith("gymnax:"):
             _fail(f"custom_envs.{tag}.env_type", f"unknown environment {spec.env_type!r}; "
                   f"registered: {', '.join(known)} or gymnax:<id>")
+        try:
+            resolve_backend(spec.env_type, backend)
+        except ValueError as e:
+            _fail(f"custom_envs.{tag}.env_backend", str(e))
         if spec.get("step_timeout_s", 0.0) < 0 or spec.get("env_max_workers", 0) < 0:
             _fail(f"custom_envs.{tag}", "step_timeout_s and env_max_workers must be >= 0")
     _positive(c, "async_generation_ratio", allow_zero=True)

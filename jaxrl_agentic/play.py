@@ -233,8 +233,8 @@ def main(argv: list[str] | None = None, stdin: TextIO | None = None,
                         help="text appended to every reply for the parser (default: the "
                              "recipe's, or none)")
     args = parser.parse_args(argv)
-    from jaxrl_agentic.envs.python_env import make_python_env, registered_python_envs
-    from jaxrl_agentic.envs.registry import registered_envs
+    from jaxrl_agentic.envs.python_env import make_python_env
+    from jaxrl_agentic.envs.registry import resolve_backend
     from jaxrl_agentic.rollout.groups import EpisodeSpec
 
     recipe = args.config
@@ -245,15 +245,16 @@ def main(argv: list[str] | None = None, stdin: TextIO | None = None,
     try:
         if recipe is None:
             name = args.env or "frozen_lake"
-            # Host-side (tool) environments; a JAX env name stays on the JAX path.
-            python_env = name in registered_python_envs() and name not in registered_envs()
+            # Each environment's own backend: a JAX env name stays on the JAX path.
+            python_env = resolve_backend(name) == "python"
             if python_env:
                 env = make_python_env(name)(EpisodeSpec(args.seed, 0, 0), 0)
             else:
                 env, params = make(name)
         else:
             spec, prefix, suffix = recipe_env(recipe, args.env)
-            python_env = spec.get("env_backend", "jax") == "python"
+            python_env = resolve_backend(spec.env_type,
+                                         spec.get("env_backend", "auto")) == "python"
             if python_env:  # as the pipeline builds it
                 env = make_python_env(spec.env_type, format_penalty=spec.format_penalty,
                                       **dict(spec.env_config))(EpisodeSpec(args.seed, 0, 0), 0)

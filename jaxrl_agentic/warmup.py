@@ -126,6 +126,7 @@ def format_warmup(base_model_dir: str, c, out_dir: str, *, log=print) -> dict[st
     from jaxrl_agentic.data import PackingConfig
     from jaxrl_agentic.data.samples import trajectory_sample
     from jaxrl_agentic.envs import make
+    from jaxrl_agentic.envs.registry import resolve_backend
     from jaxrl_agentic.models import load_pretrained, save_pretrained
     from jaxrl_agentic.rollout.conversation import ChatFormatter
     from jaxrl_agentic.rollout.groups import EpisodeSpec
@@ -156,7 +157,7 @@ def format_warmup(base_model_dir: str, c, out_dir: str, *, log=print) -> dict[st
     for i, (tag, env_config) in enumerate(warmup_envs(c)):
         spec = c.custom_envs[tag]
         try:
-            if spec.get("env_backend", "jax") == "python":
+            if resolve_backend(spec.env_type, spec.get("env_backend", "auto")) == "python":
                 runners.append(_python_warmup_runner(c, i, tag, spec, env_config, formatter))
                 continue
             env, env_params = make(spec.env_type, format_penalty=spec.format_penalty,

@@ -230,7 +230,7 @@ def env_params(env_type: str) -> set[str] | None:
     """The parameter names of a JAX environment (None: not a JAX environment)."""
     from jaxrl_agentic.envs import registry
 
-    if env_type not in registry.registered_envs():
+    if env_type not in registry.registered_envs("jax"):
         return None
     _, params = registry.make(env_type)
     return {f.name for f in dataclasses.fields(params)}
@@ -242,7 +242,7 @@ def _spec(cfg, tag: str):
 
     if tag in cfg.custom_envs:
         return cfg.custom_envs[tag]
-    return env_spec(tag) if tag in registry.registered_envs() else None
+    return env_spec(tag) if tag in registry.registered_envs("jax") else None
 
 
 def _check_env_config(cfg, env_types, key: str, where: str) -> str | None:

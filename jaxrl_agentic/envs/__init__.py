@@ -15,7 +15,7 @@ from jaxrl_agentic.envs.base import (
     TextEnvParams,
     format_instructions,
 )
-from jaxrl_agentic.envs.calculator import calculator_factory
+from jaxrl_agentic.envs.calculator import CALCULATE, calculator_factory
 from jaxrl_agentic.envs.frozen_lake import FrozenLake, FrozenLakeParams, FrozenLakeState
 from jaxrl_agentic.envs.gymnax_adapter import GymnaxTextAdapter, GymnaxTextParams, GymnaxTextState
 from jaxrl_agentic.envs.lookup import lookup_factory
@@ -24,11 +24,13 @@ from jaxrl_agentic.envs.parsing import parse_action
 from jaxrl_agentic.envs.python_env import register_python_env
 from jaxrl_agentic.envs.registry import make, register, registered_envs
 from jaxrl_agentic.envs.sokoban import Sokoban, SokobanParams, SokobanState
+from jaxrl_agentic.envs.tools import Tool, register_tool, registered_tools
 
 # The built-in tool environments, registered here, above both them and the Python registry
 # they join (`python_env.py`, which `tools.py` builds on): any import of the package does it.
 register_python_env("calculator", calculator_factory)
 register_python_env("lookup", lookup_factory)
+register_tool(CALCULATE)  # a tool any tool environment can offer (`extra_tools`)
 
 __all__ = [
     "INVALID_ACTION",
@@ -47,6 +49,10 @@ __all__ = [
     "format_instructions",
     "make",
     "parse_action",
+    "Tool",
     "register",
+    "register_python_env",
+    "register_tool",
     "registered_envs",
+    "registered_tools",
 ]

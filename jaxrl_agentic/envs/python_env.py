@@ -41,7 +41,6 @@ package (`jaxrl_agentic/envs/__init__.py`), so they are there whatever module is
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import time
 from collections.abc import Callable
@@ -53,7 +52,7 @@ import numpy as np
 from jaxrl_agentic.envs.base import INVALID_ACTION
 from jaxrl_agentic.envs.gymnax_adapter import PREFIX as GYMNAX_PREFIX
 from jaxrl_agentic.envs.messages import feedback_message, first_message
-from jaxrl_agentic.envs.registry import make, registered_envs
+from jaxrl_agentic.envs.registry import make, register, registered_env, registered_envs
 
 
 class EpisodeKey(Protocol):
@@ -210,41 +209,35 @@ def jax_env_factory(env_type: str, *, step_delay_s: float = 0.0, hang_on_step: i
     return factory
 
 
-# ---- registry -------------------------------------------------------------------------------
-
-_REGISTRY: dict[str, FactoryBuilder] = {}
+# ---- registry (the one of envs/registry.py, on the "python" backend) -------------------------
 
 
 def register_python_env(name: str, factory_builder: FactoryBuilder) -> None:
-    """Make `make_python_env(name, **config)` return `factory_builder(**config)`."""
+    """Make `make_python_env(name, **config)` return `factory_builder(**config)`:
+    `register(name, factory_builder, backend="python")`."""
     if not isinstance(name, str) or not name:
         raise ValueError("python environment name must be a non-empty str")
     if not callable(factory_builder):
         raise TypeError(f"factory_builder for {name!r} must be callable, "
                         f"got {type(factory_builder).__name__}")
-    if name in _REGISTRY:
-        raise ValueError(f"python environment {name!r} is already registered")
-    _REGISTRY[name] = factory_builder
+    register(name, factory_builder, backend="python")
 
 
 def registered_python_envs() -> list[str]:
-    """Registered names, sorted (any JAX environment name works too, through the adapter)."""
-    return sorted(_REGISTRY)
+    """Names the Python backend plays, sorted: the Python environments and, through the
+    adapter, every JAX one."""
+    return registered_envs()
 
 
 def make_python_env(name: str, **config: Any) -> PythonEnvFactory:
     """The episode factory `(spec, run_seed) -> PythonTextEnv` for `name` with `config`."""
-    if name in _REGISTRY:
-        return _REGISTRY[name](**config)
-    if name.startswith(GYMNAX_PREFIX) or name in registered_envs():
-        return jax_env_factory(name, **config)  # a JAX env registered after this module
+    entry = registered_env(name)
+    if entry is not None and entry.backend == "python":
+        return entry.factory(**config)
+    if name.startswith(GYMNAX_PREFIX) or entry is not None:
+        return jax_env_factory(name, **config)
     raise ValueError(
         f"unknown python environment {name!r}; registered: "
         f"{', '.join(registered_python_envs())}; or any JAX environment name "
         f"(jaxrl_agentic.envs.registered_envs() or {GYMNAX_PREFIX}<id>)"
     )
-
-
-for _name in registered_envs():
-    register_python_env(_name, functools.partial(jax_env_factory, _name))
-

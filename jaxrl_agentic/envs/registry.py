@@ -1,14 +1,22 @@
-"""Names -> environments: `make(name, **overrides)` and `register(name, factory, **preset)`.
+"""Names -> environments: one registry for JAX and host-side (Python) environments.
 
-A factory is a zero-argument callable returning a `TextEnvironment`. `make` builds the
+    register(name, factory, backend="jax", **preset)      # a gymnax-API TextEnvironment
+    register(name, factory_builder, backend="python")     # a PythonTextEnv per episode
+
+A JAX factory is a zero-argument callable returning a `TextEnvironment`. `make` builds the
 environment, starts from its `default_params`, applies the preset registered with the name,
 then the caller's keyword overrides (each must name a params field), and checks the result:
 
     env, env_params = make("sokoban", dim_room=8, num_boxes=2)
 
-Names starting with `gymnax:` wrap gymnax's own registry (`make("gymnax:CartPole-v1")`).
+A Python factory builder is `factory_builder(**config) -> (spec, run_seed) -> PythonTextEnv`
+(`envs/python_env.py`, `make_python_env`). Each environment declares its backend; a run's
+`env_backend="auto"` takes it, and `"python"` also plays a JAX environment through the
+adapter (`JaxEnvAsPython`). Names starting with `gymnax:` wrap gymnax's own registry
+(`make("gymnax:CartPole-v1")`), on the JAX backend.
 """
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -18,36 +26,87 @@ from jaxrl_agentic.envs.gymnax_adapter import PREFIX, GymnaxTextAdapter
 from jaxrl_agentic.envs.sokoban import Sokoban
 
 EnvFactory = Callable[[], TextEnvironment]
+BACKENDS = ("jax", "python")
 
-_REGISTRY: dict[str, tuple[EnvFactory, dict[str, Any]]] = {}
+
+@dataclasses.dataclass(frozen=True)
+class RegisteredEnv:
+    backend: str
+    factory: Callable
+    preset: dict
 
 
-def register(name: str, factory: EnvFactory, **preset: Any) -> None:
-    """Make `name` build `factory()` with params fields `preset` set (before user overrides)."""
+_REGISTRY: dict[str, RegisteredEnv] = {}
+
+
+def register(name: str, factory: Callable, *, backend: str = "jax", replace: bool = False,
+             **preset: Any) -> None:
+    """Make `name` build `factory` on `backend` (module doc); `preset` (JAX only): params
+    fields set before user overrides. A second registration of a name is an error unless
+    `replace`."""
     if not isinstance(name, str) or not name or name.startswith(PREFIX):
         raise ValueError(f"environment name must be a non-empty str not starting {PREFIX!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"environment {name!r}: backend must be one of {BACKENDS}, "
+                         f"got {backend!r}")
     if not callable(factory):
         raise TypeError(f"factory for {name!r} must be callable, got {type(factory).__name__}")
-    if name in _REGISTRY:
+    if preset and backend != "jax":
+        raise ValueError(f"environment {name!r}: presets are params fields of a JAX env")
+    if name in _REGISTRY and not replace:
         raise ValueError(f"environment {name!r} is already registered")
-    _REGISTRY[name] = (factory, dict(preset))
+    _REGISTRY[name] = RegisteredEnv(backend, factory, dict(preset))
 
 
-def registered_envs() -> list[str]:
-    """Registered names, sorted (gymnax ids are reachable as `gymnax:<id>` besides these)."""
-    return sorted(_REGISTRY)
+def registered_envs(backend: str | None = None) -> list[str]:
+    """Registered names, sorted: all, or those declared on `backend` (gymnax ids are
+    reachable as `gymnax:<id>` besides these)."""
+    return sorted(n for n, e in _REGISTRY.items() if backend in (None, e.backend))
+
+
+def registered_env(name: str) -> RegisteredEnv | None:
+    """The registration of `name` (None for `gymnax:<id>` and unknown names)."""
+    return _REGISTRY.get(name)
+
+
+def declared_backend(name: str) -> str:
+    """The backend `name` was registered on ("jax" for `gymnax:<id>`)."""
+    if name.startswith(PREFIX):
+        return "jax"
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown environment {name!r}; registered: "
+                         f"{', '.join(registered_envs())}; or {PREFIX}<id> for a gymnax "
+                         "environment")
+    return _REGISTRY[name].backend
+
+
+def resolve_backend(name: str, requested: str = "auto") -> str:
+    """The backend a run plays `name` on: its declared one for "auto"; "python" also plays a
+    JAX environment (through the adapter); a Python environment has no JAX form."""
+    declared = declared_backend(name)
+    if requested == "auto":
+        return declared
+    if requested not in BACKENDS:
+        raise ValueError(f"{requested!r} is not allowed; allowed: auto, {', '.join(BACKENDS)}")
+    if requested == "jax" and declared == "python":
+        raise ValueError(f"{name!r} is a Python environment; use env_backend 'python' or "
+                         "'auto'")
+    return requested
 
 
 def make(name: str, **overrides: Any) -> tuple[TextEnvironment, TextEnvParams]:
-    """(env, params) for a registered name or `gymnax:<id>`; see the module docstring."""
+    """(env, params) for a registered JAX name or `gymnax:<id>`; see the module docstring."""
     if name.startswith(PREFIX):
         env, preset = GymnaxTextAdapter(name[len(PREFIX) :]), {}
+    elif name in _REGISTRY and _REGISTRY[name].backend == "jax":
+        entry = _REGISTRY[name]
+        env, preset = entry.factory(), entry.preset
     elif name in _REGISTRY:
-        factory, preset = _REGISTRY[name]
-        env = factory()
+        raise ValueError(f"{name!r} is a Python environment: make_python_env({name!r}) "
+                         "builds its episodes")
     else:
         raise ValueError(
-            f"unknown environment {name!r}; registered: {', '.join(registered_envs())}; "
+            f"unknown environment {name!r}; registered: {', '.join(registered_envs('jax'))}; "
             f"or {PREFIX}<id> for a gymnax environment"
         )
     params = env.replace_params(env.default_params, **{**preset, **overrides})

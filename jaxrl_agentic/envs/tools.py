@@ -75,6 +75,29 @@ class Tool:
             "parameters": json.loads(json.dumps(self.parameters))}}
 
 
+_TOOLS: dict[str, Tool] = {}
+
+
+def register_tool(tool: Tool, *, replace: bool = False) -> None:
+    """Makes `tool` available by name: a tool environment's `extra_tools=("name", …)` adds
+    it to the tools of every episode (schema in the system turn, calls routed to `fn`)."""
+    if not isinstance(tool, Tool):
+        raise TypeError(f"register_tool takes a Tool, got {type(tool).__name__}")
+    if tool.name in _TOOLS and not replace:
+        raise ValueError(f"tool {tool.name!r} is already registered")
+    _TOOLS[tool.name] = tool
+
+
+def registered_tools() -> list[str]:
+    return sorted(_TOOLS)
+
+
+def get_tool(name: str) -> Tool:
+    if name not in _TOOLS:
+        raise ValueError(f"unknown tool {name!r}; registered: {', '.join(registered_tools())}")
+    return _TOOLS[name]
+
+
 @dataclasses.dataclass(frozen=True)
 class ToolCall:
     """One parsed `<tool_call>` block: `error` is None for a well-formed call."""
@@ -243,7 +266,8 @@ class ToolEnv(PythonTextEnv):
     - else (neither): the format penalty, and a user message saying what a reply needs.
 
     Every erroneous call costs `tool_error_penalty`, at most `max_tool_error_penalty` in all
-    per episode (module doc). `call_style` is the call form the hints show (`CALL_STYLES`).
+    per episode (module doc). `call_style` is the call form the hints show (`CALL_STYLES`);
+    `extra_tools` names registered tools (`register_tool`) offered besides the task's own.
     `PyStep.action` is 0 for an answer,
     1 for a turn of tool calls, -1 for neither; `action_is_valid` means "an answer, or
     calls none of which was garbled"; `action_is_effective`: a call returned a result.
@@ -256,7 +280,7 @@ class ToolEnv(PythonTextEnv):
                  tool_error_penalty: float = 0.1, correct_reward: float = 1.0,
                  max_calls_per_turn: int = 3, call_timeout_s: float = 1.0,
                  max_steps_in_episode: int = 6, max_tool_error_penalty: float = 0.5,
-                 call_style: str = "qwen"):
+                 call_style: str = "qwen", extra_tools: Sequence[str] = ()):
         if max_calls_per_turn < 1:
             raise ValueError(f"max_calls_per_turn must be >= 1, got {max_calls_per_turn}")
         if min(call_timeout_s, format_penalty, tool_error_penalty, max_tool_error_penalty) < 0:
@@ -266,8 +290,10 @@ class ToolEnv(PythonTextEnv):
             raise ValueError(f"call_style must be one of {CALL_STYLES}, got {call_style!r}")
         self.max_tool_error_penalty, self.call_style = float(max_tool_error_penalty), call_style
         self._error_penalty_charged = 0.0
-        self.tool_list = list(tools)
+        self.tool_list = list(tools) + [get_tool(name) for name in extra_tools]
         self.tools = {t.name: t for t in self.tool_list}
+        if len(self.tools) < len(self.tool_list):
+            raise ValueError(f"two tools share a name: {[t.name for t in self.tool_list]}")
         self.format_penalty, self.tool_error_penalty = float(format_penalty), float(
             tool_error_penalty)
         self.correct_reward = float(correct_reward)

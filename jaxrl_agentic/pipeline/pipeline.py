@@ -36,8 +36,6 @@ from jaxrl_agentic.config import (
 )
 from jaxrl_agentic.data import updates_per_step
 from jaxrl_agentic.data.samples import build_samples, trajectory_sample
-from jaxrl_agentic.envs import make
-from jaxrl_agentic.envs.python_env import make_python_env
 from jaxrl_agentic.models import load_pretrained
 from jaxrl_agentic.models.hf_io import read_model_config
 from jaxrl_agentic.pipeline.metrics import mean_of, trajectory_metrics
@@ -45,9 +43,8 @@ from jaxrl_agentic.pipeline.run_checks import check_same_model_everywhere
 from jaxrl_agentic.pipeline.samples import advantage_settings, token_estimator_samples
 from jaxrl_agentic.rollout.conversation import ChatFormatter
 from jaxrl_agentic.rollout.groups import plan_episodes
-from jaxrl_agentic.rollout.loop import RolloutRunner
 from jaxrl_agentic.rollout.producer import RolloutProducer
-from jaxrl_agentic.rollout.python_runner import PythonRolloutRunner
+from jaxrl_agentic.rollout.runner import make_runner
 from jaxrl_agentic.runtime import memory_plan as plans
 from jaxrl_agentic.runtime import timing
 from jaxrl_agentic.runtime.parallel import (
@@ -157,18 +154,14 @@ class Pipeline:
     def _runner(self, tag: str, env_config: dict):
         """The rollout runner of env tag `tag` with environment parameters `env_config`."""
         c, spec = self.c, self.c.custom_envs[tag]
-        common = dict(tag=tag, max_turns=spec.max_turns, max_input_length=c.max_input_length,
-                      generation=typed_configs.generation_config(c, spec), run_seed=c.seed,
-                      batching=c.rollout_batching, slots=c.rollout_slots,
-                      decode_chunk=c.decode_chunk_tokens)
-        if spec.get("env_backend", "jax") == "python":  # host-side envs, thread pool
-            factory = make_python_env(spec.env_type, format_penalty=spec.format_penalty,
-                                      **env_config)
-            return PythonRolloutRunner(
-                factory, self.sampler, self.formatter, step_timeout_s=spec.step_timeout_s,
-                max_workers=spec.env_max_workers, **common)
-        env, env_params = make(spec.env_type, format_penalty=spec.format_penalty, **env_config)
-        return RolloutRunner(env, env_params, self.sampler, self.formatter, **common)
+        return make_runner(
+            spec.env_type, env_config, self.sampler, self.formatter, tag=tag,
+            max_turns=spec.max_turns, max_input_length=c.max_input_length,
+            generation=typed_configs.generation_config(c, spec),
+            format_penalty=spec.format_penalty, backend=spec.get("env_backend", "auto"),
+            run_seed=c.seed, step_timeout_s=spec.step_timeout_s,
+            max_workers=spec.env_max_workers, batching=c.rollout_batching,
+            slots=c.rollout_slots, decode_chunk=c.decode_chunk_tokens)
 
     def _memory_plan(self, model_dir: str, max_total_len: int):
         """The run's ``memory_plan`` per device, from the model's config.json alone."""

@@ -44,6 +44,7 @@ from jaxrl_agentic.rollout.turns import (
     EnvOutcome,
     GenerationConfig,
     append_prompts,
+    check_runner_settings,
     generate_replies,
     new_trajectories,
     record_turn,
@@ -73,17 +74,12 @@ class RolloutRunner:
         slots: int = 0,
         decode_chunk: int = 8,
     ):
-        need = max_input_length + generation.max_tokens_per_step + 1
-        if sampler.max_total_len < need:
-            raise ValueError(
-                f"sampler max_total_len={sampler.max_total_len} < max_input_length + "
-                f"max_tokens_per_step + 1 = {need}"
-            )
+        check_runner_settings(sampler, max_input_length, generation, batching, slots,
+                              decode_chunk)
         self.env, self.env_params = env, env_params
         self.sampler, self.formatter = sampler, formatter
         self.tag, self.max_turns, self.max_input_length = tag, max_turns, max_input_length
         self.generation = generation
-        check_batching(batching, slots, decode_chunk)
         self.batching, self.slots, self.decode_chunk = batching, slots, decode_chunk
         self.base_key = jax.random.PRNGKey(run_seed)
         self._reset = jax.jit(jax.vmap(env.reset_env, in_axes=(0, None)))

@@ -52,13 +52,13 @@ from jaxrl_agentic.data.trajectory import Trajectory
 from jaxrl_agentic.envs import INVALID_ACTION
 from jaxrl_agentic.envs.python_env import PyStep, PythonEnvFactory, PythonTextEnv
 from jaxrl_agentic.envs.tools import tool_episode_metrics
-from jaxrl_agentic.rollout.batching import check_batching
 from jaxrl_agentic.rollout.conversation import ChatFormatter
 from jaxrl_agentic.rollout.groups import EpisodeSpec
 from jaxrl_agentic.rollout.loop import play
 from jaxrl_agentic.rollout.turns import (
     EnvOutcome,
     GenerationConfig,
+    check_runner_settings,
     new_trajectories,
     set_episode_metrics,
 )
@@ -96,12 +96,8 @@ class PythonRolloutRunner:
         slots: int = 0,
         decode_chunk: int = 8,
     ):
-        need = max_input_length + generation.max_tokens_per_step + 1
-        if sampler.max_total_len < need:
-            raise ValueError(
-                f"sampler max_total_len={sampler.max_total_len} < max_input_length + "
-                f"max_tokens_per_step + 1 = {need}"
-            )
+        check_runner_settings(sampler, max_input_length, generation, batching, slots,
+                              decode_chunk)
         if not callable(env_factory):
             raise TypeError(f"env_factory must be callable (spec, run_seed) -> PythonTextEnv, "
                             f"got {type(env_factory).__name__}")
@@ -118,7 +114,6 @@ class PythonRolloutRunner:
         self.run_seed = int(run_seed)
         self.step_timeout_s = float(step_timeout_s)
         self.max_workers = int(max_workers)
-        check_batching(batching, slots, decode_chunk)
         self.batching, self.slots, self.decode_chunk = batching, slots, decode_chunk
         self.stats = {"resets": 0, "env_steps": 0, "timeouts": 0, "errors": 0}
 

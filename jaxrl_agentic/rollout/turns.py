@@ -19,6 +19,7 @@ import numpy as np
 
 from jaxrl_agentic.data.trajectory import Trajectory, Turn
 from jaxrl_agentic.envs import episode_metrics
+from jaxrl_agentic.rollout.batching import check_batching
 from jaxrl_agentic.rollout.groups import EpisodeSpec
 from jaxrl_agentic.runtime import timing
 from jaxrl_agentic.sampling import SamplerSession
@@ -52,6 +53,16 @@ class EnvOutcome(NamedTuple):
 
 
 # ---- a turn of an episode -----------------------------------------------------------------
+
+def check_runner_settings(sampler, max_input_length: int, generation: GenerationConfig,
+                          batching: str, slots: int, decode_chunk: int) -> None:
+    """The rules every rollout runner's settings keep (one line each, ValueError)."""
+    need = max_input_length + generation.max_tokens_per_step + 1
+    if sampler.max_total_len < need:
+        raise ValueError(f"sampler max_total_len={sampler.max_total_len} < max_input_length + "
+                         f"max_tokens_per_step + 1 = {need}")
+    check_batching(batching, slots, decode_chunk)
+
 
 def turn_seed(sample_seed: int, turn_index: int) -> int:
     """The sampling seed of an episode's turn (its noise: this seed folded with its id)."""
