@@ -115,7 +115,7 @@ def test_a_person_can_play_the_calculator_with_typed_tool_calls():
 
     env = make_python_env("calculator")(EpisodeSpec(4, 0, 0), 0)
     first = env.reset(4)
-    call = CalculatorOracle().reply(first)  # what a person would type
+    call = CalculatorOracle("compact").reply(first)  # what a person types: one line
     stdin = io.StringIO(call + "\n" + str(env.answer) + "\n")  # a bare line is an answer
     out = io.StringIO()
     assert main(["--env", "calculator", "--seed", "4"], stdin=stdin, stdout=out) == 0
