@@ -387,8 +387,11 @@ def hand_tis_weights(log_rho: np.ndarray, level: str, mode: str, cap: float):
     elif level == "geometric":
         log_rho = np.full_like(log_rho, log_rho.mean())
     rho = np.exp(log_rho.astype(np.float64))
-    capped = rho > cap
-    return (np.minimum(rho, cap) if mode == "truncate" else np.where(capped, 0.0, rho)), capped
+    if mode == "truncate":
+        capped = rho > cap
+        return np.minimum(rho, cap), capped
+    capped = (rho > cap) | (rho < 1.0 / cap)  # the mask keeps [1/C, C] (verl's band)
+    return np.where(capped, 0.0, rho), capped
 
 
 @pytest.mark.parametrize("level,mode,cap", [("token", "truncate", 1.5), ("token", "mask", 1.5),
@@ -396,7 +399,8 @@ def hand_tis_weights(log_rho: np.ndarray, level: str, mode: str, cap: float):
                                             ("geometric", "mask", 1.05)])
 def test_importance_weights_scale_each_tokens_advantage(level, mode, cap):
     """TIS: w = ρ (token), Π ρ (sequence) or (Π ρ)^(1/n) (geometric) with ρ = π_old/μ on
-    loss tokens, μ = the sampler's (made-up) logprobs; truncated at C or masked beyond it.
+    loss tokens, μ = the sampler's (made-up) logprobs; truncated at C or masked outside
+    [1/C, C].
     The update equals a plain update on advantages multiplied by hand-computed weights."""
     base = dataclasses.replace(BASE, recompute_old_logprobs=True, mini_batch_size=8,
                                packing=SHORT_ROWS)
