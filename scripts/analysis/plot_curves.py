@@ -43,7 +43,7 @@ import numpy as np
 FIGSIZE_IN = (8.0, 4.5)
 DPI = 150  # 1200 x 675 pixels
 X_LABELS = {"minutes": "wall time since the run started (minutes)",
-            "step": "training step (optimizer updates)"}
+            "step": "pipeline step (rollout + updates)"}
 CAPTION = ("Thick line: median across seeds; band: min to max; thin lines: single seeds. "
            "A seed that stopped early is held at its last value (dotted) to the end of the "
            "longest run; the band starts where every seed has a point.")
