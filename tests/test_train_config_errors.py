@@ -47,6 +47,15 @@ CASES = [
     (["--config.async_generation_ratio=-1"], "config.async_generation_ratio: must be >= 0"),
     (["--config.custom_envs.frozen_lake.env_backend=ray"],
      "config.custom_envs.frozen_lake.env_backend: 'ray' is not allowed"),
+    # trajectory samples are at most max_input_length + max_tokens_per_step long too
+    (["--config.sequence_length=470", "--config.micro_batch_max_tokens=512"],
+     "config.sequence_length: 470 < max_input_length + max_tokens_per_step of frozen_lake = "
+     "481: trajectory samples would be cut"),
+    # a Python environment has no JAX form; the env's own backend is the default
+    (["--config.custom_envs.frozen_lake.env_type=calculator",
+      "--config.custom_envs.frozen_lake.env_backend=jax"],
+     "config.custom_envs.frozen_lake.env_backend: 'calculator' is a Python environment"),
+    (["--config.cispo_clip_high=0"], "config.cispo_clip_high: must be > 0"),
     (["--config.resume_from_checkpoint=/nonexistent/ckpt", "--config.max_steps=1"],
      "checkpoint not found: /nonexistent/ckpt"),
 ]
