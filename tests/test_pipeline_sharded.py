@@ -20,6 +20,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from jaxrl_agentic import train
+from tests.conftest import TEST_XLA_FLAGS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Padding rows for the shards change these by design; nothing else may differ.
@@ -85,7 +86,8 @@ def _env() -> dict[str, str]:
     env = dict(os.environ, JAX_PLATFORMS="cpu",
                JAX_COMPILATION_CACHE_DIR=jax.config.jax_compilation_cache_dir or "",
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.2")
-    env.pop("XLA_FLAGS", None)
+    # The test-wide compile flags (conftest.py), without a device count of this process's.
+    env["XLA_FLAGS"] = TEST_XLA_FLAGS
     return env
 
 
@@ -170,7 +172,7 @@ MESH_SCRIPT = textwrap.dedent("""
 @pytest.fixture(scope="module")
 def mesh_report(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("mesh"))
-    env = dict(_env(), XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    env = dict(_env(), XLA_FLAGS=f"{TEST_XLA_FLAGS} --xla_force_host_platform_device_count=8")
     proc = subprocess.run([sys.executable, "-c", MESH_SCRIPT, json.dumps(small_overrides(out)),
                            str(ROUNDING_DECIDED), str(ATOL)],
                           capture_output=True, text=True, env=env, timeout=900)

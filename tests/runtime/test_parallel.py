@@ -23,6 +23,7 @@ from jaxrl_agentic.runtime.parallel import (
     param_partition_spec,
     shard_params,
 )
+from tests.conftest import TEST_XLA_FLAGS
 from tests.cpu_devices import run_with_cpu_devices
 
 MESH_8 = {"data": 2, "fsdp": 2, "tensor": 2}
@@ -225,8 +226,8 @@ def test_parameters_are_really_sharded(sharded_report):
 
 
 def _last_json_line(code: str, **env) -> dict:
-    """Runs `code` in a fresh Python (its own JAX backend; XLA_FLAGS only if given)."""
-    base = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    """Runs `code` in a fresh Python (its own JAX backend; a device count only if given)."""
+    base = {**os.environ, "XLA_FLAGS": TEST_XLA_FLAGS}
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
                           text=True, env={**base, "JAX_PLATFORMS": "cpu", **env}, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -263,7 +264,7 @@ def test_use_cpu_devices_leaves_an_xla_flags_device_count_alone():
         use_cpu_devices(4, log=said.append)
         import jax
         print(json.dumps({"have": len(jax.devices()), "said": said}))
-    """, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    """, XLA_FLAGS=f"{TEST_XLA_FLAGS} --xla_force_host_platform_device_count=2")
     assert out["have"] == 2
     assert out["said"] == ["cpu_devices=4 not applied: XLA_FLAGS already sets "
                            "--xla_force_host_platform_device_count"]
