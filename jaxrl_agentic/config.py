@@ -14,7 +14,7 @@ import ml_collections
 
 # Each choice's list is the one of the module that implements it: a new estimator, reduction
 # or schedule is allowed here once it exists there. The rules of the parts' own settings are
-# checked once, by their typed configs (typed_configs.check_typed_configs).
+# checked once, by their typed configs (run_config.check_typed_configs).
 from jaxrl_agentic.algos.estimators import REWARD_NORM_BY, estimator_names, validate_estimator
 from jaxrl_agentic.algos.schedules import LR_SCHEDULER_TYPES
 from jaxrl_agentic.data.samples import SAMPLE_MODES
@@ -60,12 +60,6 @@ def env_manager(num_env_groups: int, group_size: int, tags=("frozen_lake",),
         num_groups_partition=tuple(num_groups_partition),
         env_config=dict(env_config or {}),
     ))
-
-
-def manager_env_config(c, manager: str, tag: str) -> dict:
-    """The environment parameters of tag `tag`'s episodes under `c[manager]`
-    ("train_env_manager" / "val_env_manager"): the tag's own, then the manager's overrides."""
-    return {**dict(c.custom_envs[tag].env_config), **dict(c[manager].get("env_config", {}))}
 
 
 def recipe_config(path: str) -> ml_collections.ConfigDict:
@@ -138,6 +132,9 @@ def default_config() -> ml_collections.ConfigDict:
     # "continuous" = a pool of sampler slots, each episode moving on its own
     # (rollout/continuous.py); same trajectories for the same seeds
     c.rollout_batching = "turn"
+    # who generates the replies: "jax" (the in-process sampler) or a registered backend
+    # (sampling/backends.py)
+    c.sampler_backend = "jax"
     c.rollout_slots = 0  # continuous: sampler slots (KV-cache rows); 0 = one per episode
     c.decode_chunk_tokens = 8  # continuous: decode steps between hand-overs to environments
     # continuous: compile every slot-pool program (chunk widths, prefill rows × tail lengths)
@@ -183,7 +180,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.sequence_length = 2048  # a sample's total tokens (truncation)
     c.micro_batch_max_tokens = 4096  # tokens per packed micro-batch row
     # loss tokens per row, the positions the LM head runs at (0 = automatic: a quarter of
-    # the row, at least a sample's generation budget; see loss_slots in typed_configs)
+    # the row, at least a sample's generation budget; see loss_slots in run_config)
     c.micro_batch_max_loss_tokens = 0
     # row lengths a mini-batch may be packed at: micro_batch_max_tokens / ratio^i, i < this
     # (the one computing the fewest slots; each a compiled shape); 1 = always the full row
@@ -273,25 +270,6 @@ def _positive(c, field: str, allow_zero: bool = False) -> None:
         _fail(field, f"must be {'>= 0' if allow_zero else '> 0'}, got {value}")
 
 
-def resolve_model_path(c) -> str:
-    """The HF directory of `pretrain` ("tiny" → the cached default model, built on use)."""
-    if c.pretrain == "tiny":
-        from jaxrl_agentic.models.tiny import default_tiny_model_dir
-
-        return default_tiny_model_dir()
-    return os.path.expanduser(c.pretrain)
-
-
-def output_paths(c) -> dict[str, str]:
-    """output_dir, logging_dir and render_save_dir with their defaults filled in."""
-    out = c.output_dir or os.path.join("outputs", c.exp_name)
-    return {
-        "output_dir": out,
-        "logging_dir": c.logging_dir or os.path.join(out, "tensorboard"),
-        "render_save_dir": c.render_save_dir or os.path.join(out, "renders"),
-    }
-
-
 def validate(c) -> None:
     """Raises ConfigError (one line) for the first value that cannot work."""
     defaults = default_config()
@@ -346,7 +324,7 @@ def validate(c) -> None:
             if tag not in c.custom_envs:
                 _fail(f"{name}.tags", f"{tag!r} is not in custom_envs "
                       f"({', '.join(c.custom_envs.keys())})")
-    from jaxrl_agentic.typed_configs import check_typed_configs
+    from jaxrl_agentic.run_config import check_typed_configs
 
     check_typed_configs(c, _fail)
     group = c.train_env_manager.group_size * c.generation.num_return_sequences
@@ -385,6 +363,9 @@ def validate(c) -> None:
             _fail(f"custom_envs.{tag}", "step_timeout_s and env_max_workers must be >= 0")
     _positive(c, "async_generation_ratio", allow_zero=True)
     _choice(c, "rollout_batching", ROLLOUT_BATCHING)
+    from jaxrl_agentic.sampling.backends import sampler_backend_names
+
+    _choice(c, "sampler_backend", sampler_backend_names())
     for field, least in (("rollout_slots", 0), ("decode_chunk_tokens", 1)):
         if not isinstance(c[field], int) or c[field] < least:
             _fail(field, f"must be an integer >= {least}, got {c[field]!r}")

@@ -188,21 +188,24 @@ def play_python_episode(env, policy: Policy, seed: int, out: TextIO,
 
 
 def recipe_env(path: str, tag: str | None):
-    """(env spec, reply_prefix, reply_suffix) of env tag `tag` (default: the first) of the
-    recipe at `path`; ValueError (one line) for a bad recipe or tag."""
-    from jaxrl_agentic.config import ConfigError
+    """(EnvSettings, reply_prefix, reply_suffix) of env tag `tag` (default: the first) of
+    the recipe at `path`; ValueError (one line) for a bad recipe or tag."""
+    from jaxrl_agentic.config import ConfigError, validate
+    from jaxrl_agentic.run_config import build_run_config
     from jaxrl_agentic.train import parse_config
 
     try:
         c = parse_config(["play", f"--config={path}"])
+        validate(c)
     except ConfigError as error:
         raise ValueError(f"--config {path}: {error}") from None
-    tags = list(c.custom_envs.keys())
+    cfg = build_run_config(c)
+    tags = list(cfg.envs)
     tag = tags[0] if tag is None else tag
     if tag not in tags:
         raise ValueError(f"--env {tag!r} is not an env tag of {path}; its tags: "
                          f"{', '.join(tags)}")
-    return c.custom_envs[tag], c.reply_prefix, c.reply_suffix
+    return cfg.envs[tag], cfg.rollout.reply_prefix, cfg.rollout.reply_suffix
 
 
 def main(argv: list[str] | None = None, stdin: TextIO | None = None,
@@ -253,8 +256,7 @@ def main(argv: list[str] | None = None, stdin: TextIO | None = None,
                 env, params = make(name)
         else:
             spec, prefix, suffix = recipe_env(recipe, args.env)
-            python_env = resolve_backend(spec.env_type,
-                                         spec.get("env_backend", "auto")) == "python"
+            python_env = resolve_backend(spec.env_type, spec.backend) == "python"
             if python_env:  # as the pipeline builds it
                 env = make_python_env(spec.env_type, format_penalty=spec.format_penalty,
                                       **dict(spec.env_config))(EpisodeSpec(args.seed, 0, 0), 0)

@@ -7,7 +7,7 @@ import os
 
 import ml_collections
 
-from jaxrl_agentic.config import output_paths
+from jaxrl_agentic.run_config import as_run_config
 from jaxrl_agentic.runtime.checkpoint import Checkpointer, CheckpointError, resolve_checkpoint
 
 
@@ -28,11 +28,13 @@ def load_run_config(checkpoint_path: str) -> ml_collections.ConfigDict:
 
 
 def restore_pipeline(c, checkpoint_path: str):
-    """A Pipeline for config `c` with the learner state of the given checkpoint."""
+    """A Pipeline for config `c` (flat or a :class:`RunConfig`) with the learner state of
+    the given checkpoint."""
     from jaxrl_agentic.pipeline import Pipeline
 
-    directory, step = resolve_checkpoint(checkpoint_path, output_paths(c)["output_dir"])
-    pipeline = Pipeline(c)
+    cfg = as_run_config(c)
+    directory, step = resolve_checkpoint(checkpoint_path, cfg.run.output_dir)
+    pipeline = Pipeline(cfg)
     states, host = Checkpointer(directory).restore(step, pipeline.train_states())
     pipeline.load_train_states(states)
     pipeline.load_host_state(host)

@@ -15,7 +15,6 @@ import time
 
 from jaxrl_agentic.config import (
     ConfigError,
-    output_paths,
     validate,
     validate_devices,
     validate_distributed,
@@ -112,20 +111,23 @@ def write_episode(writer, pipeline, traj, step: int, kind: str, gif_path: str, *
 
 
 def run(c, *, log=print) -> dict[str, float]:
-    """Trains according to `c`; returns the last step's metrics."""
+    """Trains according to the flat config `c`; returns the last step's metrics."""
     started = time.perf_counter()  # time/elapsed counts the model build and warm-up too
     import jax
     from tqdm import tqdm
+
+    from jaxrl_agentic.run_config import build_run_config, distributed_settings, mesh_settings
 
     # Before anything else touches the JAX backend (validation imports the environments).
     validate_distributed(c)
     validate_devices(c)
     from jaxrl_agentic.runtime.parallel import initialize_distributed, use_cpu_devices
 
-    if c.distributed.enabled:
-        initialize_distributed(c.distributed.coordinator_address,
-                               c.distributed.num_processes, c.distributed.process_id)
-    use_cpu_devices(c.mesh.get("cpu_devices", 1), log=log)
+    distributed = distributed_settings(c)
+    if distributed.enabled:
+        initialize_distributed(distributed.coordinator_address, distributed.num_processes,
+                               distributed.process_id)
+    use_cpu_devices(mesh_settings(c).cpu_devices, log=log)
     devices = jax.devices()
     log(f"devices: {len(devices)} × {devices[0].platform} ({jax.process_count()} process(es))")
     from jaxrl_agentic.data.debug import dump_batch
@@ -135,37 +137,38 @@ def run(c, *, log=print) -> dict[str, float]:
     from jaxrl_agentic.runtime.metrics_writer import MetricsWriter, console_line
 
     validate(c)
+    cfg = build_run_config(c)  # from here on only the typed tree is read
+    r = cfg.run
     # Every process plays and trains; only process 0 writes logs, text and GIFs.
     # Checkpoints are written by all processes together (orbax coordinates them).
     main_process = jax.process_index() == 0
     if not main_process:
         def log(*_args, **_kwargs):
             return None
-    paths = output_paths(c)
-    os.makedirs(paths["output_dir"], exist_ok=True)
+    os.makedirs(r.output_dir, exist_ok=True)
     if main_process:
-        with open(os.path.join(paths["output_dir"], "config.json"), "w") as f:
-            f.write(c.to_json_best_effort(indent=2))
-    checkpointer = Checkpointer(os.path.join(paths["output_dir"], "checkpoints"))
-    if c.resume_from_checkpoint:  # a bad path fails before any model is built
-        directory, step = resolve_checkpoint(c.resume_from_checkpoint, paths["output_dir"])
-    pipeline = Pipeline(c, log=log)
-    if c.resume_from_checkpoint:
+        with open(os.path.join(r.output_dir, "config.json"), "w") as f:
+            f.write(cfg.source_json)
+    checkpointer = Checkpointer(os.path.join(r.output_dir, "checkpoints"))
+    if r.resume_from_checkpoint:  # a bad path fails before any model is built
+        directory, step = resolve_checkpoint(r.resume_from_checkpoint, r.output_dir)
+    pipeline = Pipeline(cfg, log=log)
+    if r.resume_from_checkpoint:
         source = checkpointer if directory == checkpointer.directory else Checkpointer(directory)
         states, host = source.restore(step, pipeline.train_states())
         pipeline.load_train_states(states)
         pipeline.load_host_state(host)
         log(f"resumed from {directory} at step {pipeline.step}")
-    writer = (MetricsWriter(paths["output_dir"], paths["logging_dir"], resume_step=pipeline.step)
+    writer = (MetricsWriter(r.output_dir, r.logging_dir, resume_step=pipeline.step)
               if main_process else None)
-    bar = tqdm(total=c.max_steps, initial=pipeline.step, desc=c.exp_name, file=sys.stderr,
+    bar = tqdm(total=r.max_steps, initial=pipeline.step, desc=r.exp_name, file=sys.stderr,
                disable=not (main_process and sys.stderr.isatty()))
     nonfinite_streak = 0
     unrendered: set[str] = set()  # env tags whose episodes cannot be drawn
     render_skipped = 0
     metrics: dict[str, float] = {}
     try:
-        while pipeline.step < c.max_steps:
+        while pipeline.step < r.max_steps:
             metrics, trajs, samples = pipeline.train_step()
             step = pipeline.step
             nonfinite = metrics.get("optim/nonfinite_updates", 0.0) > 0
@@ -181,16 +184,16 @@ def run(c, *, log=print) -> dict[str, float]:
                     f"non-finite loss or gradient in {nonfinite_streak} consecutive steps "
                     f"(last at step {step}); stopping. The last checkpoint holds finite params."
                 )
-            if c.debug.dump_dir and samples and main_process:
-                dump_batch(c.debug.dump_dir, step, pipeline.learner_cfg.packing.pack(samples))
+            if r.debug_dump_dir and samples and main_process:
+                dump_batch(r.debug_dump_dir, step, pipeline.learner_cfg.packing.pack(samples))
             eval_trajs = []
-            if step % c.eval_steps == 0 or step == c.max_steps:
+            if step % r.eval_steps == 0 or step == r.max_steps:
                 eval_metrics, eval_trajs = pipeline.evaluate()
                 metrics.update(eval_metrics)
             # Wall seconds since this process started the run (a resumed run counts again from
             # 0): "success by minute N" is read from here (scripts/analysis/seed_sweep.py).
             metrics["time/elapsed"] = time.perf_counter() - started
-            if writer and (step % c.logging_steps == 0 or step == c.max_steps):
+            if writer and (step % r.logging_steps == 0 or step == r.max_steps):
                 with timing.span("logging"):
                     # Episodes first, so the metrics line of this step carries render/skipped.
                     # The eval GIF shows an eval episode (greedy, held-out map), not a train one.
@@ -199,7 +202,7 @@ def run(c, *, log=print) -> dict[str, float]:
                     for kind, episodes, name in shown:
                         if episodes and episodes[0].turns and not write_episode(
                                 writer, pipeline, episodes[0], step, kind,
-                                os.path.join(paths["render_save_dir"], name), log=log,
+                                os.path.join(r.render_save_dir, name), log=log,
                                 unrendered=unrendered):
                             render_skipped += 1
                     if unrendered:
@@ -209,7 +212,7 @@ def run(c, *, log=print) -> dict[str, float]:
                                       pipeline.common_replies_text(trajs))
                     writer.write(step, metrics)
                     log(console_line(step, metrics))
-            if step % c.save_steps == 0 or step == c.max_steps:
+            if step % r.save_steps == 0 or step == r.max_steps:
                 with timing.span("checkpoint"):
                     checkpointer.save(step, pipeline.train_states(), pipeline.host_state())
             bar.update(1)

@@ -28,6 +28,7 @@ import sys
 
 import numpy as np
 
+from jaxrl_agentic.run_config import RunConfig, as_run_config
 from jaxrl_agentic.sampling import GenerationResult
 
 
@@ -96,29 +97,33 @@ def text_policy_replies(formatter, make_policy, seed: int):
     return reply_ids
 
 
-def warmup_cache_key(base_model_dir: str, c) -> str:
-    envs = {tag: spec.to_dict() for tag, spec in c.custom_envs.items()}
-    if c.train_env_manager.get("env_config"):  # warm-up plays those maps too (warmup_envs)
-        envs["train_env_manager"] = dict(c.train_env_manager.env_config)
+def warmup_cache_key(base_model_dir: str, cfg: RunConfig) -> str:
+    """What the warmed model depends on, hashed: a change to any of it builds another."""
+    envs = {tag: env.record() for tag, env in cfg.envs.items()}
+    if cfg.train.env_config:  # warm-up plays those maps too (warmup_envs)
+        envs["train_env_manager"] = dict(cfg.train.env_config)
+    w, rollout = cfg.format_warmup, cfg.rollout
     payload = json.dumps({
         "model": os.path.abspath(base_model_dir),
         "envs": envs,
-        "steps": c.format_warmup.steps,
-        "lr": c.format_warmup.learning_rate,
-        "episodes": c.format_warmup.episodes_per_step,
-        "max_turns": c.format_warmup.max_turns,
-        "max_input_length": c.max_input_length,
-        "seed": c.seed,
-        "reply_prefix": c.reply_prefix,
-        "reply_suffix": c.reply_suffix,
-        "untie_word_embeddings": c.untie_word_embeddings,
+        "steps": w.steps,
+        "lr": w.learning_rate,
+        "episodes": w.episodes_per_step,
+        "max_turns": w.max_turns,
+        "max_input_length": rollout.max_input_length,
+        "seed": cfg.run.seed,
+        "reply_prefix": rollout.reply_prefix,
+        "reply_suffix": rollout.reply_suffix,
+        "untie_word_embeddings": cfg.model.untie_word_embeddings,
         "version": 1,
     }, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def format_warmup(base_model_dir: str, c, out_dir: str, *, log=print) -> dict[str, float]:
-    """Trains the reply format on random valid actions and saves the model to `out_dir`."""
+def format_warmup(base_model_dir: str, cfg: RunConfig, out_dir: str, *,
+                  log=print) -> dict[str, float]:
+    """Trains the reply format on random valid actions and saves the model to `out_dir`
+    (`cfg`: a :class:`RunConfig` or a flat config)."""
     import jax
     from flax import nnx
 
@@ -136,46 +141,50 @@ def format_warmup(base_model_dir: str, c, out_dir: str, *, log=print) -> dict[st
     from jaxrl_agentic.training.learner import Learner
     from jaxrl_agentic.training.learner_config import LearnerConfig
 
+    cfg = as_run_config(cfg)
+    rollout, seed = cfg.rollout, cfg.run.seed
+    packing = cfg.learner.packing
     model, tokenizer = load_pretrained(base_model_dir,
-                                       untie_word_embeddings=c.untie_word_embeddings)
-    formatter = ChatFormatter(tokenizer, reply_prefix=c.reply_prefix,
-                              reply_suffix=c.reply_suffix)
-    w = c.format_warmup
+                                       untie_word_embeddings=cfg.model.untie_word_embeddings)
+    formatter = ChatFormatter(tokenizer, reply_prefix=rollout.reply_prefix,
+                              reply_suffix=rollout.reply_suffix)
+    w = cfg.format_warmup
     graphdef, params = nnx.split(model)
     learner = Learner(graphdef, params, LearnerConfig(
         learning_rate=w.learning_rate,
         mini_batch_size=10**9,  # one update per step: ratio stays exactly 1 (see module doc)
         recompute_old_logprobs=True,
         # Exact row counts: one step's batch varies, and fixed rows would mean 10**9 rows.
-        packing=PackingConfig(micro_batch_max_tokens=c.micro_batch_max_tokens,
-                              sequence_length=c.sequence_length, rows_bucket=0,
+        packing=PackingConfig(micro_batch_max_tokens=packing.micro_batch_max_tokens,
+                              sequence_length=packing.sequence_length, rows_bucket=0,
                               fixed_rows=False, pad_token_id=tokenizer.pad_token_id or 0),
         max_grad_norm=1.0,
-        seed=c.seed,
+        seed=seed,
     ), make_mesh(devices=jax.local_devices()))  # per process: others wait on the cache lock
     runners = []
-    for i, (tag, env_config) in enumerate(warmup_envs(c)):
-        spec = c.custom_envs[tag]
+    for i, (tag, env_config) in enumerate(warmup_envs(cfg)):
+        spec = cfg.envs[tag]
         try:
-            if resolve_backend(spec.env_type, spec.get("env_backend", "auto")) == "python":
-                runners.append(_python_warmup_runner(c, i, tag, spec, env_config, formatter))
+            if resolve_backend(spec.env_type, spec.backend) == "python":
+                runners.append(_python_warmup_runner(cfg, i, spec, env_config, formatter))
                 continue
             env, env_params = make(spec.env_type, format_penalty=spec.format_penalty,
                                    **env_config)
         except ValueError as e:  # past the tags: the train manager's overrides (warmup_envs)
-            if i < len(c.custom_envs):
+            if i < len(cfg.envs):
                 raise
             raise ConfigError(f"config.train_env_manager.env_config: {e}") from None
         scripted = ScriptedSampler(random_action_replies(formatter, env.action_names,
-                                                         c.seed + 7919 * i),
-                                   max_total_len=c.max_input_length + spec.max_tokens_per_step + 1)
+                                                         seed + 7919 * i),
+                                   max_total_len=rollout.max_input_length
+                                   + spec.max_tokens_per_step + 1)
         # Short episodes: the format is the same on every turn, and long contexts would
         # spend most of the compute on prompt tokens that carry no loss.
         runners.append(RolloutRunner(env, env_params, scripted, formatter, tag=tag,
                                      max_turns=min(spec.max_turns, w.max_turns),
-                                     max_input_length=c.max_input_length,
+                                     max_input_length=rollout.max_input_length,
                                      generation=GenerationConfig(spec.max_tokens_per_step),
-                                     run_seed=c.seed + 1))
+                                     run_seed=seed + 1))
     metrics, first_nll = {}, None
     for step in range(w.steps):
         samples = []
@@ -197,20 +206,17 @@ def format_warmup(base_model_dir: str, c, out_dir: str, *, log=print) -> dict[st
     return metrics
 
 
-def warmup_envs(c) -> list[tuple[str, dict]]:
+def warmup_envs(cfg: RunConfig) -> list[tuple[str, dict]]:
     """(tag, env_config) of every environment the run plays: each tag of `custom_envs` with
     its own parameters, then each training tag with the train manager's `env_config`
     overrides when it has any (the format is then seen on the maps RL trains on too)."""
-    from jaxrl_agentic.config import manager_env_config
-
-    envs = [(tag, dict(spec.env_config)) for tag, spec in c.custom_envs.items()]
-    if c.train_env_manager.get("env_config"):
-        envs += [(tag, manager_env_config(c, "train_env_manager", tag))
-                 for tag in c.train_env_manager.tags]
+    envs = [(tag, dict(env.env_config)) for tag, env in cfg.envs.items()]
+    if cfg.train.env_config:
+        envs += [(tag, cfg.split_env_config("train", tag)) for tag in cfg.train.manager.tags]
     return envs
 
 
-def _python_warmup_runner(c, i: int, tag: str, spec, env_config: dict, formatter):
+def _python_warmup_runner(cfg: RunConfig, i: int, spec, env_config: dict, formatter):
     """The warm-up runner of a Python environment: its format-only text policy, played
     through the real `PythonRolloutRunner` (same token streams as in RL)."""
     from jaxrl_agentic.config import ConfigError
@@ -227,25 +233,27 @@ def _python_warmup_runner(c, i: int, tag: str, spec, env_config: dict, formatter
     scripted = ScriptedSampler(
         text_policy_replies(formatter, functools.partial(
             policies[spec.env_type], call_style=env_config.get("call_style", "qwen")),
-            c.seed + 7919 * i),
-        max_total_len=c.max_input_length + spec.max_tokens_per_step + 1)
-    return PythonRolloutRunner(factory, scripted, formatter, tag=tag,
-                               max_turns=min(spec.max_turns, c.format_warmup.max_turns),
-                               max_input_length=c.max_input_length,
+            cfg.run.seed + 7919 * i),
+        max_total_len=cfg.rollout.max_input_length + spec.max_tokens_per_step + 1)
+    return PythonRolloutRunner(factory, scripted, formatter, tag=spec.tag,
+                               max_turns=min(spec.max_turns, cfg.format_warmup.max_turns),
+                               max_input_length=cfg.rollout.max_input_length,
                                generation=GenerationConfig(spec.max_tokens_per_step),
-                               run_seed=c.seed + 1, step_timeout_s=spec.step_timeout_s)
+                               run_seed=cfg.run.seed + 1, step_timeout_s=spec.step_timeout_s)
 
 
-def warmed_model_dir(base_model_dir: str, c, *, log=None) -> str:
-    """The cached format-warmed model for `c` (built on first use)."""
+def warmed_model_dir(base_model_dir: str, cfg, *, log=None) -> str:
+    """The cached format-warmed model for run config `cfg` (a :class:`RunConfig` or a flat
+    config; built on first use)."""
+    cfg = as_run_config(cfg)
     from jaxrl_agentic.models.tiny import cache_dir, file_lock
 
     log = log or (lambda msg: print(msg, file=sys.stderr))
-    out = os.path.join(cache_dir(), "warmup", warmup_cache_key(base_model_dir, c))
+    out = os.path.join(cache_dir(), "warmup", warmup_cache_key(base_model_dir, cfg))
     if os.path.exists(os.path.join(out, "model.safetensors")):
         return out
     with file_lock(out + ".lock"):
         if not os.path.exists(os.path.join(out, "model.safetensors")):
-            log(f"[jaxrl_agentic] format warm-up ({c.format_warmup.steps} steps) → {out}")
-            format_warmup(base_model_dir, c, out, log=log)
+            log(f"[jaxrl_agentic] format warm-up ({cfg.format_warmup.steps} steps) → {out}")
+            format_warmup(base_model_dir, cfg, out, log=log)
     return out

@@ -21,7 +21,7 @@ def test_bf16_sampler_and_learner_logprobs_agree():
     """Prompts of 200 tokens (two key blocks, the second ragged) and of 100 (a cache of one
     block, which the sampler once ran as a dense softmax), learner rows of 1,024 with each
     sample at a key-block boundary, as the pipeline packs them in bf16 on CPU
-    (`typed_configs.sample_align`): the learner's key blocks are then the sampler's."""
+    (`run_config.sample_align`): the learner's key blocks are then the sampler's."""
     gap = load_script("scripts/analysis/bf16_gap.py")
     cfg = ModelConfig(model_type="qwen2", vocab_size=512, hidden_size=128, intermediate_size=384,
                       num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,

@@ -112,3 +112,30 @@ def test_a_recipe_with_its_own_tool_offers_it(tmp_path):
         assert samples and np.isfinite(metrics["actor/pg_loss"])
     finally:
         pipe.close()
+
+
+def test_a_recipe_with_its_own_sampler_backend_generates_the_replies(tmp_path):
+    """The traced backend of docs/examples/custom_sampler_backend.py plays every episode:
+    the reply tokens it counted are the tokens the trajectories hold as generated."""
+    c = example_config("custom_sampler_backend.py", str(tmp_path))
+    assert c.sampler_backend == "traced_jax"
+    pipe = Pipeline(c, log=lambda line: None)
+    try:
+        assert type(pipe.sampler).__name__ == "TracedSampler"
+        pipe.sampler.trace.clear()  # the example's list, shared by every load of the file
+        steps = [pipe.train_step() for _ in range(2)]
+        traced = sum(e["reply_tokens"] for e in pipe.sampler.trace)
+    finally:
+        pipe.close()
+    generated = sum(len(u.generated) for _, trajs, _ in steps for t in trajs for u in t.turns)
+    assert generated > 0 and traced == generated
+    for metrics, _, samples in steps:
+        assert samples and metrics["actor/grad_norm"] > 0
+
+
+def test_an_unknown_sampler_backend_is_a_config_error(tmp_path):
+    from jaxrl_agentic.config import ConfigError
+
+    with pytest.raises(ConfigError, match="^config.sampler_backend: 'vllm' is not allowed; "
+                                          "choose one of jax"):
+        example_config("custom_policy_loss.py", str(tmp_path), "--config.sampler_backend=vllm")

@@ -7,12 +7,8 @@ import re
 import pytest
 
 from jaxrl_agentic import train
-from jaxrl_agentic.config import (
-    ConfigError,
-    env_manager,
-    manager_env_config,
-    resolve_model_path,
-)
+from jaxrl_agentic.config import ConfigError, env_manager
+from jaxrl_agentic.run_config import build_run_config
 from jaxrl_agentic.warmup import warmup_cache_key, warmup_envs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -38,24 +34,26 @@ def holes_on_first_board(pipeline, traj) -> int:
 
 def test_manager_env_config_overrides_the_tag_for_that_split_only():
     c = small_config("/tmp/unused")
-    assert manager_env_config(c, "train_env_manager", "frozen_lake")["p_frozen"] == 0.7
-    assert "p_frozen" not in manager_env_config(c, "val_env_manager", "frozen_lake")
+    cfg = build_run_config(c)
+    assert cfg.split_env_config("train", "frozen_lake")["p_frozen"] == 0.7
+    assert "p_frozen" not in cfg.split_env_config("val", "frozen_lake")
     # Every other parameter is the tag's, for both splits.
-    for name in ("train_env_manager", "val_env_manager"):
-        merged = manager_env_config(c, name, "frozen_lake")
+    for split in ("train", "val"):
+        merged = cfg.split_env_config(split, "frozen_lake")
         assert merged["hole_penalty"] == c.custom_envs.frozen_lake.env_config.hole_penalty
     assert env_manager(2, 2).env_config.to_dict() == {}
 
 
 def test_warmup_plays_the_training_maps_too_and_its_cache_key_sees_them():
     c = small_config("/tmp/unused")
-    envs = warmup_envs(c)
+    envs = warmup_envs(build_run_config(c))
     assert [tag for tag, _ in envs] == ["frozen_lake", "frozen_lake"]
     assert "p_frozen" not in envs[0][1] and envs[1][1]["p_frozen"] == 0.7
     plain = small_config("/tmp/unused", "--config.train_env_manager.env_config.p_frozen=0.8")
-    assert warmup_cache_key("/m", c) != warmup_cache_key("/m", plain)
+    assert warmup_cache_key("/m", build_run_config(c)) != \
+        warmup_cache_key("/m", build_run_config(plain))
     c.train_env_manager.env_config = {}
-    assert warmup_envs(c) == envs[:1]
+    assert warmup_envs(build_run_config(c)) == envs[:1]
 
 
 def test_training_episodes_are_drawn_with_the_override_and_eval_without(tmp_path):
@@ -94,5 +92,5 @@ def test_an_unknown_override_fails_before_the_format_warmup_trains(tmp_path):
     c.train_env_manager.env_config = {"p_frozn": 0.7}
     with pytest.raises(ConfigError, match=r"config\.train_env_manager\.env_config: frozen_lake: "
                                           r"unknown parameter 'p_frozn'"):
-        format_warmup(resolve_model_path(c), c, str(tmp_path / "warm"),
+        format_warmup(build_run_config(c).model.directory(), c, str(tmp_path / "warm"),
                       log=lambda *_: None)

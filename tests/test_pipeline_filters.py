@@ -1,14 +1,17 @@
 """DAPO's filters and the collapse diagnostics as the pipeline applies them, on hand-built
 trajectories (the Pipeline methods run against a stand-in `self` with only what they read)."""
 
+import dataclasses
 import types
 
 import ml_collections
 import numpy as np
 
+from jaxrl_agentic.config import default_config, env_manager, env_spec
 from jaxrl_agentic.data.samples import step_samples, trajectory_sample
 from jaxrl_agentic.data.trajectory import Trajectory, Turn
 from jaxrl_agentic.pipeline import Pipeline
+from jaxrl_agentic.run_config import build_run_config
 
 
 def turn(context_len, n, reward=0.0, stop="eos"):
@@ -32,14 +35,17 @@ def episode(traj_id, group_id, rewards, stops=None, prompt=3, gen=2, tag="fl",
 
 
 def stand_in(**fields):
-    c = ml_collections.ConfigDict(dict(sequence_length=1000, overlong_penalty_length=0,
-                                       overlong_penalty=1.0, dynamic_sampling_max_rounds=3,
-                                       custom_envs={"fl": {"max_tokens_per_step": 8}},
-                                       adv_estimator="grpo", reward_norm_by="group",
-                                       norm_adv_std=True, step_reward_gamma=0.5,
-                                       gigpo_step_weight=1.0, gamma=1.0, lambd=0.95))
+    c = default_config()
+    c.update(dict(sequence_length=1000, max_input_length=900, overlong_penalty_length=0,
+                  overlong_penalty=1.0, dynamic_sampling_max_rounds=3,
+                  custom_envs=ml_collections.ConfigDict(
+                      {"fl": env_spec("frozen_lake", max_tokens_per_step=8)}),
+                  train_env_manager=env_manager(2, 2, tags=("fl",)),
+                  val_env_manager=env_manager(2, 1, tags=("fl",)),
+                  adv_estimator="grpo", reward_norm_by="group", norm_adv_std=True,
+                  step_reward_gamma=0.5, gigpo_step_weight=1.0, gamma=1.0, lambd=0.95))
     c.update(fields)
-    me = types.SimpleNamespace(c=c)
+    me = types.SimpleNamespace(config=build_run_config(c), sequence_length=c.sequence_length)
     me.turn_advantages = lambda trajs: Pipeline.turn_advantages(me, trajs)
     me.informative = lambda trajs: Pipeline.informative(me, trajs)
     return me
@@ -100,7 +106,8 @@ def test_dynamic_sampling_plays_rounds_until_the_groups_carry_signal():
     assert n == 2 and len(played) == 8
     assert [t.traj_id for t in kept] == [2, 3, 4, 5]
     # Rounds run out: train on what carries signal.
-    me.c.dynamic_sampling_max_rounds = 1
+    me.config = dataclasses.replace(me.config, rollout=dataclasses.replace(
+        me.config.rollout, dynamic_sampling_max_rounds=1))
     kept, played, n = Pipeline.fill_informative_groups(me, first)
     assert n == 1 and [t.traj_id for t in kept] == [2, 3]
 

@@ -292,13 +292,14 @@ def first_map_frame(seed: int, episode_seed: int, manager: str):
     the parameters of `manager`'s episodes (the recipe trains on denser maps)."""
     import jax
 
-    from jaxrl_agentic.config import manager_env_config
     from jaxrl_agentic.envs import make
+    from jaxrl_agentic.run_config import build_run_config
 
     recipe = os.path.join(ROOT, "configs", "frozen_lake.py")
-    c = train.parse_config(["train", f"--config={recipe}"])
-    env, params = make(c.custom_envs.frozen_lake.env_type,
-                       **manager_env_config(c, manager, "frozen_lake"))
+    cfg = build_run_config(train.parse_config(["train", f"--config={recipe}"]))
+    split = manager.removesuffix("_env_manager")
+    env, params = make(cfg.envs["frozen_lake"].env_type,
+                       **cfg.split_env_config(split, "frozen_lake"))
     _, state = env.reset_env(jax.random.fold_in(jax.random.PRNGKey(seed), episode_seed), params)
     return env.render_rgb(state, params)
 

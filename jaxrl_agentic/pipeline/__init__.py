@@ -8,11 +8,10 @@ metrics, ``run_checks.py`` what a run checks before it trains.
 from jaxrl_agentic.pipeline.metrics import trajectory_metrics
 from jaxrl_agentic.pipeline.pipeline import Pipeline
 from jaxrl_agentic.pipeline.run_checks import check_same_model_everywhere, model_files_digest
-from jaxrl_agentic.pipeline.samples import advantage_settings, token_estimator_samples
+from jaxrl_agentic.pipeline.samples import token_estimator_samples
 
 __all__ = [
     "Pipeline",
-    "advantage_settings",
     "check_same_model_everywhere",
     "model_files_digest",
     "token_estimator_samples",

@@ -20,7 +20,6 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 
-from jaxrl_agentic import typed_configs
 from jaxrl_agentic.algos import advantages as adv
 from jaxrl_agentic.algos import diagnostics, filters
 from jaxrl_agentic.algos.estimators import (
@@ -29,22 +28,19 @@ from jaxrl_agentic.algos.estimators import (
 )
 from jaxrl_agentic.algos.kl import kl_estimate
 from jaxrl_agentic.algos.schedules import ChunkEstimator, LearningRatePlan
-from jaxrl_agentic.config import (
-    ConfigError,
-    manager_env_config,
-    resolve_model_path,
-)
+from jaxrl_agentic.config import ConfigError
 from jaxrl_agentic.data import updates_per_step
 from jaxrl_agentic.data.samples import build_samples, trajectory_sample
 from jaxrl_agentic.models import load_pretrained
 from jaxrl_agentic.models.hf_io import read_model_config
 from jaxrl_agentic.pipeline.metrics import mean_of, trajectory_metrics
 from jaxrl_agentic.pipeline.run_checks import check_same_model_everywhere
-from jaxrl_agentic.pipeline.samples import advantage_settings, token_estimator_samples
+from jaxrl_agentic.pipeline.samples import token_estimator_samples
 from jaxrl_agentic.rollout.conversation import ChatFormatter
 from jaxrl_agentic.rollout.groups import plan_episodes
 from jaxrl_agentic.rollout.producer import RolloutProducer
 from jaxrl_agentic.rollout.runner import make_runner
+from jaxrl_agentic.run_config import as_run_config
 from jaxrl_agentic.runtime import memory_plan as plans
 from jaxrl_agentic.runtime import timing
 from jaxrl_agentic.runtime.parallel import (
@@ -54,32 +50,33 @@ from jaxrl_agentic.runtime.parallel import (
     param_partition_spec,
     process_share,
 )
-from jaxrl_agentic.sampling import Sampler
+from jaxrl_agentic.sampling import Sampler, make_sampler_backend
 from jaxrl_agentic.training.critic import Critic
 from jaxrl_agentic.training.learner import Learner
 from jaxrl_agentic.training.off_policy import comparable_masks
 
 
 class Pipeline:
-    """``devices``: the learner's devices (default: all, less any reserved for the sampler
-    by ``mesh.sampler_devices``); tests pass a subset to compare meshes in one process."""
+    """``config``: the run's :class:`RunConfig` (a flat ``ConfigDict`` is mapped onto it
+    once, here). ``devices``: the learner's devices (default: all, less any reserved for the
+    sampler by ``mesh.sampler_devices``); tests pass a subset to compare meshes in one
+    process."""
 
-    def __init__(self, c, *, model_dir: str | None = None, devices=None, log=print):
-        self.c = c
+    def __init__(self, config, *, model_dir: str | None = None, devices=None, log=print):
+        self.config = cfg = as_run_config(config)
         self.log = log
         try:  # the device count is only known now: a mismatch is still a config error
-            self.placement = SamplerPlacement(c.mesh.sampler_devices, learner_devices=devices)
-            self.mesh = mesh = make_mesh(data=c.mesh.data, fsdp=c.mesh.fsdp,
-                                         tensor=c.mesh.tensor,
+            self.placement = SamplerPlacement(cfg.mesh.sampler_devices, learner_devices=devices)
+            self.mesh = mesh = make_mesh(data=cfg.mesh.data, fsdp=cfg.mesh.fsdp,
+                                         tensor=cfg.mesh.tensor,
                                          devices=self.placement.learner_devices)
         except ValueError as e:
             raise ConfigError(f"config.mesh: {e}") from None
-        self.train_manager = typed_configs.env_manager_config(
-            c.train_env_manager, c.generation.num_return_sequences)
-        self.val_manager = typed_configs.env_manager_config(c.val_env_manager)
-        max_new = max(spec.max_tokens_per_step for spec in c.custom_envs.values())
-        max_total_len = -(-(c.max_input_length + max_new + 1) // 64) * 64
-        self.memory_plan = self._memory_plan(model_dir or resolve_model_path(c), max_total_len)
+        self.train_manager = cfg.train.manager
+        self.val_manager = cfg.val.manager
+        rollout = cfg.rollout
+        max_total_len = -(-(rollout.max_input_length + cfg.max_tokens_per_step + 1) // 64) * 64
+        self.memory_plan = self._memory_plan(model_dir or cfg.model.directory(), max_total_len)
         log(self.memory_plan.table())
         if self.memory_plan.total > plans.MALLOC_RELEASE_SHARE * self.memory_plan.budget:
             plans.return_freed_memory_to_os()  # before any weight is read (runtime/memory_plan.py)
@@ -88,11 +85,11 @@ class Pipeline:
         except ValueError as e:
             raise ConfigError(f"config: {e}") from None
         if model_dir is None:
-            model_dir = resolve_model_path(c)
-            if c.format_warmup.steps > 0:
+            model_dir = cfg.model.directory()
+            if cfg.format_warmup.steps > 0:
                 from jaxrl_agentic.warmup import warmed_model_dir
 
-                model_dir = warmed_model_dir(model_dir, c)
+                model_dir = warmed_model_dir(model_dir, cfg)
         self.model_dir = model_dir
         if jax.process_count() > 1:
             check_same_model_everywhere(model_dir)
@@ -100,88 +97,102 @@ class Pipeline:
         def shardings(path, shape):  # parameters are read straight into their shards
             return NamedSharding(mesh, param_partition_spec(path, shape, mesh.shape))
 
-        model, tokenizer = load_pretrained(model_dir, dtype=c.dtype, param_dtype=c.param_dtype,
+        model, tokenizer = load_pretrained(model_dir, dtype=cfg.model.dtype,
+                                           param_dtype=cfg.model.param_dtype,
                                            shardings=shardings,
-                                           untie_word_embeddings=c.untie_word_embeddings)
+                                           untie_word_embeddings=cfg.model.untie_word_embeddings)
         self.tokenizer = tokenizer
-        self.formatter = ChatFormatter(tokenizer, system_prompt=c.system_prompt or None,
-                                       reply_prefix=c.reply_prefix,
-                                       reply_suffix=c.reply_suffix)
-        self.sampler = Sampler(model, tokenizer, max_total_len=max_total_len,
-                               mesh=mesh if self.placement.colocated else self.placement.mesh,
-                               logprob_under_filter=c.logprob_under_sampling_filter,
-                               precompile_slots=c.rollout_precompile)
+        self.formatter = ChatFormatter(tokenizer, system_prompt=rollout.system_prompt or None,
+                                       reply_prefix=rollout.reply_prefix,
+                                       reply_suffix=rollout.reply_suffix)
+        self.graphdef, params = nnx.split(model)  # the learner's start; the sampler's too
+        self.sampler = make_sampler_backend(
+            rollout.sampler_backend, model, tokenizer, max_total_len=max_total_len,
+            mesh=mesh if self.placement.colocated else self.placement.mesh,
+            logprob_under_filter=rollout.logprob_under_sampling_filter,
+            precompile_slots=rollout.precompile)
+        if rollout.batching == "continuous" and not isinstance(self.sampler, Sampler):
+            raise ConfigError(f"config.rollout_batching: 'continuous' decodes through the JAX "
+                              f"sampler's slot programs; sampler_backend "
+                              f"{rollout.sampler_backend!r} is not a Sampler; use 'turn'")
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        self.learner_cfg = typed_configs.learner_config(c, pad_id)
+        self.config = cfg = cfg.with_pad_token_id(pad_id)
+        self.learner_cfg = cfg.learner
         self.critic = None
-        if get_advantage_estimator(c.adv_estimator).needs_critic:  # from the policy's backbone
-            self.critic = Critic(self.sampler.graphdef, self.sampler.params,
-                                 typed_configs.critic_config(c, pad_id), mesh)
-        self.learner = Learner(self.sampler.graphdef, self.sampler.params, self.learner_cfg,
-                               mesh)
+        if cfg.critic is not None:  # from the policy's backbone
+            self.critic = Critic(self.graphdef, params, cfg.critic, mesh)
+        self.learner = Learner(self.graphdef, params, self.learner_cfg, mesh)
         self.sampler.set_params(None)  # the learner owns the params from here on
         # One runner per tag with the tag's own env_config; a manager that overrides env
         # parameters (`env_manager(env_config=...)`) gets its own runners for its tags.
-        self.runners = {tag: self._runner(tag, dict(spec.env_config))
-                        for tag, spec in c.custom_envs.items()}
+        self.runners = {tag: self._runner(tag, dict(env.env_config))
+                        for tag, env in cfg.envs.items()}
         self.split_runners = {}
-        for split, name in (("train", "train_env_manager"), ("val", "val_env_manager")):
+        for split in ("train", "val"):
             runners = self.split_runners[split] = {}
-            for tag in c[name].tags:
-                if not c[name].get("env_config"):
+            for tag in cfg.split(split).manager.tags:
+                if not cfg.split(split).env_config:
                     runners[tag] = self.runners[tag]
                     continue
                 try:
-                    runners[tag] = self._runner(tag, manager_env_config(c, name, tag))
+                    runners[tag] = self._runner(tag, cfg.split_env_config(split, tag))
                 except ValueError as e:  # an unknown or invalid parameter, named by make()
-                    raise ConfigError(f"config.{name}.env_config: {e}") from None
-        max_turns = max(spec.max_turns for spec in c.custom_envs.values())
+                    raise ConfigError(f"config.{split}_env_manager.env_config: {e}") from None
+        schedule = cfg.schedule
         self.lr_plan = LearningRatePlan(
-            learning_rate=c.learning_rate, lr_scheduler_type=c.lr_scheduler_type,
-            warmup_steps=c.warmup_steps, min_lr_ratio=c.min_lr_ratio, max_steps=c.max_steps,
-            ppo_epochs=c.ppo_epochs, trajectories_per_step=self.train_manager.num_episodes,
-            mini_batch_size=c.mini_batch_size,
-            chunks=ChunkEstimator.from_config(c.estimated_chunks_per_traj, c.sample_mode,
-                                              max_turns))
+            learning_rate=schedule.learning_rate, lr_scheduler_type=schedule.lr_scheduler_type,
+            warmup_steps=schedule.warmup_steps, min_lr_ratio=schedule.min_lr_ratio,
+            max_steps=cfg.run.max_steps, ppo_epochs=cfg.learner.ppo_epochs,
+            trajectories_per_step=self.train_manager.num_episodes,
+            mini_batch_size=cfg.learner.mini_batch_size,
+            chunks=ChunkEstimator.from_config(schedule.estimated_chunks_per_traj,
+                                              cfg.advantages.sample_mode, cfg.max_turns))
         self.step = 0
         self.cursor = 0
         self.producer = None  # async_generation_ratio ≥ 1: rollouts made ahead in a thread
-        if c.async_generation_ratio and jax.process_count() > 1:
+        if rollout.async_generation_ratio and jax.process_count() > 1:
             # Two threads issuing collectives in a different order on each host deadlock.
             raise ConfigError("config.async_generation_ratio: not supported with several "
                               "processes (distributed.enabled); use 0")
 
     def _runner(self, tag: str, env_config: dict):
         """The rollout runner of env tag `tag` with environment parameters `env_config`."""
-        c, spec = self.c, self.c.custom_envs[tag]
+        env, rollout = self.config.envs[tag], self.config.rollout
         return make_runner(
-            spec.env_type, env_config, self.sampler, self.formatter, tag=tag,
-            max_turns=spec.max_turns, max_input_length=c.max_input_length,
-            generation=typed_configs.generation_config(c, spec),
-            format_penalty=spec.format_penalty, backend=spec.get("env_backend", "auto"),
-            run_seed=c.seed, step_timeout_s=spec.step_timeout_s,
-            max_workers=spec.env_max_workers, batching=c.rollout_batching,
-            slots=c.rollout_slots, decode_chunk=c.decode_chunk_tokens)
+            env.env_type, env_config, self.sampler, self.formatter, tag=tag,
+            max_turns=env.max_turns, max_input_length=rollout.max_input_length,
+            generation=env.generation, format_penalty=env.format_penalty,
+            backend=env.backend, run_seed=self.config.run.seed,
+            step_timeout_s=env.step_timeout_s, max_workers=env.max_workers,
+            batching=rollout.batching, slots=rollout.slots,
+            decode_chunk=rollout.decode_chunk_tokens)
 
     def _memory_plan(self, model_dir: str, max_total_len: int):
         """The run's ``memory_plan`` per device, from the model's config.json alone."""
-        c = self.c
-        cfg = read_model_config(model_dir, c.dtype, c.param_dtype, c.untie_word_embeddings)
-        learner = typed_configs.learner_config(c)
+        model, learner = self.config.model, self.config.learner
+        packing = learner.packing
+        cfg = read_model_config(model_dir, model.dtype, model.param_dtype,
+                                model.untie_word_embeddings)
         cpu = jax.default_backend() == "cpu"
         return plans.memory_plan(
-            cfg, row_len=c.micro_batch_max_tokens, loss_slots=learner.packing.loss_slots_per_row,
-            remat=c.remat, kernel_impl=c.kernel_impl, reference=learner.uses_reference,
-            attention_impl=c.attention_impl,
+            cfg, row_len=packing.micro_batch_max_tokens, loss_slots=packing.loss_slots_per_row,
+            remat=learner.remat, kernel_impl=learner.kernel_impl,
+            reference=learner.uses_reference, attention_impl=learner.attention_impl,
             shards=self.mesh.shape["fsdp"] * self.mesh.shape["tensor"],
             sampler_rows=self.train_manager.num_episodes, sampler_len=max_total_len,
             budget=plans.device_budget(),
             host_devices=jax.local_device_count() if cpu else 1,
             # A mini-batch fits one scan step (one row per batch shard) when its longest
             # possible samples do; otherwise the update accumulates over groups of rows.
-            accumulates=(c.mini_batch_size * min(c.sequence_length, c.micro_batch_max_tokens)
-                         > c.micro_batch_max_tokens * self.mesh.shape["data"]
+            accumulates=(learner.mini_batch_size
+                         * min(packing.sequence_length, packing.micro_batch_max_tokens)
+                         > packing.micro_batch_max_tokens * self.mesh.shape["data"]
                          * self.mesh.shape["fsdp"]))
+
+    @property
+    def sequence_length(self) -> int:
+        """A sample's most tokens: the learner computes no further."""
+        return self.config.learner.packing.sequence_length
 
     # ---- rollouts ---------------------------------------------------------------------------
     def sampler_params(self):
@@ -214,7 +225,7 @@ class Pipeline:
         for tag, episodes in plan.items():
             # Sampling noise is a function of (run seed, step, split, episode id): resumable
             # exactly, and the same whichever process plays the episode.
-            seed = self.c.seed * 1_000_003 + step * 2 + (split == "val")
+            seed = self.config.run.seed * 1_000_003 + step * 2 + (split == "val")
             start, stop = process_share(len(episodes))
             if stop > start:
                 trajs.extend(self.split_runners[split][tag].run(
@@ -231,22 +242,21 @@ class Pipeline:
     @timing.spanned("samples")
     def make_samples(self, trajs):
         """Advantages → samples (``build_samples``), shaped, and their counts."""
-        c = self.c
-        if get_advantage_estimator(c.adv_estimator).level == "token":
+        a = self.config.advantages
+        if get_advantage_estimator(a.estimator).level == "token":
             samples, stats = token_estimator_samples(
-                trajs, adv_estimator=c.adv_estimator, settings=advantage_settings(c),
-                critic=self.critic)
+                trajs, adv_estimator=a.estimator, settings=a.settings, critic=self.critic)
         else:
             samples, stats = build_samples(trajs, self.turn_advantages(trajs),
-                                           sample_mode=c.sample_mode,
-                                           merge_stepwise=c.merge_stepwise)
+                                           sample_mode=a.sample_mode,
+                                           merge_stepwise=a.merge_stepwise)
         return self._shape_advantages(samples), stats
 
     def turn_advantages(self, trajs) -> list[np.ndarray]:
         """Per-turn advantages of `trajs` under the run's outcome or step estimator."""
-        c = self.c
-        return turn_advantages(trajs, adv_estimator=c.adv_estimator,
-                               reward_norm_by=c.reward_norm_by, settings=advantage_settings(c))
+        a = self.config.advantages
+        return turn_advantages(trajs, adv_estimator=a.estimator,
+                               reward_norm_by=a.reward_norm_by, settings=a.settings)
 
     def informative(self, trajs) -> list:
         """The trajectories of `trajs` whose group carries signal (``algos/filters.py``):
@@ -255,7 +265,7 @@ class Pipeline:
         if not trajs:
             return []
         groups = [t.group_id for t in trajs]
-        if get_advantage_estimator(self.c.adv_estimator).level == "token":
+        if get_advantage_estimator(self.config.advantages.estimator).level == "token":
             keep = filters.dynamic_sampling_keep([t.score for t in trajs], groups)
         else:
             keep = filters.groups_with_signal(self.turn_advantages(trajs), groups)
@@ -263,14 +273,13 @@ class Pipeline:
 
     def _shape_advantages(self, samples):
         """Optional whitening over the batch's loss tokens, then optional clipping."""
-        c = self.c
-        if c.whiten_advantages and samples:
+        a = self.config.advantages
+        if a.whiten and samples:
             white = adv.whiten([s.advantages for s in samples], [s.loss_mask for s in samples])
             samples = [dataclasses.replace(s, advantages=a) for s, a in zip(samples, white,
                                                                             strict=True)]
-        if c.advantage_clip > 0:
-            samples = [dataclasses.replace(s, advantages=np.clip(s.advantages, -c.advantage_clip,
-                                                                 c.advantage_clip))
+        if a.clip > 0:
+            samples = [dataclasses.replace(s, advantages=np.clip(s.advantages, -a.clip, a.clip))
                        for s in samples]
         return samples
 
@@ -282,19 +291,19 @@ class Pipeline:
         The samples come from all trajectories played, less, with ``dynamic_sampling``, the
         groups without reward variance (and any beyond ``num_env_groups`` informative ones).
         """
-        c = self.c
+        cfg = self.config
         t0 = time.perf_counter()
         trajs, t_rollout, off_policy = self.train_rollout()
         self.shape_rewards(trajs)
         played, rounds = trajs, 1
-        if c.dynamic_sampling:
+        if cfg.rollout.dynamic_sampling:
             start = time.perf_counter()
             trajs, played, rounds = self.fill_informative_groups(trajs)
             t_rollout += time.perf_counter() - start
         metrics = {"step": float(self.step + 1), **trajectory_metrics(played, "env/"),
                    **off_policy, **self.overlong_penalty_metrics(played),
                    **self.collapse_metrics(played)}
-        if c.dynamic_sampling:
+        if cfg.rollout.dynamic_sampling:
             metrics["batch/dynamic_sampling_rounds"] = float(rounds)
             metrics["batch/groups_played"] = float(len({t.group_id for t in played}))
             metrics["batch/groups_kept"] = float(len({t.group_id for t in trajs}))
@@ -305,16 +314,17 @@ class Pipeline:
         samples, sample_stats = [], {"batch/sequences_before_merge": 0.0,
                                      "batch/sequences_after_merge": 0.0}
         if not bad_turns:
-            if c.kl_in_reward:
+            if cfg.advantages.kl_in_reward:
                 metrics.update(self.fold_kl_into_rewards(trajs))
             samples, sample_stats = self.make_samples(trajs)
-            if c.overlong_filter:
+            if cfg.advantages.overlong_filter:
                 samples, metrics["batch/overlong_filtered"] = self.filter_overlong(trajs,
                                                                                    samples)
         metrics.update(sample_stats)
         t1 = time.perf_counter()
         if samples:
-            updates = updates_per_step(len(samples), c.mini_batch_size, c.ppo_epochs)
+            updates = updates_per_step(len(samples), cfg.learner.mini_batch_size,
+                                       cfg.learner.ppo_epochs)
             lrs = self.lr_plan.learning_rates(self.step, updates)
             if self.critic is not None:  # values for this step were computed before updating
                 with timing.span("critic"):
@@ -349,17 +359,18 @@ class Pipeline:
     def overlong_penalties(self, traj) -> np.ndarray:
         """DAPO's soft overlong punishment of each turn of ``traj``
         (``algos/filters.overlong_penalty``), L_max = the tag's ``max_tokens_per_step``."""
-        c = self.c
+        a = self.config.advantages
         return filters.overlong_penalty(
-            [len(u.generated) for u in traj.turns], c.custom_envs[traj.tag].max_tokens_per_step,
-            overlong_penalty_length=c.overlong_penalty_length,
-            overlong_penalty=c.overlong_penalty)
+            [len(u.generated) for u in traj.turns],
+            self.config.envs[traj.tag].max_tokens_per_step,
+            overlong_penalty_length=a.overlong_penalty_length,
+            overlong_penalty=a.overlong_penalty)
 
     def shape_rewards(self, trajs) -> None:
         """Adds :meth:`overlong_penalties` to each turn's reward (``overlong_penalty_length``
         0 = off). The env metrics (success, return) keep the true rewards; advantages see
         these."""
-        if self.c.overlong_penalty_length:
+        if self.config.advantages.overlong_penalty_length:
             for t in trajs:
                 for turn, p in zip(t.turns, self.overlong_penalties(t), strict=True):
                     turn.reward += float(p)
@@ -367,7 +378,7 @@ class Pipeline:
     def overlong_penalty_metrics(self, trajs) -> dict[str, float]:
         """``batch/overlong_penalty_mean``: the mean penalty per reply over all episodes
         played (every dynamic-sampling round)."""
-        if not self.c.overlong_penalty_length:
+        if not self.config.advantages.overlong_penalty_length:
             return {}
         penalties = [p for t in trajs for p in self.overlong_penalties(t)]
         return {"batch/overlong_penalty_mean": float(np.mean(penalties)) if penalties else 0.0}
@@ -382,12 +393,11 @@ class Pipeline:
         then the first ``num_env_groups`` informative groups are kept. If the rounds run
         out, the step trains on the informative groups it has (none: no update).
         """
-        c = self.c
         needed = self.train_manager.num_env_groups
         informative = self.informative
         played, kept, rounds = list(trajs), informative(trajs), 1
         while len({t.group_id for t in kept}) < needed and \
-                rounds < c.dynamic_sampling_max_rounds:
+                rounds < self.config.rollout.dynamic_sampling_max_rounds:
             more = self.rollout("train", cursor=self.cursor + rounds * needed,
                                 round_index=rounds)
             self.shape_rewards(more)
@@ -417,7 +427,7 @@ class Pipeline:
             reasons.append(traj.turns[last].stop_reason)
             prompt_cut.append(traj.truncated_by_length and last == len(traj.turns) - 1)
         cut = filters.truncated_samples(reasons, total_lengths=[len(s.tokens) for s in samples],
-                                        sequence_length=self.c.sequence_length)
+                                        sequence_length=self.sequence_length)
         cut |= np.asarray(prompt_cut, bool)
         masks = filters.mask_truncated([s.loss_mask for s in samples], cut)
         kept = [dataclasses.replace(s, loss_mask=m) for s, m in zip(samples, masks, strict=True)
@@ -455,7 +465,7 @@ class Pipeline:
         from the producer thread, which plays step j with the newest params published
         (version ≥ j − n) while the learner trains; older trajectories are dropped.
         """
-        ratio = self.c.async_generation_ratio
+        ratio = self.config.rollout.async_generation_ratio
         if ratio == 0:
             start = time.perf_counter()
             trajs = self.rollout("train")
@@ -512,12 +522,13 @@ class Pipeline:
         ref = self.learner.sample_logprobs(samples, reference=True)
         # The reference is 0 beyond sequence_length (not computed) and a sampler logprob
         # can be the out-of-support sentinel: those tokens carry no KL, and are not counted.
-        masks = comparable_masks(samples, ref, self.c.sequence_length)
+        masks = comparable_masks(samples, ref, self.sequence_length)
         coef = float(self.learner.state.kl.coef)
+        estimator = self.config.advantages.kl_estimator
         total_kl, tokens = 0.0, 0
         for traj, sample, ref_lp, mask in zip(played, samples, ref, masks, strict=True):
             per_token = np.where(mask, np.asarray(kl_estimate(sample.old_logprobs, ref_lp,
-                                                              self.c.kl_estimator)), 0.0)
+                                                              estimator)), 0.0)
             for turn in traj.turns:
                 span = slice(turn.context_len, turn.context_len + len(turn.generated))
                 turn_kl = float(per_token[span].sum())
@@ -530,7 +541,7 @@ class Pipeline:
     def evaluate(self) -> tuple[dict[str, float], list]:
         """The held-out episodes, greedy (`eval_temperature` 0) or sampled at
         `eval_temperature` (RAGEN's validation samples at 0.5)."""
-        t = self.c.eval_temperature
+        t = self.config.rollout.eval_temperature
         trajs = self.rollout("val", greedy=t == 0, temperature=t or None)
         return trajectory_metrics(trajs, "eval/"), trajs
 
@@ -567,4 +578,4 @@ class Pipeline:
 
     def export_model(self):
         """An nnx model with the current parameters (for HF export)."""
-        return nnx.merge(self.sampler.graphdef, jax.device_get(self.learner.params))
+        return nnx.merge(self.graphdef, jax.device_get(self.learner.params))

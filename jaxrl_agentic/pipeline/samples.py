@@ -1,18 +1,10 @@
-"""Samples with per-token advantages (a ``"token"``-level estimator such as GAE), and the
-estimators' settings of a run config."""
+"""Samples with per-token advantages (a ``"token"``-level estimator such as GAE)."""
 
 from __future__ import annotations
 
 from jaxrl_agentic.algos.estimators import DEFAULT_SETTINGS, AdvantageSettings, token_advantages
 from jaxrl_agentic.data.samples import build_samples, trajectory_sample
 from jaxrl_agentic.training.critic import Critic, gae_rollout_metrics
-
-
-def advantage_settings(c) -> AdvantageSettings:
-    """The estimators' knobs of run config `c`."""
-    return AdvantageSettings(use_std=c.norm_adv_std, step_reward_gamma=c.step_reward_gamma,
-                             gigpo_step_weight=c.gigpo_step_weight, gamma=c.gamma,
-                             lambd=c.lambd)
 
 
 def token_estimator_samples(trajs, *, adv_estimator: str,

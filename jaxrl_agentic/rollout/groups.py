@@ -32,7 +32,7 @@ class EnvManagerConfig:
     num_groups_partition: tuple[int, ...] = ()
 
     def __post_init__(self):
-        # "<field>: <why>", the typed configs' error format (typed_configs.py).
+        # "<field>: <why>", the typed configs' error format (run_config.py).
         for field in ("num_env_groups", "group_size"):
             value = getattr(self, field)
             if not isinstance(value, int) or value < 1:

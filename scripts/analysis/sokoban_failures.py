@@ -166,7 +166,7 @@ def main() -> None:
         ["failures", f"--config={args.config}", *overrides,
          f"--config.val_env_manager.num_env_groups={args.levels}"], args.checkpoint)
     decode = pipeline.formatter.tokenizer.decode
-    max_turns = {tag: spec.max_turns for tag, spec in pipeline.c.custom_envs.items()}
+    max_turns = {tag: spec.max_turns for tag, spec in pipeline.config.envs.items()}
     episodes = []
     for traj in trajs:
         board = last_board(decode(traj.tokens[: traj.turns[0].context_len]))

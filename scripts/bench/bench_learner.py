@@ -133,10 +133,10 @@ if DEVICE == "cpu":
 
 from jaxrl_agentic.data import PackingConfig, Sample  # noqa: E402
 from jaxrl_agentic.models import load_pretrained  # noqa: E402
+from jaxrl_agentic.run_config import auto_loss_slots  # noqa: E402
 from jaxrl_agentic.training.learner import Learner  # noqa: E402
 from jaxrl_agentic.training.learner_config import LearnerConfig  # noqa: E402
 from jaxrl_agentic.training.per_token import computed_slots  # noqa: E402
-from jaxrl_agentic.typed_configs import auto_loss_slots  # noqa: E402
 
 # Qwen2-architecture configs (tied embeddings, q/k/v biases, as the tiny default model).
 SIZES = {

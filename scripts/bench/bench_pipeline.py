@@ -199,7 +199,8 @@ def main(argv=None) -> dict:
         jax.config.update("jax_compilation_cache_dir", args.compilation_cache)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    from jaxrl_agentic.config import output_paths, validate
+    from jaxrl_agentic.config import validate
+    from jaxrl_agentic.run_config import build_run_config
     from jaxrl_agentic.runtime.checkpoint import Checkpointer
     from jaxrl_agentic.runtime.metrics_writer import MetricsWriter, save_gif
     from jaxrl_agentic.runtime.parallel import use_cpu_devices
@@ -223,11 +224,13 @@ def main(argv=None) -> dict:
     if c.get("async_generation_ratio", 0):
         raise SystemExit("bench_pipeline needs async_generation_ratio=0: its timer charges "
                          "the rollout thread's spans as work the training thread waits for")
-    paths = output_paths(c)
+    cfg = build_run_config(c)
+    paths = {"output_dir": cfg.run.output_dir, "logging_dir": cfg.run.logging_dir,
+             "render_save_dir": cfg.run.render_save_dir}
     timer = timing.ExclusiveTimer(absorbing={"eval"})  # eval's rollout is evaluation time
     with CompileEvents(label=lambda: timer.current) as counter, timing.recording(timer):
         t0 = time.perf_counter()
-        pipeline = pipeline_module.Pipeline(c)
+        pipeline = pipeline_module.Pipeline(cfg)
         build_s = time.perf_counter() - t0
         writer = MetricsWriter(paths["output_dir"], paths["logging_dir"])
         checkpointer = Checkpointer(os.path.join(paths["output_dir"], "checkpoints"))

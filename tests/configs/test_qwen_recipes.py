@@ -1,6 +1,6 @@
 """The Qwen2.5-0.5B recipes' rows (token efficiency ≥ 0.8 at 4 episodes × 3 turns × 32
 tokens). In bf16 on CPU each sample starts at a multiple of 128 in its row, so the
-sampler's attention blocks are the learner's (`typed_configs.sample_align`); with row lengths
+sampler's attention blocks are the learner's (`run_config.sample_align`); with row lengths
 only down to 1,024, four ~400-token samples took one 2,048-token row (0.79). The recipes'
 rows go down to 432, where four rows of 432 hold them (0.93, as measured by
 `scripts/analysis/real_shape_step.py`: 1,608 real tokens of 1,728 computed)."""
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from jaxrl_agentic.data import Sample
+from jaxrl_agentic.run_config import packing_config
 from jaxrl_agentic.train import parse_config
-from jaxrl_agentic.typed_configs import packing_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
