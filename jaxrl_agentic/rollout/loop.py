@@ -26,8 +26,10 @@ episodes with continuous batching through the same bookkeeping (`turns.py`: `rec
 
 from __future__ import annotations
 
+import abc
+import contextlib
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -55,7 +57,50 @@ from jaxrl_agentic.runtime import timing
 from jaxrl_agentic.sampling import Sampler, SamplerSession
 
 
-class RolloutRunner:
+class EpisodeRunnerBase(abc.ABC):
+    """What both runners share: their settings and `run`. A runner adds the environment side
+    of a batch (`_environments`: `first_prompts()`, `submit`, `collect`, `max_steps`; on
+    leaving, what its environments add to the played trajectories)."""
+
+    def _settings(self, sampler, formatter: ChatFormatter, *, tag: str, max_turns: int,
+                  max_input_length: int, generation: GenerationConfig, batching: str,
+                  slots: int, decode_chunk: int) -> None:
+        check_runner_settings(sampler, max_input_length, generation, batching, slots,
+                              decode_chunk)
+        self.sampler, self.formatter = sampler, formatter
+        self.tag, self.max_turns, self.max_input_length = tag, max_turns, max_input_length
+        self.generation = generation
+        self.batching, self.slots, self.decode_chunk = batching, slots, decode_chunk
+
+    @abc.abstractmethod
+    def _environments(self, episodes: Sequence[EpisodeSpec],
+                      trajs: list[Trajectory]) -> contextlib.AbstractContextManager:
+        """The environment side of one batch of `episodes`, for the length of the batch."""
+
+    def run(
+        self,
+        episodes: Sequence[EpisodeSpec],
+        *,
+        sample_seed: int,
+        traj_id_start: int = 0,
+        params=None,
+        greedy: bool | None = None,
+        temperature: float | None = None,
+    ) -> list[Trajectory]:
+        """Plays `episodes` to the end; `greedy` and `temperature` override the generation
+        config (eval)."""
+        gen = self.generation.overridden(greedy, temperature)
+        trajs = new_trajectories(episodes, self.tag, traj_id_start)
+        with self._environments(episodes, trajs) as envs:
+            play(self.batching, envs, trajs, envs.first_prompts(), self.sampler,
+                 self.formatter, gen, sample_seed=sample_seed, max_turns=self.max_turns,
+                 max_input_length=self.max_input_length, params=params, slots=self.slots,
+                 decode_chunk=self.decode_chunk)
+            set_episode_metrics(trajs)
+        return trajs
+
+
+class RolloutRunner(EpisodeRunnerBase):
     """Plays batches of episodes of one environment with one sampler (jit once per shape)."""
 
     def __init__(
@@ -74,13 +119,10 @@ class RolloutRunner:
         slots: int = 0,
         decode_chunk: int = 8,
     ):
-        check_runner_settings(sampler, max_input_length, generation, batching, slots,
-                              decode_chunk)
+        self._settings(sampler, formatter, tag=tag, max_turns=max_turns,
+                       max_input_length=max_input_length, generation=generation,
+                       batching=batching, slots=slots, decode_chunk=decode_chunk)
         self.env, self.env_params = env, env_params
-        self.sampler, self.formatter = sampler, formatter
-        self.tag, self.max_turns, self.max_input_length = tag, max_turns, max_input_length
-        self.generation = generation
-        self.batching, self.slots, self.decode_chunk = batching, slots, decode_chunk
         self.base_key = jax.random.PRNGKey(run_seed)
         self._reset = jax.jit(jax.vmap(env.reset_env, in_axes=(0, None)))
         self._step = jax.jit(jax.vmap(env.step_env, in_axes=(0, 0, 0, None)))
@@ -111,27 +153,9 @@ class RolloutRunner:
         )
         return map_keys, noise_keys
 
-    def run(
-        self,
-        episodes: Sequence[EpisodeSpec],
-        *,
-        sample_seed: int,
-        traj_id_start: int = 0,
-        params=None,
-        greedy: bool | None = None,
-        temperature: float | None = None,
-    ) -> list[Trajectory]:
-        """Plays `episodes` to the end; `greedy` and `temperature` override the generation
-        config (eval)."""
-        gen = self.generation.overridden(greedy, temperature)
-        trajs = new_trajectories(episodes, self.tag, traj_id_start)
-        envs = JaxEpisodes(self, episodes)
-        play(self.batching, envs, trajs, envs.first_prompts(self.formatter), self.sampler,
-             self.formatter, gen, sample_seed=sample_seed, max_turns=self.max_turns,
-             max_input_length=self.max_input_length, params=params, slots=self.slots,
-             decode_chunk=self.decode_chunk)
-        set_episode_metrics(trajs)
-        return trajs
+    @contextlib.contextmanager
+    def _environments(self, episodes, trajs) -> Iterator[JaxEpisodes]:
+        yield JaxEpisodes(self, episodes)
 
 
 class JaxEpisodes:
@@ -147,8 +171,8 @@ class JaxEpisodes:
             self.host = jax.device_get(self.states)
         self._queued: dict[int, tuple[int, int]] = {}  # episode -> (action, turn index)
 
-    def first_prompts(self, formatter: ChatFormatter) -> dict[int, list[int]]:
-        env, p = self.runner.env, self.runner.env_params
+    def first_prompts(self) -> dict[int, list[int]]:
+        env, p, formatter = self.runner.env, self.runner.env_params, self.runner.formatter
         with timing.span("rollout/env"):
             messages = [first_message(env, _row(self.host, i), p)
                         for i in range(len(self.noise_keys))]

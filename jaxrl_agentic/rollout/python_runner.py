@@ -38,12 +38,13 @@ wait for it. Note that the first call of a JAX-backed env compiles inside its de
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import functools
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -54,14 +55,8 @@ from jaxrl_agentic.envs.python_env import PyStep, PythonEnvFactory, PythonTextEn
 from jaxrl_agentic.envs.tools import tool_episode_metrics
 from jaxrl_agentic.rollout.conversation import ChatFormatter
 from jaxrl_agentic.rollout.groups import EpisodeSpec
-from jaxrl_agentic.rollout.loop import play
-from jaxrl_agentic.rollout.turns import (
-    EnvOutcome,
-    GenerationConfig,
-    check_runner_settings,
-    new_trajectories,
-    set_episode_metrics,
-)
+from jaxrl_agentic.rollout.loop import EpisodeRunnerBase
+from jaxrl_agentic.rollout.turns import EnvOutcome, GenerationConfig
 from jaxrl_agentic.runtime import timing
 from jaxrl_agentic.sampling import Sampler
 
@@ -76,7 +71,7 @@ class _Raised(NamedTuple):
     error: BaseException
 
 
-class PythonRolloutRunner:
+class PythonRolloutRunner(EpisodeRunnerBase):
     """Plays batches of episodes of a Python environment with one sampler."""
 
     def __init__(
@@ -96,8 +91,9 @@ class PythonRolloutRunner:
         slots: int = 0,
         decode_chunk: int = 8,
     ):
-        check_runner_settings(sampler, max_input_length, generation, batching, slots,
-                              decode_chunk)
+        self._settings(sampler, formatter, tag=tag, max_turns=max_turns,
+                       max_input_length=max_input_length, generation=generation,
+                       batching=batching, slots=slots, decode_chunk=decode_chunk)
         if not callable(env_factory):
             raise TypeError(f"env_factory must be callable (spec, run_seed) -> PythonTextEnv, "
                             f"got {type(env_factory).__name__}")
@@ -108,50 +104,34 @@ class PythonRolloutRunner:
             raise ValueError(f"max_workers must be >= 0 (0 = one per episode), got "
                              f"{max_workers}")
         self.env_factory = env_factory
-        self.sampler, self.formatter = sampler, formatter
-        self.tag, self.max_turns, self.max_input_length = tag, max_turns, max_input_length
-        self.generation = generation
         self.run_seed = int(run_seed)
         self.step_timeout_s = float(step_timeout_s)
         self.max_workers = int(max_workers)
-        self.batching, self.slots, self.decode_chunk = batching, slots, decode_chunk
         self.stats = {"resets": 0, "env_steps": 0, "timeouts": 0, "errors": 0}
 
-    def run(
-        self,
-        episodes: Sequence[EpisodeSpec],
-        *,
-        sample_seed: int,
-        traj_id_start: int = 0,
-        params=None,
-        greedy: bool | None = None,
-        temperature: float | None = None,
-    ) -> list[Trajectory]:
-        """Plays `episodes` to the end; `greedy` and `temperature` override the generation
-        config (eval)."""
-        gen = self.generation.overridden(greedy, temperature)
-        trajs = new_trajectories(episodes, self.tag, traj_id_start)
+    @contextlib.contextmanager
+    def _environments(self, episodes, trajs) -> Iterator[PythonEpisodes]:
+        """The episodes' environments on a thread pool, shut down when the batch ends; a
+        batch played to its end adds the timeouts, errors and tool metrics of its episodes."""
         pool = _DaemonThreadPool(self.max_workers or max(len(episodes), 1))
         try:
             envs = PythonEpisodes(self, pool, episodes)
             for i in np.flatnonzero(envs.timed_out | envs.failed):  # resets that did not
                 trajs[i].truncated = True                            # come back
-            play(self.batching, envs, trajs, envs.first_prompts(), self.sampler,
-                 self.formatter, gen, sample_seed=sample_seed, max_turns=self.max_turns,
-                 max_input_length=self.max_input_length, params=params, slots=self.slots,
-                 decode_chunk=self.decode_chunk)
+            yield envs
+            self._count(trajs, envs)
         finally:
             pool.shutdown()
+
+    def _count(self, trajs: list[Trajectory], envs: PythonEpisodes) -> None:
         self.stats["env_steps"] += envs.steps_submitted
         self.stats["timeouts"] += int(envs.timed_out.sum())
         self.stats["errors"] += int(envs.failed.sum())
-        set_episode_metrics(trajs)
         for i, t in enumerate(trajs):
             t.metrics["env_timeout"] = float(envs.timed_out[i])
             t.metrics["env_error"] = float(envs.failed[i])
             if envs.envs.get(i) is not None and envs.envs[i].tool_schemas:
                 t.metrics.update(tool_episode_metrics(envs.steps[i]))
-        return trajs
 
     def replay_frames(self, traj: Trajectory) -> list[np.ndarray]:
         """RGB frames of an episode, replayed on a fresh env from its seed and replies
