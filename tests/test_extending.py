@@ -139,3 +139,34 @@ def test_an_unknown_sampler_backend_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="^config.sampler_backend: 'vllm' is not allowed; "
                                           "choose one of jax"):
         example_config("custom_policy_loss.py", str(tmp_path), "--config.sampler_backend=vllm")
+
+
+class _Delegating:
+    """A backend with the protocol's methods that is not a JAX `Sampler` (composition)."""
+
+    def __init__(self, inner):
+        self.inner, self.max_total_len = inner, inner.max_total_len
+
+    def new_session(self, num_rows, reserve=0):
+        return self.inner.new_session(num_rows, reserve)
+
+    def generate(self, prompts, **kwargs):
+        return self.inner.generate(prompts, **kwargs)
+
+    def set_params(self, params):
+        self.inner.set_params(params)
+
+
+def test_continuous_batching_needs_a_jax_sampler_backend(tmp_path):
+    from jaxrl_agentic.config import ConfigError
+    from jaxrl_agentic.sampling import make_sampler_backend, register_sampler_backend
+
+    register_sampler_backend(
+        "delegating", lambda model, tok, **options: _Delegating(
+            make_sampler_backend("jax", model, tok, **options)), replace=True)
+    c = example_config("custom_policy_loss.py", str(tmp_path),
+                       "--config.sampler_backend=delegating",
+                       "--config.rollout_batching=continuous")
+    with pytest.raises(ConfigError, match="^config.rollout_batching: 'continuous' decodes "
+                                          "through the JAX sampler's slot programs"):
+        Pipeline(c, log=lambda line: None)
