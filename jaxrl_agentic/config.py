@@ -96,6 +96,12 @@ def default_config() -> ml_collections.ConfigDict:
     # A tied checkpoint gets its own output head (a copy of the embedding) before training:
     # docs/algorithms.md, "Tied embeddings and generated format tokens".
     c.untie_word_embeddings = False
+    # LoRA (models/lora.py): adapters of rank lora_rank on the lora_targets projections
+    # (() = all of q/k/v/o and gate/up/down), scaled by lora_alpha / lora_rank (alpha 0 = rank);
+    # only they are trained, the base stays frozen and is the KL reference. 0 = off.
+    c.lora_rank = 0
+    c.lora_alpha = 0.0
+    c.lora_targets = ()
     # algorithm
     c.adv_estimator = "grpo"
     c.sample_mode = "trajectory"

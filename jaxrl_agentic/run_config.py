@@ -6,7 +6,7 @@ onto :class:`RunConfig`, a tree of frozen dataclasses, one per part::
 
     RunConfig
     ├── run        RunSettings         output paths, step counts, seed, resume
-    ├── model      ModelSettings       which checkpoint, its dtypes
+    ├── model      ModelSettings       which checkpoint, its dtypes, LoRA
     ├── envs       {tag: EnvSettings}  each environment tag, with its GenerationConfig
     ├── train/val  EnvSplit            EnvManagerConfig + the split's env_config overrides
     ├── rollout    RolloutSettings     prompts, rollout schedule, async, dynamic sampling
@@ -31,6 +31,7 @@ from collections.abc import Mapping
 
 from jaxrl_agentic.algos.estimators import AdvantageSettings, get_advantage_estimator
 from jaxrl_agentic.data import PackingConfig
+from jaxrl_agentic.models.lora import LoRAConfig
 from jaxrl_agentic.rollout.groups import EnvManagerConfig
 from jaxrl_agentic.rollout.turns import GenerationConfig
 from jaxrl_agentic.training.critic import CriticConfig
@@ -169,10 +170,14 @@ def generation_config(c, spec) -> GenerationConfig:
                             stop_token_ids=tuple(g.stop_token_ids))
 
 
+def lora_config(c) -> LoRAConfig:
+    return LoRAConfig(rank=c.lora_rank, alpha=c.lora_alpha, targets=tuple(c.lora_targets))
+
+
 def check_typed_configs(c, fail) -> None:
     """Builds every typed config of run config `c`; the first rule one breaks is reported as
     `fail(run-config field, why)`."""
-    builders = [("", lambda: learner_config(c))]
+    builders = [("", lambda: learner_config(c)), ("", lambda: lora_config(c))]
     if get_advantage_estimator(c.adv_estimator).needs_critic:
         builders.append(("", lambda: critic_config(c)))
     for name in ("train_env_manager", "val_env_manager"):
@@ -216,6 +221,7 @@ class ModelSettings:
     dtype: str = "float32"
     param_dtype: str = "float32"
     untie_word_embeddings: bool = False
+    lora: LoRAConfig = LoRAConfig()
 
     def directory(self) -> str:
         """The HF directory of ``pretrain`` (``"tiny"`` → the cached default model, built
@@ -424,7 +430,8 @@ def build_run_config(c) -> RunConfig:
     return RunConfig(
         run=run,
         model=ModelSettings(pretrain=c.pretrain, dtype=c.dtype, param_dtype=c.param_dtype,
-                            untie_word_embeddings=c.untie_word_embeddings),
+                            untie_word_embeddings=c.untie_word_embeddings,
+                            lora=lora_config(c)),
         envs={tag: _env_settings(c, tag, spec) for tag, spec in c.custom_envs.items()},
         train=splits["train"], val=splits["val"],
         rollout=RolloutSettings(

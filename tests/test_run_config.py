@@ -149,6 +149,7 @@ OTHER_STRINGS = {
     "attention_impl": "reference", "remat": "layer", "lr_scheduler_type": "cosine",
     "system_prompt": "be brief", "reply_prefix": "<a>", "reply_suffix": "</a>",
     "debug.dump_dir": "/tmp/d", "distributed.coordinator_address": "h:1",
+    "sampler_backend": "other",
 }
 
 
@@ -167,6 +168,8 @@ def _other(path: str, value):
         return value + 3 if value >= 0 else 1
     if isinstance(value, float):
         return value * 0.5 + 0.125
+    if path == "lora_targets":
+        return ("q_proj",)
     if isinstance(value, tuple):
         return (*value, 3)
     raise AssertionError(f"no other value for {path}={value!r}")

@@ -39,6 +39,7 @@ from flax import nnx
 
 from jaxrl_agentic.models.config import ModelConfig
 from jaxrl_agentic.models.dense_grad import projection_dot_general
+from jaxrl_agentic.models.lora import lora_delta
 from jaxrl_agentic.models.rope import apply_rope, rope_cos_sin, rope_frequencies
 from pallas_kernels import fixed_order_sum, keeps_same_bits, online_softmax
 from pallas_kernels.segment_attention import (
@@ -112,8 +113,18 @@ class RMSNorm(nnx.Module):
         return self.scale[...].astype(self.dtype) * normed.astype(self.dtype)
 
 
-def _linear(cfg: ModelConfig, n_in: int, n_out: int, bias: bool, rngs: nnx.Rngs) -> nnx.Linear:
-    return nnx.Linear(
+class Projection(nnx.Linear):
+    """A linear layer that adds its low-rank adapter's output when it has one
+    (``models/lora.py``; without one it is ``nnx.Linear``)."""
+
+    def __call__(self, x):
+        y = super().__call__(x)
+        delta = lora_delta(x, self)
+        return y if delta is None else y + delta
+
+
+def _linear(cfg: ModelConfig, n_in: int, n_out: int, bias: bool, rngs: nnx.Rngs) -> Projection:
+    return Projection(
         n_in,
         n_out,
         use_bias=bias,

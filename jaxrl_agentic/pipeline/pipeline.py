@@ -31,7 +31,7 @@ from jaxrl_agentic.algos.schedules import ChunkEstimator, LearningRatePlan
 from jaxrl_agentic.config import ConfigError
 from jaxrl_agentic.data import updates_per_step
 from jaxrl_agentic.data.samples import build_samples, trajectory_sample
-from jaxrl_agentic.models import load_pretrained
+from jaxrl_agentic.models import load_pretrained, lora
 from jaxrl_agentic.models.hf_io import read_model_config
 from jaxrl_agentic.pipeline.metrics import mean_of, trajectory_metrics
 from jaxrl_agentic.pipeline.run_checks import check_same_model_everywhere
@@ -52,7 +52,7 @@ from jaxrl_agentic.runtime.parallel import (
 )
 from jaxrl_agentic.sampling import Sampler, make_sampler_backend
 from jaxrl_agentic.training.critic import Critic
-from jaxrl_agentic.training.learner import Learner
+from jaxrl_agentic.training.learner import Learner, full_params
 from jaxrl_agentic.training.off_policy import comparable_masks
 
 
@@ -101,11 +101,18 @@ class Pipeline:
                                            param_dtype=cfg.model.param_dtype,
                                            shardings=shardings,
                                            untie_word_embeddings=cfg.model.untie_word_embeddings)
+        if cfg.model.lora.enabled:  # adapters on the loaded weights; the base stays frozen
+            lora.add_lora(model, cfg.model.lora, seed=cfg.run.seed)
         self.tokenizer = tokenizer
         self.formatter = ChatFormatter(tokenizer, system_prompt=rollout.system_prompt or None,
                                        reply_prefix=rollout.reply_prefix,
                                        reply_suffix=rollout.reply_suffix)
-        self.graphdef, params = nnx.split(model)  # the learner's start; the sampler's too
+        # The learner's start (the sampler reads the same arrays): under LoRA the adapters,
+        # trained, and the rest, frozen.
+        if cfg.model.lora.enabled:
+            self.graphdef, params, frozen = lora.split_trainable(model)
+        else:
+            (self.graphdef, params), frozen = nnx.split(model), None
         self.sampler = make_sampler_backend(
             rollout.sampler_backend, model, tokenizer, max_total_len=max_total_len,
             mesh=mesh if self.placement.colocated else self.placement.mesh,
@@ -120,8 +127,8 @@ class Pipeline:
         self.learner_cfg = cfg.learner
         self.critic = None
         if cfg.critic is not None:  # from the policy's backbone
-            self.critic = Critic(self.graphdef, params, cfg.critic, mesh)
-        self.learner = Learner(self.graphdef, params, self.learner_cfg, mesh)
+            self.critic = Critic(self.graphdef, full_params(params, frozen), cfg.critic, mesh)
+        self.learner = Learner(self.graphdef, params, self.learner_cfg, mesh, frozen=frozen)
         self.sampler.set_params(None)  # the learner owns the params from here on
         # One runner per tag with the tag's own env_config; a manager that overrides env
         # parameters (`env_manager(env_config=...)`) gets its own runners for its tags.
@@ -565,17 +572,20 @@ class Pipeline:
             self.critic.np_rng.bit_generator.state = state["critic_np_rng"]
 
     def train_states(self) -> dict:
-        """The device states a checkpoint holds."""
-        states = {"learner": self.learner.state}
+        """The device states a checkpoint holds (under LoRA not the frozen base, which the
+        run reads from its model again)."""
+        states = {"learner": self.learner.state.replace(frozen=None)}
         if self.critic is not None:
             states["critic"] = self.critic.state
         return states
 
     def load_train_states(self, states: dict) -> None:
-        self.learner.state = states["learner"]
+        self.learner.state = states["learner"].replace(frozen=self.learner.state.frozen)
         if self.critic is not None:
             self.critic.state = states["critic"]
 
     def export_model(self):
-        """An nnx model with the current parameters (for HF export)."""
-        return nnx.merge(self.graphdef, jax.device_get(self.learner.params))
+        """An nnx model with the current parameters (for HF export; LoRA's adapters merged
+        into the weights they adapt)."""
+        return lora.merge_adapters(nnx.merge(self.graphdef,
+                                             jax.device_get(self.learner.params)))

@@ -52,6 +52,7 @@ from jaxrl_agentic.algos.losses import (
 )
 from jaxrl_agentic.algos.reductions import loss_denominator, loss_weights
 from jaxrl_agentic.data import Sample, token_stats, updates_per_step
+from jaxrl_agentic.models import lora
 from jaxrl_agentic.models.transformer import in_compute_dtype
 from jaxrl_agentic.runtime.parallel import (
     make_mesh,
@@ -115,7 +116,9 @@ class TrainState:
     ``step``: updates attempted (one per ``train_step`` call); ``skipped``: of those, how
     many the non-finite guard dropped; ``rng``: advanced every update, so stochastic
     extensions get fresh randomness and a restored run replays it; ``ref_params``: frozen
-    reference parameters, or None when no KL is used.
+    reference parameters, or None when no KL is used (or when LoRA's base is the
+    reference); ``frozen``: with LoRA (``models/lora.py``), the base weights the adapters in
+    ``params`` train on top of (read, never updated, not checkpointed), else None.
     """
 
     step: jax.Array
@@ -125,10 +128,17 @@ class TrainState:
     kl: KLControllerState
     rng: jax.Array
     ref_params: Any = None
+    frozen: Any = None
+
+
+def full_params(params: Any, frozen: Any) -> Any:
+    """The model's whole state: ``params``, plus the frozen base under LoRA."""
+    return params if frozen is None else lora.combine(params, frozen)
 
 
 def init_train_state(
-    params: Any, config: LearnerConfig, *, ref_params: Any = None, ref_dtype=None
+    params: Any, config: LearnerConfig, *, ref_params: Any = None, ref_dtype=None,
+    frozen: Any = None,
 ) -> TrainState:
     """Fresh state for ``params`` (an ``nnx.State``). Arrays are copied: the train step
     donates the state, and must not invalidate the caller's arrays.
@@ -138,9 +148,15 @@ def init_train_state(
     matmuls use them (``models.transformer.in_compute_dtype``): the reference only runs
     forwards, so its logprobs are unchanged, and with bf16 compute over fp32 params it takes
     half the memory (1 GB less at Qwen2.5-0.5B).
+
+    ``frozen`` (LoRA): ``params`` are the adapters and ``frozen`` the base they adapt; the
+    optimizer holds state for the adapters only, and the reference is the base itself
+    (``lora.base_only``), so none is stored.
     """
     params = jax.tree.map(jnp.copy, params)
-    if config.uses_reference:
+    if frozen is not None:
+        frozen = jax.tree.map(jnp.copy, frozen)
+    if config.uses_reference and frozen is None:
         source = params if ref_params is None else ref_params
 
         def stored(path, x):
@@ -159,6 +175,7 @@ def init_train_state(
         kl=init_kl_controller(config.init_kl_coef, config.target_kl, config.kl_horizon),
         rng=jax.random.key(config.seed),
         ref_params=ref_params,
+        frozen=frozen,
     )
 
 
@@ -256,7 +273,8 @@ def policy_update_loss(graphdef, config: LearnerConfig) -> UpdateLoss:
         return jnp.zeros((), _F32) if config.kl_in_reward else state.kl.coef
 
     def micro_sums(params, micro, state):
-        return micro_batch_sums(graphdef, config, params, micro, kl_coef(state))
+        return micro_batch_sums(graphdef, config, full_params(params, state.frozen), micro,
+                                kl_coef(state))
 
     def metrics(state, sums, scale):
         per_token = 1.0 / jnp.maximum(sums.tokens, 1.0)
@@ -353,13 +371,16 @@ class Learner(EngineDriver):
     """
 
     def __init__(self, graphdef, params, config: LearnerConfig, mesh=None, *,
-                 ref_params: Any = None):
+                 ref_params: Any = None, frozen: Any = None):
+        """``frozen``: with LoRA, ``params`` are the adapters and ``frozen`` the base."""
         self.config = config
         self.graphdef = graphdef
         self.mesh = make_mesh() if mesh is None else mesh
-        dtype = nnx.merge(graphdef, params).cfg.dtype
-        state = init_train_state(params, config, ref_params=ref_params, ref_dtype=dtype)
+        dtype = nnx.merge(graphdef, full_params(params, frozen)).cfg.dtype
+        state = init_train_state(params, config, ref_params=ref_params, ref_dtype=dtype,
+                                 frozen=frozen)
         shardings = train_state_shardings(state, self.mesh)
+        model_shardings = full_params(shardings.params, shardings.frozen)
         batch_keys = TRAIN_BATCH_KEYS + (("ref_logprobs",) if config.uses_reference else ())
         # In bf16 on CPU these programs are compiled as the sampler's are (`_same_bits`), so
         # the recomputed logprobs are the sampler's to float32 noise.
@@ -367,11 +388,24 @@ class Learner(EngineDriver):
         self.engine = UpdateEngine(state, policy_update_loss(graphdef, config), config,
                                    self.mesh, shardings, batch_keys, options)
         self.compute_logprobs = make_compute_logprobs(graphdef, config, self.mesh,
-                                                      shardings.params, options)
+                                                      model_shardings, options)
         self.compute_ref_logprobs = self.compute_logprobs
         if config.logprob_filter != (0, 1.0):
             self.compute_ref_logprobs = make_compute_logprobs(
-                graphdef, config, self.mesh, shardings.params, options, logprob_filter=(0, 1.0))
+                graphdef, config, self.mesh, model_shardings, options, logprob_filter=(0, 1.0))
+
+    @property
+    def params(self):
+        """The policy's whole state (under LoRA: base and adapters, no array copied)."""
+        return full_params(self.state.params, self.state.frozen)
+
+    @property
+    def reference_params(self):
+        """The reference policy's state: the stored reference, or under LoRA the base (the
+        adapters with B = 0 on the frozen weights); None when the config uses no KL."""
+        if self.state.frozen is not None and self.config.uses_reference:
+            return lora.combine(lora.base_only(self.state.params), self.state.frozen)
+        return self.state.ref_params
 
     # ---- logprobs -------------------------------------------------------------------------
     def sample_logprobs(self, samples: Sequence[Sample], *, reference: bool = False):
@@ -383,9 +417,9 @@ class Learner(EngineDriver):
         reference's own top-k/top-p set, and a sentinel there is no logprob to take a KL of.
         """
         if reference:
-            params, compute = self.state.ref_params, self.compute_ref_logprobs
+            params, compute = self.reference_params, self.compute_ref_logprobs
         else:
-            params, compute = self.state.params, self.compute_logprobs
+            params, compute = self.params, self.compute_logprobs
         if params is None:
             raise ValueError("no reference parameters: the config uses no KL")
         return per_sample_outputs(samples, self.config.packing, self.mesh,
