@@ -50,6 +50,10 @@ Then `--repeats` rounds of: the matmul below, our `update_step`, torch's update,
 round). Other jobs on the cores slow torch's OpenMP threads far more than XLA's:
 `loadavg_1m` is recorded for that reason.
 
+`--lora-rank R` adds a third update, timed in the same rounds: the same model with LoRA
+adapters of rank R on every projection and only they trained (`models/lora.py`), on the
+same batch; `lora_vs_full` = median full update time / median LoRA update time.
+
 Machine limit and model FLOP utilisation:
 
     matmul_flops_per_s = 2·n³ / median time of a jitted fp32 jnp.dot of two n×n matrices
@@ -132,7 +136,7 @@ if DEVICE == "cpu":
     use_cpu_devices(_cpu_devices_flag())
 
 from jaxrl_agentic.data import PackingConfig, Sample  # noqa: E402
-from jaxrl_agentic.models import load_pretrained  # noqa: E402
+from jaxrl_agentic.models import load_pretrained, lora  # noqa: E402
 from jaxrl_agentic.run_config import auto_loss_slots  # noqa: E402
 from jaxrl_agentic.training.learner import Learner  # noqa: E402
 from jaxrl_agentic.training.learner_config import LearnerConfig  # noqa: E402
@@ -191,6 +195,9 @@ def _parse_args():
     parser.add_argument("--matmul-n", type=int, default=None,
                         help="n of the n×n fp32 matmul limit (default: 2048 on cpu, 8192 on gpu)")
     parser.add_argument("--skip-torch", action="store_true", help="time ours only")
+    parser.add_argument("--lora-rank", type=int, default=0,
+                        help="also time a LoRA update of this rank (adapters on every "
+                             "projection, base frozen) beside the full one: lora_vs_full")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cpu-devices", type=int, default=1,
                         help="cpu only: JAX devices the CPU is split into (mesh.cpu_devices; "
@@ -284,15 +291,20 @@ def _learner_config(args) -> LearnerConfig:
         seed=args.seed)
 
 
-def _prepare_ours(path, samples, args):
+def _prepare_ours(path, samples, args, lora_rank: int = 0):
     """Runs the first `Learner.step` (compiles) and keeps the batch it gave the engine's
-    jitted `update_step`.
+    jitted `update_step`. `lora_rank` > 0: the same model with LoRA adapters of that rank
+    on every projection, only they trained (`models/lora.py`).
 
     Returns (device-step closure, Learner.step closure, learner, packed numpy arrays,
     first-step metrics, first-step seconds)."""
     model, _ = load_pretrained(path, dtype=args.dtype, param_dtype="float32")
-    graphdef, params = nnx.split(model)
-    learner = Learner(graphdef, params, _learner_config(args))
+    if lora_rank:
+        lora.add_lora(model, lora.LoRAConfig(rank=lora_rank), seed=args.seed)
+        graphdef, params, frozen = lora.split_trainable(model)
+    else:
+        (graphdef, params), frozen = nnx.split(model), None
+    learner = Learner(graphdef, params, _learner_config(args), frozen=frozen)
     engine = learner.engine
     update_step, captured = engine.update_step, []
 
@@ -527,6 +539,10 @@ def bench_size(size, args, threads, matmul, device_keys):
         # Warm-up update per side, on identical initial weights (ours compiles here).
         device_step, full_step, learner, packed, first, ours_first_s = _prepare_ours(
             path, samples, args)
+        lora_step = lora_learner = None
+        if args.lora_rank:
+            lora_step, _, lora_learner, _, lora_first, _ = _prepare_ours(
+                path, samples, args, lora_rank=args.lora_rank)
         cfg = nnx.merge(learner.graphdef, learner.state.params).cfg
         torch_update = ref = micro = torch_first_s = None
         loss_torch = grad_norm_torch = None
@@ -536,12 +552,14 @@ def bench_size(size, args, threads, matmul, device_keys):
             loss_torch, grad_norm_torch = torch_update()
             torch_first_s = time.perf_counter() - start
 
-    times = {"matmul": [], "torch_matmul": [], "ours": [], "torch": [], "step": []}
+    times = {"matmul": [], "torch_matmul": [], "ours": [], "torch": [], "step": [], "lora": []}
     torch_matmul = make_torch_matmul(args.matmul_n)
     for _ in range(args.repeats):
         times["matmul"].append(matmul_flops_per_s(args.matmul_n, matmul))
         times["torch_matmul"].append(torch_matmul_flops_per_s(args.matmul_n, torch_matmul))
         times["ours"].append(_seconds(device_step))
+        if lora_step is not None:
+            times["lora"].append(_seconds(lora_step))
         if torch_update is not None:
             times["torch"].append(_seconds(torch_update))
         times["step"].append(_seconds(full_step))
@@ -567,6 +585,15 @@ def bench_size(size, args, threads, matmul, device_keys):
         return None if x is None else round(x, digits)
 
     ours_tps, torch_tps = rate("ours"), rate("torch")
+    lora_keys = {} if lora_step is None else {
+        "lora_rank": args.lora_rank,
+        "lora_s": r(median["lora"], 3),
+        "lora_tokens_per_s": r(rate("lora")),
+        "lora_vs_full": round(median["ours"] / median["lora"], 2),
+        "lora_trained_params": int(sum(x.size for x in jax.tree.leaves(
+            lora_learner.state.params))),
+        "lora_first_loss": lora_first["actor/loss"],
+    }
     torch_layout = None
     if micro is not None:
         shapes = [tuple(m["model_kwargs"]["input_ids"].shape) for m in micro]
@@ -638,7 +665,8 @@ def bench_size(size, args, threads, matmul, device_keys):
         "attention_impl": args.attention_impl,
         "jax_devices": len(jax.devices()),
         "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
-        "round_s": {k: [round(t, 3) for t in times[k]] for k in ("ours", "torch", "step")},
+        "round_s": {k: [round(t, 3) for t in times[k]]
+                    for k in ("ours", "torch", "step", "lora")},
         "round_matmul_gflops": [round(f / 1e9, 1) for f in times["matmul"]],
         "ours_first_call_s": round(ours_first_s, 2),
         "torch_first_call_s": r(torch_first_s, 2),
@@ -647,6 +675,7 @@ def bench_size(size, args, threads, matmul, device_keys):
                   "tokens / update time",
         "versions": {"jax": jax.__version__, "transformers": _version("transformers"),
                      "torch": _version("torch")},
+        **lora_keys,
         **device_keys,
         **gpu_keys,
     }
