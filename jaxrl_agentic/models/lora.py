@@ -63,6 +63,19 @@ class LoRAConfig:
         return tuple(self.targets) or TARGETS
 
 
+def adapter_count(cfg, config: LoRAConfig) -> int:
+    """Values the adapters of ``config`` hold on a model of config ``cfg``: L·r·(in + out)
+    per targeted projection."""
+    if not config.enabled:
+        return 0
+    d, f = cfg.hidden_size, cfg.intermediate_size
+    q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    shapes = {"q_proj": (d, q), "k_proj": (d, kv), "v_proj": (d, kv), "o_proj": (q, d),
+              "gate_proj": (d, f), "up_proj": (d, f), "down_proj": (f, d)}
+    return cfg.num_hidden_layers * config.rank * sum(
+        sum(shapes[name]) for name in config.target_names)
+
+
 def lora_delta(x: jax.Array, proj: nnx.Module) -> jax.Array | None:
     """s·(x·A)·B of projection ``proj`` in float32, or None when it has no adapter. The
     matmuls' inputs are in the projection's compute dtype, as the base's are."""

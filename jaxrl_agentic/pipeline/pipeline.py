@@ -189,6 +189,7 @@ class Pipeline:
             sampler_rows=self.train_manager.num_episodes, sampler_len=max_total_len,
             budget=plans.device_budget(),
             host_devices=jax.local_device_count() if cpu else 1,
+            lora_params=lora.adapter_count(cfg, model.lora),
             # A mini-batch fits one scan step (one row per batch shard) when its longest
             # possible samples do; otherwise the update accumulates over groups of rows.
             accumulates=(learner.mini_batch_size

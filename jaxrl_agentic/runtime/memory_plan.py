@@ -3,12 +3,15 @@
 :func:`memory_plan` estimates, from the model's config and the run's settings alone:
 
     parameters      P · b_param / (fsdp · tensor)         (P parameters, b = bytes per value)
+                    + Q · b_param with LoRA (Q adapter values, replicated)
     reference       P · min(b_param, b_compute) / (fsdp · tensor) when a KL reference is kept
-                    (init_kl_coef or target_kl; its matrices are stored in the compute dtype)
-    gradients       P · 4 / (fsdp · tensor)               (one group of rows' fp32 gradient)
-    accumulator     P · 4 / (fsdp · tensor) when a mini-batch may span several groups of
-                    rows (``accumulates``): the fp32 sum beside the group's own gradient
-    optimizer       2 · P · b_param / (fsdp · tensor)     (AdamW's first and second moments)
+                    (init_kl_coef or target_kl; its matrices are stored in the compute dtype;
+                    none with LoRA, whose reference is the frozen base)
+    gradients       P' · 4                                (one group of rows' fp32 gradient)
+    accumulator     P' · 4 when a mini-batch may span several groups of rows
+                    (``accumulates``): the fp32 sum beside the group's own gradient
+    optimizer       2 · P' · b_param                      (AdamW's first and second moments)
+                    with P' = P / (fsdp · tensor), or Q with LoRA (only the adapters train)
     activations     one group of rows of the train step's scan, one row per device:
                       remat "none"   L · a_layer(T)
                       remat "layer"  2L · T · D · b + a_layer(T)
@@ -110,22 +113,26 @@ def device_budget() -> float:
 def memory_plan(cfg: ModelConfig, *, row_len: int, loss_slots: int, remat: str,
                 kernel_impl: str, reference: bool, shards: int = 1, sampler_rows: int = 0,
                 sampler_len: int = 0, budget: float = 0.0, host_devices: int = 1,
-                attention_impl: str = "auto", accumulates: bool = True) -> MemoryPlan:
+                attention_impl: str = "auto", accumulates: bool = True,
+                lora_params: int = 0) -> MemoryPlan:
     """The plan (module doc). ``shards`` = fsdp · tensor; ``host_devices``: devices sharing
     one host's RAM when the budget is the host's (CPU), whose states all count;
-    ``accumulates``: whether a mini-batch may need more than one group of rows."""
+    ``accumulates``: whether a mini-batch may need more than one group of rows;
+    ``lora_params``: the adapters' values when LoRA trains them alone (0 = full training)."""
     p = cfg.num_params()
     pb = _BYTES[cfg.param_dtype]
     per = p / shards
+    trained = lora_params if lora_params else per
+    reference = reference and not lora_params
     vocab = cfg.vocab_size if kernel_impl == "reference" else min(cfg.vocab_size, _VOCAB_CHUNK)
     cache = (cfg.num_hidden_layers * 2 * sampler_rows * cfg.num_key_value_heads * cfg.head_dim
              * sampler_len * _BYTES[cfg.dtype])
     items = (
-        ("parameters", per * pb),
+        ("parameters", (per + lora_params) * pb),
         ("reference", per * min(pb, _BYTES[cfg.dtype]) if reference else 0.0),
-        ("gradients", per * 4),
-        ("accumulator", per * 4 if accumulates else 0.0),
-        ("optimizer", 2 * per * pb),
+        ("gradients", trained * 4),
+        ("accumulator", trained * 4 if accumulates else 0.0),
+        ("optimizer", 2 * trained * pb),
         ("activations", activation_bytes(cfg, row_len, remat, attention_impl)),
         ("lm head", loss_slots * vocab * 4 * 3),
         ("kv cache", cache / max(host_devices, 1)),

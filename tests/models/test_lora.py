@@ -155,3 +155,23 @@ def test_merged_adapters_give_the_adapted_models_logits(tmp_path):
     with torch.no_grad():
         got = hf(torch.as_tensor(np.asarray(TOKENS), dtype=torch.long)).logits.numpy()
     np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+def test_adapter_count_is_what_add_lora_adds_and_the_plan_trains_only_it():
+    from jaxrl_agentic.runtime.memory_plan import memory_plan
+
+    for targets in ((), ("k_proj", "down_proj")):
+        config = lora.LoRAConfig(rank=4, targets=targets)
+        model = lora.add_lora(Transformer(MODEL_CFG, rngs=nnx.Rngs(0)), config)
+        _, adapters, _ = lora.split_trainable(model)
+        assert lora.adapter_count(MODEL_CFG, config) == sum(
+            x.size for x in jax.tree.leaves(adapters))
+    q = lora.adapter_count(MODEL_CFG, lora.LoRAConfig(rank=4))
+    common = dict(row_len=64, loss_slots=16, remat="none", kernel_impl="auto", reference=True)
+    full, adapted_ = (dict(memory_plan(MODEL_CFG, **common, lora_params=n).items)
+                      for n in (0, q))
+    p = MODEL_CFG.num_params()
+    assert (full["gradients"], full["optimizer"], full["reference"]) == (4 * p, 8 * p, 4 * p)
+    assert (adapted_["gradients"], adapted_["optimizer"], adapted_["reference"]) == \
+        (4 * q, 8 * q, 0.0)
+    assert adapted_["parameters"] == 4 * (p + q)
