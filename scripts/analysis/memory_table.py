@@ -2,13 +2,15 @@
 devices and a TPU v5e-8: per device, the first setting that fits. Prints a markdown table
 (for docs/real_models.md) and, last, one JSON line with every figure.
 
-    python scripts/analysis/memory_table.py [--row 4096] [--episodes 128]
+    python scripts/analysis/memory_table.py [--row 4096] [--episodes 128] [--lora-rank 16]
 
 Settings tried, cheapest in compute first: fp32 parameters and AdamW without remat; the
 same with remat="layer"; bf16 parameters and moments (fp32 gradients) with remat; then
 sharded over the devices with mesh.fsdp (the TPU's 8 chips; on one GPU, no further step).
 Every setting keeps the KL reference (init_kl_coef > 0) and the sampler's KV cache for
-`--episodes` rows of `--cache` tokens, as the Qwen recipes do.
+`--episodes` rows of `--cache` tokens, as the Qwen recipes do. `--lora-rank R`: LoRA of rank
+R on every projection (`models/lora.py`): the base frozen (its storage dtype as the setting
+says), gradients and AdamW moments for the adapters alone, the base as the KL reference.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from jaxrl_agentic.models.config import ModelConfig  # noqa: E402
+from jaxrl_agentic.models.lora import LoRAConfig, adapter_count  # noqa: E402
 from jaxrl_agentic.runtime.memory_plan import GIB, memory_plan  # noqa: E402
 
 MODELS = {
@@ -64,6 +67,7 @@ def main(argv=None) -> int:
     parser.add_argument("--row", type=int, default=4096, help="micro_batch_max_tokens")
     parser.add_argument("--episodes", type=int, default=128, help="sampler rows")
     parser.add_argument("--cache", type=int, default=3200, help="sampler cache length")
+    parser.add_argument("--lora-rank", type=int, default=0, help="LoRA rank (0 = full)")
     args = parser.parse_args(argv)
     rows, record = [], {}
     for name in MODELS:
@@ -74,7 +78,8 @@ def main(argv=None) -> int:
                 plan = memory_plan(cfg, row_len=args.row, loss_slots=args.row // 4,
                                    remat=remat, kernel_impl="auto", reference=True,
                                    shards=shards, sampler_rows=args.episodes // devices,
-                                   sampler_len=args.cache, budget=budget)
+                                   sampler_len=args.cache, budget=budget,
+                                   lora_params=adapter_count(cfg, LoRAConfig(args.lora_rank)))
                 if plan.total <= 0.9 * budget:  # 10% for the runtime and fragmentation
                     choice = (label, plan)
                     break
@@ -93,7 +98,7 @@ def main(argv=None) -> int:
     print("|---|---|---|---|")
     print("\n".join(rows))
     print(json.dumps({"row": args.row, "episodes": args.episodes, "cache": args.cache,
-                      "plans": record}))
+                      "lora_rank": args.lora_rank, "plans": record}))
     return 0
 
 
