@@ -53,3 +53,24 @@ def test_lora_trains_saves_only_adapters_and_resumes_exactly(tmp_path):
     assert [r["step"] for r in got] == [2]
     assert comparable(got[0]) == comparable(records[1])
     assert np.isfinite(got[0]["actor/pg_loss"])
+
+
+def test_a_lora_run_exports_merged_or_as_a_peft_adapter(tmp_path, capsys):
+    from jaxrl_agentic import export
+
+    out = str(tmp_path / "run")
+    assert train.main(["train", *tiny_overrides("frozen_lake", out, 1), *LORA]) == 0
+    checkpoint = os.path.join(out, "checkpoints", "1")
+    assert export.main(["--checkpoint", checkpoint, "--out", str(tmp_path / "merged")]) == 0
+    assert os.path.exists(os.path.join(tmp_path, "merged", "model.safetensors"))
+    assert export.main(["--checkpoint", checkpoint, "--out", str(tmp_path / "adapter"),
+                        "--adapter"]) == 0
+    with open(os.path.join(tmp_path, "adapter", "adapter_config.json")) as f:
+        config = json.load(f)
+    assert (config["r"], config["lora_alpha"], len(config["target_modules"])) == (4, 8.0, 7)
+    plain = str(tmp_path / "plain")
+    assert train.main(["train", *tiny_overrides("frozen_lake", plain, 1)]) == 0
+    capsys.readouterr()
+    assert export.main(["--checkpoint", os.path.join(plain, "checkpoints", "1"),
+                        "--out", str(tmp_path / "x"), "--adapter"]) == 2
+    assert "--adapter: the run was not trained with LoRA" in capsys.readouterr().err

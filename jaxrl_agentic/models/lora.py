@@ -150,6 +150,55 @@ def merge_adapters(model):
             "lir,lro->lio", proj.lora_a[...].astype(jnp.float32),
             proj.lora_b[...].astype(jnp.float32))
         kernel = proj.kernel[...]
-        proj.kernel[...] = (kernel.astype(jnp.float32) + delta).astype(kernel.dtype)
+        proj.kernel.value = (kernel.astype(jnp.float32) + delta).astype(kernel.dtype)
         del proj.lora_a, proj.lora_b, proj.lora_scale
     return model
+
+
+def save_peft_adapter(model, path: str, base_model_name_or_path: str = "") -> None:
+    """Writes ``model``'s adapters as a PEFT LoRA directory (``adapter_config.json`` and
+    ``adapter_model.safetensors``) that ``peft.PeftModel.from_pretrained`` loads onto the
+    base: per layer ``l`` and projection, ``lora_A.weight`` = A_lᵀ [r, in] and
+    ``lora_B.weight`` = B_lᵀ [out, r], with ``lora_alpha`` = s·r. Written beside ``path``
+    and renamed into place, so a crash leaves no half-written directory."""
+    import json
+    import os
+    import shutil
+    import tempfile
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    tensors, targets, rank, scale = {}, [], None, None
+    for name, proj in _projections(model):
+        if getattr(proj, "lora_a", None) is None:
+            continue
+        part = "self_attn" if name in ATTENTION_TARGETS else "mlp"
+        a = np.asarray(jax.device_get(proj.lora_a[...]), np.float32)
+        b = np.asarray(jax.device_get(proj.lora_b[...]), np.float32)
+        rank, scale = a.shape[-1], proj.lora_scale
+        targets.append(name)
+        for layer in range(a.shape[0]):
+            prefix = f"base_model.model.model.layers.{layer}.{part}.{name}"
+            tensors[f"{prefix}.lora_A.weight"] = np.ascontiguousarray(a[layer].T)
+            tensors[f"{prefix}.lora_B.weight"] = np.ascontiguousarray(b[layer].T)
+    if not targets:
+        raise ValueError("the model has no LoRA adapters to save (lora_rank = 0)")
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": int(rank),
+              "lora_alpha": float(scale * rank), "target_modules": targets,
+              "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
+              "inference_mode": True, "base_model_name_or_path": base_model_name_or_path}
+    path = os.path.abspath(os.path.expanduser(path))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".tmp-adapter-", dir=os.path.dirname(path))
+    try:
+        save_file(tensors, os.path.join(tmp, "adapter_model.safetensors"),
+                  metadata={"format": "pt"})
+        with open(os.path.join(tmp, "adapter_config.json"), "w") as f:
+            json.dump(config, f, indent=2)
+        if os.path.exists(path):
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -588,5 +588,8 @@ class Pipeline:
     def export_model(self):
         """An nnx model with the current parameters (for HF export; LoRA's adapters merged
         into the weights they adapt)."""
-        return lora.merge_adapters(nnx.merge(self.graphdef,
-                                             jax.device_get(self.learner.params)))
+        return lora.merge_adapters(self.adapted_model())
+
+    def adapted_model(self):
+        """An nnx model with the current parameters on the host (LoRA's adapters apart)."""
+        return nnx.merge(self.graphdef, jax.device_get(self.learner.params))

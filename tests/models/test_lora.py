@@ -175,3 +175,28 @@ def test_adapter_count_is_what_add_lora_adds_and_the_plan_trains_only_it():
     assert (adapted_["gradients"], adapted_["optimizer"], adapted_["reference"]) == \
         (4 * q, 8 * q, 0.0)
     assert adapted_["parameters"] == 4 * (p + q)
+
+
+def test_the_peft_adapter_loads_onto_the_base_and_gives_the_adapted_logits(tmp_path):
+    """PEFT round trip: the base saved as a Hugging Face model, the adapters as a PEFT
+    directory; `peft` puts them on the base and `transformers` computes the adapted model's
+    logits."""
+    import peft
+    import torch
+    import transformers
+
+    from jaxrl_agentic.models import save_pretrained
+
+    save_pretrained(Transformer(MODEL_CFG, rngs=nnx.Rngs(0)), None, str(tmp_path / "base"))
+    graphdef, adapters, frozen = with_random_b(adapted(rank=4, alpha=8.0,
+                                                       targets=("q_proj", "o_proj", "up_proj")))
+    model = nnx.merge(graphdef, lora.combine(adapters, frozen))
+    lora.save_peft_adapter(model, str(tmp_path / "adapter"), str(tmp_path / "base"))
+    base = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "base"),
+                                                             torch_dtype=torch.float32)
+    hf = peft.PeftModel.from_pretrained(base, str(tmp_path / "adapter"))
+    with torch.no_grad():
+        got = hf(torch.as_tensor(np.asarray(TOKENS), dtype=torch.long)).logits.numpy()
+    np.testing.assert_allclose(got, np.asarray(model(TOKENS, POSITIONS)), atol=1e-4)
+    with pytest.raises(ValueError, match="no LoRA adapters"):
+        lora.save_peft_adapter(Transformer(MODEL_CFG, rngs=nnx.Rngs(0)), str(tmp_path / "x"))
