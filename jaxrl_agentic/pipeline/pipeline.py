@@ -573,15 +573,15 @@ class Pipeline:
             self.critic.np_rng.bit_generator.state = state["critic_np_rng"]
 
     def train_states(self) -> dict:
-        """The device states a checkpoint holds (under LoRA not the frozen base, which the
-        run reads from its model again)."""
-        states = {"learner": self.learner.state.replace(frozen=None)}
+        """The device states a checkpoint holds (under LoRA not the frozen base, which is
+        not part of the learner's state: the run reads it from its model again)."""
+        states = {"learner": self.learner.state}
         if self.critic is not None:
             states["critic"] = self.critic.state
         return states
 
     def load_train_states(self, states: dict) -> None:
-        self.learner.state = states["learner"].replace(frozen=self.learner.state.frozen)
+        self.learner.state = states["learner"]
         if self.critic is not None:
             self.critic.state = states["critic"]
 

@@ -116,9 +116,8 @@ class TrainState:
     ``step``: updates attempted (one per ``train_step`` call); ``skipped``: of those, how
     many the non-finite guard dropped; ``rng``: advanced every update, so stochastic
     extensions get fresh randomness and a restored run replays it; ``ref_params``: frozen
-    reference parameters, or None when no KL is used (or when LoRA's base is the
-    reference); ``frozen``: with LoRA (``models/lora.py``), the base weights the adapters in
-    ``params`` train on top of (read, never updated, not checkpointed), else None.
+    reference parameters, or None when no KL is used (or when LoRA's base, which the
+    learner holds apart, is the reference). Under LoRA ``params`` are the adapters.
     """
 
     step: jax.Array
@@ -128,7 +127,6 @@ class TrainState:
     kl: KLControllerState
     rng: jax.Array
     ref_params: Any = None
-    frozen: Any = None
 
 
 def full_params(params: Any, frozen: Any) -> Any:
@@ -149,13 +147,11 @@ def init_train_state(
     forwards, so its logprobs are unchanged, and with bf16 compute over fp32 params it takes
     half the memory (1 GB less at Qwen2.5-0.5B).
 
-    ``frozen`` (LoRA): ``params`` are the adapters and ``frozen`` the base they adapt; the
-    optimizer holds state for the adapters only, and the reference is the base itself
+    ``frozen`` (LoRA's base; not part of the state): ``params`` are the adapters; the
+    optimizer holds state for them only, and the reference is the base itself
     (``lora.base_only``), so none is stored.
     """
     params = jax.tree.map(jnp.copy, params)
-    if frozen is not None:
-        frozen = jax.tree.map(jnp.copy, frozen)
     if config.uses_reference and frozen is None:
         source = params if ref_params is None else ref_params
 
@@ -175,7 +171,6 @@ def init_train_state(
         kl=init_kl_controller(config.init_kl_coef, config.target_kl, config.kl_horizon),
         rng=jax.random.key(config.seed),
         ref_params=ref_params,
-        frozen=frozen,
     )
 
 
@@ -273,8 +268,7 @@ def policy_update_loss(graphdef, config: LearnerConfig) -> UpdateLoss:
         return jnp.zeros((), _F32) if config.kl_in_reward else state.kl.coef
 
     def micro_sums(params, micro, state):
-        return micro_batch_sums(graphdef, config, full_params(params, state.frozen), micro,
-                                kl_coef(state))
+        return micro_batch_sums(graphdef, config, params, micro, kl_coef(state))
 
     def metrics(state, sums, scale):
         per_token = 1.0 / jnp.maximum(sums.tokens, 1.0)
@@ -380,13 +374,18 @@ class Learner(EngineDriver):
         state = init_train_state(params, config, ref_params=ref_params, ref_dtype=dtype,
                                  frozen=frozen)
         shardings = train_state_shardings(state, self.mesh)
-        model_shardings = full_params(shardings.params, shardings.frozen)
+        frozen_shardings = None if frozen is None else train_state_shardings(frozen, self.mesh)
+        model_shardings = full_params(shardings.params, frozen_shardings)
         batch_keys = TRAIN_BATCH_KEYS + (("ref_logprobs",) if config.uses_reference else ())
         # In bf16 on CPU these programs are compiled as the sampler's are (`_same_bits`), so
         # the recomputed logprobs are the sampler's to float32 noise.
         options = compiler_options(dtype)
+        # The base is copied once (the caller's arrays stay valid) and never donated.
         self.engine = UpdateEngine(state, policy_update_loss(graphdef, config), config,
-                                   self.mesh, shardings, batch_keys, options)
+                                   self.mesh, shardings, batch_keys, options,
+                                   frozen=None if frozen is None else jax.tree.map(jnp.copy,
+                                                                                   frozen),
+                                   frozen_shardings=frozen_shardings)
         self.compute_logprobs = make_compute_logprobs(graphdef, config, self.mesh,
                                                       model_shardings, options)
         self.compute_ref_logprobs = self.compute_logprobs
@@ -397,14 +396,14 @@ class Learner(EngineDriver):
     @property
     def params(self):
         """The policy's whole state (under LoRA: base and adapters, no array copied)."""
-        return full_params(self.state.params, self.state.frozen)
+        return full_params(self.state.params, self.engine.frozen)
 
     @property
     def reference_params(self):
         """The reference policy's state: the stored reference, or under LoRA the base (the
         adapters with B = 0 on the frozen weights); None when the config uses no KL."""
-        if self.state.frozen is not None and self.config.uses_reference:
-            return lora.combine(lora.base_only(self.state.params), self.state.frozen)
+        if self.engine.frozen is not None and self.config.uses_reference:
+            return lora.combine(lora.base_only(self.state.params), self.engine.frozen)
         return self.state.ref_params
 
     # ---- logprobs -------------------------------------------------------------------------

@@ -52,6 +52,7 @@ from jaxrl_agentic.data import (
     spread_rows,
     updates_per_step,
 )
+from jaxrl_agentic.models import lora
 from jaxrl_agentic.runtime.parallel import (
     batch_sharding,
     num_batch_shards,
@@ -300,9 +301,12 @@ def kernels_see_mesh(mesh):
 
 
 def make_update_step(loss: UpdateLoss, config: UpdateConfig, mesh, state_shardings,
-                     compiler_options: dict | None = None):
-    """Jitted ``update_step(state, batch, lr) -> (state, metrics)``: one update (module doc).
-    ``compiler_options``: XLA's, for the program (``pallas_kernels._same_bits``).
+                     compiler_options: dict | None = None, frozen_shardings=None):
+    """Jitted ``update_step(state, batch, lr[, frozen]) -> (state, metrics)``: one update
+    (module doc). ``compiler_options``: XLA's, for the program (``pallas_kernels._same_bits``).
+    ``frozen`` (an argument when ``frozen_shardings`` are given): under LoRA the base
+    weights (``models/lora.py``), which the loss reads with ``state.params`` (the adapters)
+    and which are neither differentiated nor donated, so the sampler may go on reading them.
 
     ``state`` has ``step``, ``skipped``, ``params`` and ``opt_state`` (and whatever the loss
     reads); it is donated. ``batch``: dict of ``[n_micro, row_len]`` arrays. Metrics:
@@ -312,9 +316,10 @@ def make_update_step(loss: UpdateLoss, config: UpdateConfig, mesh, state_shardin
     optimizer = make_optimizer(config)
 
     @kernels_see_mesh(mesh)
-    def update_step(state, batch: dict[str, jax.Array], lr: jax.Array):
+    def update_step(state, batch: dict[str, jax.Array], lr: jax.Array, frozen=None):
         def micro_objective(params, micro):
-            sums, denominator = loss.micro_sums(params, micro, state)
+            model = params if frozen is None else lora.combine(params, frozen)
+            sums, denominator = loss.micro_sums(model, micro, state)
             return loss.objective(sums), (sums, denominator)
 
         grad_sum, sums, denominator = accumulate_gradient_sums(
@@ -342,13 +347,17 @@ def make_update_step(loss: UpdateLoss, config: UpdateConfig, mesh, state_shardin
         return new_state, metrics
 
     repl = replicated(mesh)
-    return jax.jit(
-        update_step,
-        in_shardings=(state_shardings, batch_sharding(mesh), repl),
-        out_shardings=(state_shardings, repl),
-        donate_argnums=0,
-        compiler_options=compiler_options,
-    )
+    jit = functools.partial(jax.jit, out_shardings=(state_shardings, repl), donate_argnums=0,
+                            compiler_options=compiler_options)
+    if frozen_shardings is None:  # no base apart: (state, batch, lr)
+        def without_base(state, batch, lr):
+            return update_step(state, batch, lr)
+
+        without_base.__name__ = without_base.__qualname__ = "update_step"  # the program's name
+
+        return jit(without_base, in_shardings=(state_shardings, batch_sharding(mesh), repl))
+    return jit(update_step, in_shardings=(state_shardings, batch_sharding(mesh), repl,
+                                          frozen_shardings))
 
 
 # ----------------------------------------------------------------------------- host side
@@ -393,14 +402,17 @@ class UpdateEngine:
     """
 
     def __init__(self, state, loss: UpdateLoss, config: UpdateConfig, mesh, state_shardings,
-                 batch_keys: Sequence[str], compiler_options: dict | None = None):
+                 batch_keys: Sequence[str], compiler_options: dict | None = None,
+                 frozen=None, frozen_shardings=None):
+        """``frozen``: LoRA's base weights, read by every update, never changed."""
         self.config = config
         self.mesh = mesh
         self.state_shardings = state_shardings
         self.state = place(state, state_shardings)
+        self.frozen = None if frozen is None else place(frozen, frozen_shardings)
         self.batch_keys = tuple(batch_keys)
         self.update_step = make_update_step(loss, config, mesh, state_shardings,
-                                            compiler_options)
+                                            compiler_options, frozen_shardings)
         self.np_rng = np.random.default_rng(config.seed)
 
     def run(self, samples: Sequence[Sample], learning_rates: np.ndarray
@@ -413,7 +425,8 @@ class UpdateEngine:
         per_update = []
         for batch, lr in zip(packed, learning_rates, strict=True):
             arrays = put_batch(batch, self.batch_keys, self.mesh)
-            self.state, metrics = self.update_step(self.state, arrays, lr)
+            frozen = () if self.frozen is None else (self.frozen,)
+            self.state, metrics = self.update_step(self.state, arrays, lr, *frozen)
             per_update.append(metrics)
         return jax.device_get(per_update), packed  # one host sync for the whole step
 

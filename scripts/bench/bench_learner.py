@@ -308,9 +308,9 @@ def _prepare_ours(path, samples, args, lora_rank: int = 0):
     engine = learner.engine
     update_step, captured = engine.update_step, []
 
-    def recording_step(state, batch, lr):
+    def recording_step(state, batch, lr, *frozen):
         captured.append(batch)
-        return update_step(state, batch, lr)
+        return update_step(state, batch, lr, *frozen)
 
     engine.update_step = recording_step  # this instance only, for the first step
     start = time.perf_counter()
@@ -321,7 +321,8 @@ def _prepare_ours(path, samples, args, lora_rank: int = 0):
     lr = np.float32(args.lr)
 
     def device_step():
-        learner.state, metrics = update_step(learner.state, batch, lr)
+        frozen = () if engine.frozen is None else (engine.frozen,)
+        learner.state, metrics = update_step(learner.state, batch, lr, *frozen)
         if DEVICE == "gpu":
             jax.block_until_ready(learner.state)  # every output of the step, not just metrics
         if int(metrics["nonfinite"]):  # waits for the update

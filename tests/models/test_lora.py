@@ -113,7 +113,7 @@ def test_a_learner_trains_the_adapters_alone_with_the_base_as_reference():
     metrics = learner.step(SAMPLES, [1e-2])
     assert metrics["actor/grad_norm"] > 0 and metrics["optim/nonfinite_updates"] == 0
     # The base did not move; B did; the reference is still the base.
-    for got, want_ in zip(jax.tree.leaves(learner.state.frozen), jax.tree.leaves(base_before),
+    for got, want_ in zip(jax.tree.leaves(learner.engine.frozen), jax.tree.leaves(base_before),
                           strict=True):
         np.testing.assert_array_equal(got, want_)
     b_norm = sum(float(jnp.abs(x).sum()) for p, x in
