@@ -74,3 +74,14 @@ def test_a_lora_run_exports_merged_or_as_a_peft_adapter(tmp_path, capsys):
     assert export.main(["--checkpoint", os.path.join(plain, "checkpoints", "1"),
                         "--out", str(tmp_path / "x"), "--adapter"]) == 2
     assert "--adapter: the run was not trained with LoRA" in capsys.readouterr().err
+
+
+def test_lora_with_asynchronous_rollouts_trains(tmp_path):
+    """The rollout thread samples with a copy of the adapters over the shared base while the
+    learner's update donates its own adapters."""
+    out = str(tmp_path / "async")
+    assert train.main(["train", *tiny_overrides("frozen_lake", out, 2), *LORA,
+                       "--config.async_generation_ratio=1"]) == 0
+    records = check_outputs(out, 2)
+    assert records[-1]["actor/grad_norm"] > 0
+    assert records[-1]["off_policy/staleness_max"] <= 1

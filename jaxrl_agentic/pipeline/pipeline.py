@@ -459,12 +459,13 @@ class Pipeline:
 
     # ---- asynchronous rollouts ------------------------------------------------------------------
     def published_params(self):
-        """The params the producer may use while the learner goes on: a copy, since the
-        train step donates (overwrites) the learner's buffers."""
-        params = self.sampler_params()
-        if params is self.learner.params:
-            params = jax.tree.map(lambda x: x.copy(), params)
-        return params
+        """The params the producer may use while the learner goes on. Colocated, a copy of
+        what the train step donates (overwrites): the trained params (under LoRA the
+        adapters alone; the frozen base is never donated, so it is shared)."""
+        if not self.placement.colocated:
+            return self.sampler_params()  # a replica on the sampler's devices
+        trained = jax.tree.map(lambda x: x.copy(), self.learner.state.params)
+        return full_params(trained, self.learner.engine.frozen)
 
     def train_rollout(self) -> tuple[list, float, dict[str, float]]:
         """(trajectories for this step, seconds of rollout, off-policy metrics).
