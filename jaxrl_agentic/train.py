@@ -116,18 +116,17 @@ def run(c, *, log=print) -> dict[str, float]:
     import jax
     from tqdm import tqdm
 
-    from jaxrl_agentic.run_config import build_run_config, distributed_settings, mesh_settings
-
-    # Before anything else touches the JAX backend (validation imports the environments).
+    # Before anything else touches the JAX backend (validation and the typed config tree
+    # import the environments and the parts): these two fields are read from the flat dict.
     validate_distributed(c)
     validate_devices(c)
     from jaxrl_agentic.runtime.parallel import initialize_distributed, use_cpu_devices
 
-    distributed = distributed_settings(c)
-    if distributed.enabled:
-        initialize_distributed(distributed.coordinator_address, distributed.num_processes,
-                               distributed.process_id)
-    use_cpu_devices(mesh_settings(c).cpu_devices, log=log)
+    if c.distributed.enabled:
+        initialize_distributed(c.distributed.coordinator_address,
+                               c.distributed.num_processes, c.distributed.process_id)
+    use_cpu_devices(c.mesh.get("cpu_devices", 1), log=log)
+    from jaxrl_agentic.run_config import build_run_config
     devices = jax.devices()
     log(f"devices: {len(devices)} × {devices[0].platform} ({jax.process_count()} process(es))")
     from jaxrl_agentic.data.debug import dump_batch

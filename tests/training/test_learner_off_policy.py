@@ -114,7 +114,8 @@ def test_kl_in_reward_reads_neither_the_cut_tail_nor_the_sentinel():
         return out
 
     me = types.SimpleNamespace(
-        c=types.SimpleNamespace(sequence_length=48, kl_estimator="k3"),
+        sequence_length=48,
+        config=types.SimpleNamespace(advantages=types.SimpleNamespace(kl_estimator="k3")),
         learner=types.SimpleNamespace(sample_logprobs=sample_logprobs, state=types.SimpleNamespace(
             kl=types.SimpleNamespace(coef=0.1))))
     metrics = Pipeline.fold_kl_into_rewards.__wrapped__(me, [traj])
