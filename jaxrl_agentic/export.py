@@ -18,7 +18,7 @@ def main(argv=None) -> int:
     from jaxrl_agentic.config import ConfigError
     from jaxrl_agentic.models import CheckpointError as ModelError
     from jaxrl_agentic.models import save_pretrained
-    from jaxrl_agentic.models.lora import save_peft_adapter
+    from jaxrl_agentic.models.hf_io import save_peft_adapter
     from jaxrl_agentic.run_loading import load_run_config, restore_pipeline
     from jaxrl_agentic.runtime.checkpoint import CheckpointError
 

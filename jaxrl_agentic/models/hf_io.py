@@ -6,6 +6,7 @@ safetensors, never pickle. Every failure is one `CheckpointError` line naming th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -17,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxrl_agentic.models import lora
 from jaxrl_agentic.models.config import (
     ModelConfig,
     UnsupportedModelError,
@@ -255,6 +257,24 @@ def load_pretrained(path: str, dtype: str = "float32", param_dtype: str | None =
     return nnx.merge(graphdef, state), tokenizer
 
 
+@contextlib.contextmanager
+def directory_written_whole(path: str):
+    """A scratch directory beside ``path`` to write into; on success it replaces ``path``
+    (renamed into place), on any error it is removed: ``path`` is never half-written."""
+    path = os.path.abspath(os.path.expanduser(str(path)))
+    parent = os.path.dirname(path)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".tmp-save-", dir=parent)
+    try:
+        yield tmp
+        if os.path.exists(path):
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def save_pretrained(model: Transformer, tokenizer, path: str) -> None:
     """Writes config.json, model.safetensors and the tokenizer so `transformers` loads it.
 
@@ -263,11 +283,7 @@ def save_pretrained(model: Transformer, tokenizer, path: str) -> None:
     """
     from safetensors.flax import save_file  # handles bfloat16, which numpy cannot
 
-    path = os.path.abspath(os.path.expanduser(str(path)))
-    parent = os.path.dirname(path)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".tmp-save-", dir=parent)
-    try:
+    with directory_written_whole(path) as tmp:
         to_hf_config(model.cfg).save_pretrained(tmp)
         state = nnx.state(model, nnx.Param)
         tensors = {}
@@ -279,9 +295,38 @@ def save_pretrained(model: Transformer, tokenizer, path: str) -> None:
         save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        if os.path.exists(path):
-            shutil.rmtree(path)
-        os.replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+
+def save_peft_adapter(model, path: str, base_model_name_or_path: str = "") -> None:
+    """Writes ``model``'s adapters as a PEFT LoRA directory (``adapter_config.json`` and
+    ``adapter_model.safetensors``) that ``peft.PeftModel.from_pretrained`` loads onto the
+    base: per layer ``l`` and projection, ``lora_A.weight`` = A_lᵀ [r, in] and
+    ``lora_B.weight`` = B_lᵀ [out, r], with ``lora_alpha`` = s·r. Written beside ``path``
+    and renamed into place, so a crash leaves no half-written directory."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    tensors, targets, rank, scale = {}, [], None, None
+    for name, proj in lora.projections(model):
+        if getattr(proj, "lora_a", None) is None:
+            continue
+        part = "self_attn" if name in lora.ATTENTION_TARGETS else "mlp"
+        a = np.asarray(jax.device_get(proj.lora_a[...]), np.float32)
+        b = np.asarray(jax.device_get(proj.lora_b[...]), np.float32)
+        rank, scale = a.shape[-1], proj.lora_scale
+        targets.append(name)
+        for layer in range(a.shape[0]):
+            prefix = f"base_model.model.model.layers.{layer}.{part}.{name}"
+            tensors[f"{prefix}.lora_A.weight"] = np.ascontiguousarray(a[layer].T)
+            tensors[f"{prefix}.lora_B.weight"] = np.ascontiguousarray(b[layer].T)
+    if not targets:
+        raise ValueError("the model has no LoRA adapters to save (lora_rank = 0)")
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": int(rank),
+              "lora_alpha": float(scale * rank), "target_modules": targets,
+              "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
+              "inference_mode": True, "base_model_name_or_path": base_model_name_or_path}
+    with directory_written_whole(path) as tmp:
+        save_file(tensors, os.path.join(tmp, "adapter_model.safetensors"),
+                  metadata={"format": "pt"})
+        with open(os.path.join(tmp, "adapter_config.json"), "w") as f:
+            json.dump(config, f, indent=2)

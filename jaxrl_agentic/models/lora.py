@@ -89,7 +89,7 @@ def lora_delta(x: jax.Array, proj: nnx.Module) -> jax.Array | None:
     return proj.lora_scale * jnp.dot(low.astype(dtype), b, preferred_element_type=jnp.float32)
 
 
-def _projections(model) -> list[tuple[str, nnx.Module]]:
+def projections(model) -> list[tuple[str, nnx.Module]]:
     """(name, module) of every projection of the stacked decoder block."""
     block = model.layers
     return ([(n, getattr(block.attn, n)) for n in ATTENTION_TARGETS]
@@ -103,7 +103,7 @@ def add_lora(model, config: LoRAConfig, seed: int = 0):
         return model
     layers = model.cfg.num_hidden_layers
     key = jax.random.key(seed)
-    for i, (name, proj) in enumerate(_projections(model)):
+    for i, (name, proj) in enumerate(projections(model)):
         if name not in config.target_names:
             continue
         kernel = proj.kernel[...]  # [L, n_in, n_out]
@@ -118,7 +118,7 @@ def add_lora(model, config: LoRAConfig, seed: int = 0):
 
 
 def has_lora(model) -> bool:
-    return any(getattr(p, "lora_a", None) is not None for _, p in _projections(model))
+    return any(getattr(p, "lora_a", None) is not None for _, p in projections(model))
 
 
 def split_trainable(model):
@@ -143,7 +143,7 @@ def base_only(adapters):
 def merge_adapters(model):
     """``model`` with each adapted kernel replaced by W + s·A·B and its adapters removed, in
     place (the dense model a Hugging Face checkpoint holds); returns it."""
-    for _, proj in _projections(model):
+    for _, proj in projections(model):
         if getattr(proj, "lora_a", None) is None:
             continue
         delta = proj.lora_scale * jnp.einsum(
@@ -153,52 +153,3 @@ def merge_adapters(model):
         proj.kernel.value = (kernel.astype(jnp.float32) + delta).astype(kernel.dtype)
         del proj.lora_a, proj.lora_b, proj.lora_scale
     return model
-
-
-def save_peft_adapter(model, path: str, base_model_name_or_path: str = "") -> None:
-    """Writes ``model``'s adapters as a PEFT LoRA directory (``adapter_config.json`` and
-    ``adapter_model.safetensors``) that ``peft.PeftModel.from_pretrained`` loads onto the
-    base: per layer ``l`` and projection, ``lora_A.weight`` = A_lᵀ [r, in] and
-    ``lora_B.weight`` = B_lᵀ [out, r], with ``lora_alpha`` = s·r. Written beside ``path``
-    and renamed into place, so a crash leaves no half-written directory."""
-    import json
-    import os
-    import shutil
-    import tempfile
-
-    import numpy as np
-    from safetensors.numpy import save_file
-
-    tensors, targets, rank, scale = {}, [], None, None
-    for name, proj in _projections(model):
-        if getattr(proj, "lora_a", None) is None:
-            continue
-        part = "self_attn" if name in ATTENTION_TARGETS else "mlp"
-        a = np.asarray(jax.device_get(proj.lora_a[...]), np.float32)
-        b = np.asarray(jax.device_get(proj.lora_b[...]), np.float32)
-        rank, scale = a.shape[-1], proj.lora_scale
-        targets.append(name)
-        for layer in range(a.shape[0]):
-            prefix = f"base_model.model.model.layers.{layer}.{part}.{name}"
-            tensors[f"{prefix}.lora_A.weight"] = np.ascontiguousarray(a[layer].T)
-            tensors[f"{prefix}.lora_B.weight"] = np.ascontiguousarray(b[layer].T)
-    if not targets:
-        raise ValueError("the model has no LoRA adapters to save (lora_rank = 0)")
-    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": int(rank),
-              "lora_alpha": float(scale * rank), "target_modules": targets,
-              "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
-              "inference_mode": True, "base_model_name_or_path": base_model_name_or_path}
-    path = os.path.abspath(os.path.expanduser(path))
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".tmp-adapter-", dir=os.path.dirname(path))
-    try:
-        save_file(tensors, os.path.join(tmp, "adapter_model.safetensors"),
-                  metadata={"format": "pt"})
-        with open(os.path.join(tmp, "adapter_config.json"), "w") as f:
-            json.dump(config, f, indent=2)
-        if os.path.exists(path):
-            shutil.rmtree(path)
-        os.replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise

@@ -11,6 +11,7 @@ import pytest
 from flax import nnx
 
 from jaxrl_agentic.models import lora
+from jaxrl_agentic.models.hf_io import save_peft_adapter
 from jaxrl_agentic.models.transformer import Transformer
 from jaxrl_agentic.training.learner import Learner
 from tests.training.test_learner import BASE, MODEL_CFG, SAMPLES
@@ -191,7 +192,7 @@ def test_the_peft_adapter_loads_onto_the_base_and_gives_the_adapted_logits(tmp_p
     graphdef, adapters, frozen = with_random_b(adapted(rank=4, alpha=8.0,
                                                        targets=("q_proj", "o_proj", "up_proj")))
     model = nnx.merge(graphdef, lora.combine(adapters, frozen))
-    lora.save_peft_adapter(model, str(tmp_path / "adapter"), str(tmp_path / "base"))
+    save_peft_adapter(model, str(tmp_path / "adapter"), str(tmp_path / "base"))
     base = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "base"),
                                                              torch_dtype=torch.float32)
     hf = peft.PeftModel.from_pretrained(base, str(tmp_path / "adapter"))
@@ -199,4 +200,4 @@ def test_the_peft_adapter_loads_onto_the_base_and_gives_the_adapted_logits(tmp_p
         got = hf(torch.as_tensor(np.asarray(TOKENS), dtype=torch.long)).logits.numpy()
     np.testing.assert_allclose(got, np.asarray(model(TOKENS, POSITIONS)), atol=1e-4)
     with pytest.raises(ValueError, match="no LoRA adapters"):
-        lora.save_peft_adapter(Transformer(MODEL_CFG, rngs=nnx.Rngs(0)), str(tmp_path / "x"))
+        save_peft_adapter(Transformer(MODEL_CFG, rngs=nnx.Rngs(0)), str(tmp_path / "x"))
