@@ -102,6 +102,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.lora_rank = 0
     c.lora_alpha = 0.0
     c.lora_targets = ()
+    # the output head trains in full beside the adapters: "auto" (when untie_word_embeddings
+    # made it a copy of a tied embedding), "always" (an untied head), "never"
+    c.lora_train_head = "auto"
     # algorithm
     c.adv_estimator = "grpo"
     c.sample_mode = "trajectory"

@@ -171,7 +171,8 @@ def generation_config(c, spec) -> GenerationConfig:
 
 
 def lora_config(c) -> LoRAConfig:
-    return LoRAConfig(rank=c.lora_rank, alpha=c.lora_alpha, targets=tuple(c.lora_targets))
+    return LoRAConfig(rank=c.lora_rank, alpha=c.lora_alpha, targets=tuple(c.lora_targets),
+                      train_head=c.lora_train_head, untied_head=c.untie_word_embeddings)
 
 
 def check_typed_configs(c, fail) -> None:

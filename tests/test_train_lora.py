@@ -1,6 +1,6 @@
 """`lora_rank` alone turns any recipe into LoRA training: the run trains, its checkpoints
-hold the adapters and their optimizer state but not the base, resume is exact, and the
-export is the merged dense model."""
+hold the adapters (and the head the recipe unties) with their optimizer state but not the
+base, resume is exact, and the export is the merged dense model."""
 
 import json
 import os
@@ -39,8 +39,12 @@ def test_lora_trains_saves_only_adapters_and_resumes_exactly(tmp_path):
     assert records[-1]["actor/grad_norm"] > 0
     saved = checkpoint_arrays(full, 1)
     params = [k for k in saved if k.startswith("/learner/params/")]
-    assert params and all("lora_" in k for k in params)  # adapters only
-    assert not any("frozen" in k or "embed" in k for k in saved)  # no base
+    # The adapters, and the head the recipe unties (lora_train_head="auto" trains it).
+    assert params and all("lora_" in k or k.startswith("/learner/params/lm_head/kernel")
+                          for k in params)
+    assert any("lm_head" in k for k in params)
+    assert not any("frozen" in k or "embed" in k or "base_kernel" in k
+                   for k in saved)  # no base
     assert not any(k.startswith("/learner/ref_params") for k in saved)  # the base is the ref
     with open(os.path.join(full, "config.json")) as f:
         assert json.load(f)["lora_rank"] == 4

@@ -301,8 +301,10 @@ def save_peft_adapter(model, path: str, base_model_name_or_path: str = "") -> No
     """Writes ``model``'s adapters as a PEFT LoRA directory (``adapter_config.json`` and
     ``adapter_model.safetensors``) that ``peft.PeftModel.from_pretrained`` loads onto the
     base: per layer ``l`` and projection, ``lora_A.weight`` = A_lᵀ [r, in] and
-    ``lora_B.weight`` = B_lᵀ [out, r], with ``lora_alpha`` = s·r. Written beside ``path``
-    and renamed into place, so a crash leaves no half-written directory."""
+    ``lora_B.weight`` = B_lᵀ [out, r], with ``lora_alpha`` = s·r; a head trained beside
+    them (``lora.trains_head``) as PEFT's ``modules_to_save=["lm_head"]`` (its whole
+    [V, D] weight). Written beside ``path`` and renamed into place, so a crash leaves no
+    half-written directory."""
     import numpy as np
     from safetensors.numpy import save_file
 
@@ -321,8 +323,14 @@ def save_peft_adapter(model, path: str, base_model_name_or_path: str = "") -> No
             tensors[f"{prefix}.lora_B.weight"] = np.ascontiguousarray(b[layer].T)
     if not targets:
         raise ValueError("the model has no LoRA adapters to save (lora_rank = 0)")
+    saved = []
+    if lora.trains_head(model):
+        head = np.asarray(jax.device_get(model.lm_head.kernel[...]), np.float32)
+        tensors["base_model.model.lm_head.weight"] = np.ascontiguousarray(head.T)
+        saved.append("lm_head")
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": int(rank),
               "lora_alpha": float(scale * rank), "target_modules": targets,
+              "modules_to_save": saved or None,
               "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
               "inference_mode": True, "base_model_name_or_path": base_model_name_or_path}
     with directory_written_whole(path) as tmp:

@@ -1,6 +1,7 @@
 """A Qwen2.5-shaped test fixture: the real Qwen2/Qwen2.5 tokenizer + random weights.
 
     python -m jaxrl_agentic.models.qwen_fixture --out DIR [--layers N] [--hidden H] [--seed S]
+        [--heads N --kv-heads N --intermediate N] [--dtype bfloat16]
 
 writes a Hugging Face directory that `transformers` and `load_pretrained` both read:
 
@@ -13,7 +14,9 @@ writes a Hugging Face directory that `transformers` and `load_pretrained` both r
 - a randomly initialised model of the Qwen2.5-0.5B architecture (hidden 896, 24 layers,
   14 heads, 2 KV heads, intermediate 4864, vocab 151,936, rope θ = 1e6, RMSNorm ε = 1e-6,
   tied embeddings, q/k/v biases) at any depth (`--layers`) and width (`--hidden`; the
-  head count stays 14/2 and the MLP keeps the 4864/896 ratio unless `--intermediate`).
+  head count stays 14/2 and the MLP keeps the 4864/896 ratio unless `--heads`, `--kv-heads`,
+  `--intermediate`; Qwen2.5-1.5B is `--layers 28 --hidden 1536 --heads 12 --intermediate
+  8960`), stored in fp32 or, as the published checkpoints are, `--dtype bfloat16`.
 
 Nothing is downloaded: the ranks ship inside the pip package. The tokenizer is the real
 one (same ids for the same text), the weights are noise: the fixture tests token-level
@@ -145,7 +148,7 @@ def build_qwen_tokenizer():
 
 
 def qwen25_config(layers: int = 24, hidden: int = 896, intermediate: int | None = None,
-                  heads: int = 14, kv_heads: int = 2):
+                  heads: int = 14, kv_heads: int = 2, param_dtype: str = "float32"):
     """Qwen2.5-0.5B's `ModelConfig`, at `layers` × `hidden` (head_dim = hidden / heads)."""
     from jaxrl_agentic.models.config import ModelConfig
 
@@ -157,20 +160,24 @@ def qwen25_config(layers: int = 24, hidden: int = 896, intermediate: int | None 
         num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hidden // heads,
         rms_norm_eps=1e-6, rope_theta=1_000_000.0, max_position_embeddings=32768,
         tie_word_embeddings=True, attention_bias=True,
-        bos_token_id=151_643, eos_token_id=151_645,
+        bos_token_id=151_643, eos_token_id=151_645, param_dtype=param_dtype,
     )
 
 
 def build_qwen_fixture(out: str, *, layers: int = 24, hidden: int = 896,
-                       intermediate: int | None = None, seed: int = 0) -> str:
-    """Writes the tokenizer and a random-weight Qwen2.5-shaped model to `out`. → `out`."""
+                       intermediate: int | None = None, heads: int = 14, kv_heads: int = 2,
+                       dtype: str = "float32", seed: int = 0) -> str:
+    """Writes the tokenizer and a random-weight Qwen2.5-shaped model to `out`, its weights
+    stored as `dtype`. → `out`."""
     from flax import nnx
 
     from jaxrl_agentic.models.hf_io import save_pretrained
     from jaxrl_agentic.models.transformer import Transformer
 
     tokenizer = build_qwen_tokenizer()
-    model = Transformer(qwen25_config(layers, hidden, intermediate), rngs=nnx.Rngs(seed))
+    # Initialised in the storage dtype, so a 1.5B model never exists in fp32 on the way.
+    config = qwen25_config(layers, hidden, intermediate, heads, kv_heads, param_dtype=dtype)
+    model = Transformer(config, rngs=nnx.Rngs(seed))
     save_pretrained(model, tokenizer, out)
     return out
 
@@ -182,6 +189,9 @@ def main(argv=None) -> int:
     parser.add_argument("--hidden", type=int, default=896)
     parser.add_argument("--intermediate", type=int, default=None,
                         help="MLP width (default: hidden × 4864 / 896)")
+    parser.add_argument("--heads", type=int, default=14)
+    parser.add_argument("--kv-heads", type=int, default=2)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if os.path.exists(args.out) and os.listdir(args.out) and \
@@ -190,7 +200,8 @@ def main(argv=None) -> int:
         return 2
     try:
         build_qwen_fixture(args.out, layers=args.layers, hidden=args.hidden,
-                           intermediate=args.intermediate, seed=args.seed)
+                           intermediate=args.intermediate, heads=args.heads,
+                           kv_heads=args.kv_heads, dtype=args.dtype, seed=args.seed)
     except (ValueError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -403,7 +403,8 @@ class Learner(EngineDriver):
         """The reference policy's state: the stored reference, or under LoRA the base (the
         adapters with B = 0 on the frozen weights); None when the config uses no KL."""
         if self.engine.frozen is not None and self.config.uses_reference:
-            return lora.combine(lora.base_only(self.state.params), self.engine.frozen)
+            return lora.combine(lora.base_only(self.state.params, self.engine.frozen),
+                               self.engine.frozen)
         return self.state.ref_params
 
     # ---- logprobs -------------------------------------------------------------------------

@@ -59,7 +59,7 @@ def test_the_adapted_model_is_the_base_until_b_moves():
         TOKENS, POSITIONS, SEGMENTS), base(TOKENS, POSITIONS, SEGMENTS), atol=1e-4)
     # B = 0 again (`base_only`): the base, whatever A and the moved B were.
     np.testing.assert_array_equal(
-        nnx.merge(graphdef, lora.combine(lora.base_only(adapters), frozen))(
+        nnx.merge(graphdef, lora.combine(lora.base_only(adapters, frozen), frozen))(
             TOKENS, POSITIONS, SEGMENTS), base(TOKENS, POSITIONS, SEGMENTS))
 
 
@@ -201,3 +201,74 @@ def test_the_peft_adapter_loads_onto_the_base_and_gives_the_adapted_logits(tmp_p
     np.testing.assert_allclose(got, np.asarray(model(TOKENS, POSITIONS)), atol=1e-4)
     with pytest.raises(ValueError, match="no LoRA adapters"):
         save_peft_adapter(Transformer(MODEL_CFG, rngs=nnx.Rngs(0)), str(tmp_path / "x"))
+
+
+UNTIED = dataclasses.replace(MODEL_CFG, tie_word_embeddings=False)
+
+
+def head_trained(seed=1):
+    """An untied model with adapters and a trained head, both moved off their start."""
+    model = lora.add_lora(Transformer(UNTIED, rngs=nnx.Rngs(0)),
+                          lora.LoRAConfig(rank=4, alpha=8.0, train_head="always"))
+    graphdef, adapters, frozen = with_random_b(model, seed)
+    pure = nnx.to_pure_dict(adapters)
+    pure["lm_head"]["kernel"] = pure["lm_head"]["kernel"] + 0.2 * jax.random.normal(
+        jax.random.key(seed + 7), pure["lm_head"]["kernel"].shape)
+    nnx.replace_by_pure_dict(adapters, pure)
+    return graphdef, adapters, frozen
+
+
+def test_a_trained_head_trains_beside_the_adapters_and_the_reference_keeps_its_start():
+    base = Transformer(UNTIED, rngs=nnx.Rngs(0))
+    graphdef, adapters, frozen = head_trained()
+    assert "lm_head" in nnx.to_pure_dict(adapters)  # trained, with optimizer state
+    assert lora.adapter_count(UNTIED, lora.LoRAConfig(4, train_head="always")) == sum(
+        x.size for x in jax.tree.leaves(adapters))
+    moved = nnx.merge(graphdef, lora.combine(adapters, frozen))
+    assert not np.allclose(moved(TOKENS, POSITIONS), base(TOKENS, POSITIONS), atol=1e-4)
+    np.testing.assert_array_equal(  # the reference: B = 0 and the head at its start
+        nnx.merge(graphdef, lora.combine(lora.base_only(adapters, frozen), frozen))(
+            TOKENS, POSITIONS), base(TOKENS, POSITIONS))
+    learner = Learner(graphdef, adapters, BASE, frozen=frozen)
+    want = Learner(*nnx.split(base), BASE).sample_logprobs(SAMPLES, reference=True)
+    head_before = np.asarray(nnx.to_pure_dict(adapters)["lm_head"]["kernel"])
+    learner.step(SAMPLES, [1e-2])
+    head_after = nnx.to_pure_dict(learner.state.params)["lm_head"]["kernel"]
+    assert not np.allclose(head_after, head_before)
+    for r, w in zip(learner.sample_logprobs(SAMPLES, reference=True), want, strict=True):
+        np.testing.assert_allclose(r, w, atol=1e-6)
+    # Merged, the trained head is the model's head and its start is gone.
+    want_logits = np.asarray(moved(TOKENS, POSITIONS))
+    merged = lora.merge_adapters(moved)
+    assert not lora.trains_head(merged) and isinstance(merged.lm_head.kernel, nnx.Param)
+    np.testing.assert_allclose(merged(TOKENS, POSITIONS), want_logits, atol=2e-5)
+
+
+def test_a_trained_head_goes_to_peft_as_a_module_to_save(tmp_path):
+    import peft
+    import torch
+    import transformers
+
+    from jaxrl_agentic.models import save_pretrained
+
+    save_pretrained(Transformer(UNTIED, rngs=nnx.Rngs(0)), None, str(tmp_path / "base"))
+    graphdef, adapters, frozen = head_trained()
+    model = nnx.merge(graphdef, lora.combine(adapters, frozen))
+    save_peft_adapter(model, str(tmp_path / "adapter"), str(tmp_path / "base"))
+    base = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "base"),
+                                                             torch_dtype=torch.float32)
+    hf = peft.PeftModel.from_pretrained(base, str(tmp_path / "adapter"))
+    with torch.no_grad():
+        got = hf(torch.as_tensor(np.asarray(TOKENS), dtype=torch.long)).logits.numpy()
+    np.testing.assert_allclose(got, np.asarray(model(TOKENS, POSITIONS)), atol=1e-4)
+
+
+def test_head_training_settings_are_checked():
+    with pytest.raises(ValueError, match="lora_train_head: must be one of auto, always"):
+        lora.LoRAConfig(rank=4, train_head="yes")
+    with pytest.raises(ValueError, match="lora_train_head: the head is tied"):
+        lora.add_lora(Transformer(MODEL_CFG, rngs=nnx.Rngs(0)),
+                      lora.LoRAConfig(rank=4, train_head="always"))
+    assert lora.LoRAConfig(4, untied_head=True).trains_head  # "auto": a head untied here
+    assert not lora.LoRAConfig(4).trains_head and not lora.LoRAConfig(
+        4, train_head="never", untied_head=True).trains_head
