@@ -1,7 +1,8 @@
 """Segment-aware causal attention for CPU (plain JAX): only the block pairs a row needs.
 
 A packed row of length T holds several sequences told apart by segment ids (0 = padding).
-Query t attends to key s iff s ≤ t, seg[s] = seg[t] and seg[t] ≠ 0. Cut the row into blocks
+Query t attends to key s iff s ≤ t, seg[s] = seg[t] and seg[t] ≠ 0 (or, with tree packing's
+prefix ids, seg[s] = pre[t] ≠ 0: ``_segment_blocks``). Cut the row into blocks
 of ``block`` tokens; only the (query block, key block) pairs of the skip rule
 (``_segment_blocks``: causal and overlapping id ranges) are computed. The dense path computes
 T² pairs (T²/2 block-causal); a row of segments of lengths Lₙ needs about
@@ -40,10 +41,10 @@ from pallas_kernels._same_bits import keeps_same_bits
 from pallas_kernels._segment_blocks import needed_block_pairs, pad_to_blocks, pair_mask
 
 
-def _pair_list(segment_ids: jax.Array, block: int):
+def _pair_list(segment_ids: jax.Array, prefix_ids, block: int):
     """Query block, key block [B, P] (P = nb(nb+1)/2, sorted by query block) and the count
     of needed pairs per row [B]; entries past a row's count are (0, 0) and skipped."""
-    needed = needed_block_pairs(segment_ids, block)
+    needed = needed_block_pairs(segment_ids, block, prefix=prefix_ids)
     nb = needed.shape[1]
     flat = needed.reshape(needed.shape[0], nb * nb)
     index = jax.vmap(lambda f: jnp.nonzero(f, size=nb * (nb + 1) // 2, fill_value=0)[0])(flat)
@@ -79,20 +80,27 @@ def _scores(q_blk, k_blk, scale):
     return jnp.einsum("kgqh,ksh->kgqs", q_blk, k_blk, preferred_element_type=jnp.float32) * scale
 
 
-def _blocked(q, k, v, segment_ids, block: int):
-    """q, k, v in blocks, segment ids [B, nb, block] and the softmax scale 1/√H."""
+def _blocked(q, k, v, segment_ids, prefix_ids, block: int):
+    """q, k, v in blocks, segment and prefix ids [B, nb, block] (prefix ids None when
+    None: the flat layout's program is unchanged) and the softmax scale 1/√H."""
     qb, kb, vb = _query_blocks(q, block, k.shape[2]), _key_blocks(k, block), _key_blocks(v, block)
-    return qb, kb, vb, segment_ids.reshape(segment_ids.shape[0], -1, block), q.shape[-1] ** -0.5
+    seg, pre = (None if x is None else x.reshape(x.shape[0], -1, block)
+                for x in (segment_ids, prefix_ids))
+    return qb, kb, vb, seg, pre, q.shape[-1] ** -0.5
 
 
-def _forward(q, k, v, segment_ids, pairs, block: int):
+def _at(ids, i):
+    return None if ids is None else ids[i]
+
+
+def _forward(q, k, v, segment_ids, prefix_ids, pairs, block: int):
     """Blocked inputs → (out [B, nb, K, G, block, H] float32, lse [B, nb, K, G, block])."""
-    qb, kb, vb, seg, scale = _blocked(q, k, v, segment_ids, block)
+    qb, kb, vb, seg, pre, scale = _blocked(q, k, v, segment_ids, prefix_ids, block)
     q_block, k_block, count = pairs
 
-    def row_pair(p, m, l, acc, qb, kb, vb, seg, q_block, k_block, count):
+    def row_pair(p, m, l, acc, qb, kb, vb, seg, pre, q_block, k_block, count):
         i, j = q_block[p], k_block[p]
-        mask = pair_mask(i * block, seg[i], j * block, seg[j])
+        mask = pair_mask(i * block, seg[i], j * block, seg[j], _at(pre, i))
         s = jnp.where(mask, _scores(qb[i], kb[j], scale), NEG)
         m_new, l_new, acc_new = online_softmax.update(
             m[i], l[i], acc[i], s, mask, lambda probs: jnp.einsum(
@@ -103,22 +111,24 @@ def _forward(q, k, v, segment_ids, pairs, block: int):
                 l.at[i].set(jnp.where(live, l_new, l[i])),
                 acc.at[i].set(jnp.where(live, acc_new, acc[i])))
 
-    step = jax.vmap(row_pair, in_axes=(None,) + (0,) * 10)
+    step = jax.vmap(row_pair, in_axes=(None,) + (0,) * 11)
     m, l, acc = jax.lax.fori_loop(
-        0, jnp.max(count), lambda p, c: step(p, *c, qb, kb, vb, seg, q_block, k_block, count),
+        0, jnp.max(count),
+        lambda p, c: step(p, *c, qb, kb, vb, seg, pre, q_block, k_block, count),
         online_softmax.init_state(qb.shape[:-1], qb.shape))
     return online_softmax.finish(m, l, acc)
 
 
-def _backward(q, k, v, segment_ids, pairs, out, lse, d_out, block: int):
-    qb, kb, vb, seg, scale = _blocked(q, k, v, segment_ids, block)
+def _backward(q, k, v, segment_ids, prefix_ids, pairs, out, lse, d_out, block: int):
+    qb, kb, vb, seg, pre, scale = _blocked(q, k, v, segment_ids, prefix_ids, block)
     d_outb = _query_blocks(d_out, block, k.shape[2])
     delta = jnp.sum(d_outb.astype(jnp.float32) * _query_blocks(out, block, k.shape[2]), axis=-1)
     q_block, k_block, count = pairs
 
-    def row_pair(p, dq, dk, dv, qb, kb, vb, d_outb, delta, lse, seg, q_block, k_block, count):
+    def row_pair(p, dq, dk, dv, qb, kb, vb, d_outb, delta, lse, seg, pre, q_block, k_block,
+                 count):
         i, j = q_block[p], k_block[p]
-        mask = pair_mask(i * block, seg[i], j * block, seg[j]) & (p < count)
+        mask = pair_mask(i * block, seg[i], j * block, seg[j], _at(pre, i)) & (p < count)
         probs = jnp.where(mask, jnp.exp(_scores(qb[i], kb[j], scale) - lse[i][..., None]), 0.0)
         dv_j = jnp.einsum("kgqs,kgqh->ksh", probs.astype(d_outb.dtype), d_outb[i],
                           preferred_element_type=jnp.float32)
@@ -128,45 +138,50 @@ def _backward(q, k, v, segment_ids, pairs, out, lse, d_out, block: int):
         dk_j = jnp.einsum("kgqs,kgqh->ksh", ds, qb[i], preferred_element_type=jnp.float32)
         return dq.at[i].add(dq_i * scale), dk.at[j].add(dk_j * scale), dv.at[j].add(dv_j)
 
-    step = jax.vmap(row_pair, in_axes=(None,) + (0,) * 13)
+    step = jax.vmap(row_pair, in_axes=(None,) + (0,) * 14)
     grads = tuple(jnp.zeros(x.shape, jnp.float32) for x in (qb, kb, vb))
     dq, dk, dv = jax.lax.fori_loop(
         0, jnp.max(count),
-        lambda p, c: step(p, *c, qb, kb, vb, d_outb, delta, lse, seg, q_block, k_block, count),
+        lambda p, c: step(p, *c, qb, kb, vb, d_outb, delta, lse, seg, pre, q_block, k_block,
+                          count),
         grads)
     return dq, dk, dv
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _attention(q, k, v, segment_ids, block):
-    return _attention_fwd(q, k, v, segment_ids, block)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _attention(q, k, v, segment_ids, prefix_ids, block):
+    return _attention_fwd(q, k, v, segment_ids, prefix_ids, block)[0]
 
 
-def _attention_fwd(q, k, v, segment_ids, block):
+def _attention_fwd(q, k, v, segment_ids, prefix_ids, block):
     # The pair list is a residual: the backward walks the same pairs without rebuilding it.
-    pairs = _pair_list(segment_ids, block)
-    out, lse = _forward(q, k, v, segment_ids, pairs, block)
+    pairs = _pair_list(segment_ids, prefix_ids, block)
+    out, lse = _forward(q, k, v, segment_ids, prefix_ids, pairs, block)
     out = _from_query_blocks(out, q.shape[1]).astype(q.dtype)
-    return out, (q, k, v, segment_ids, pairs, out, lse)
+    return out, (q, k, v, segment_ids, prefix_ids, pairs, out, lse)
 
 
 def _attention_bwd(block, residuals, d_out):
-    q, k, v, segment_ids, pairs, out, lse = residuals
+    q, k, v, segment_ids, prefix_ids, pairs, out, lse = residuals
     length = q.shape[1]
-    dq, dk, dv = _backward(q, k, v, segment_ids, pairs, out, lse, d_out, block)
+    dq, dk, dv = _backward(q, k, v, segment_ids, prefix_ids, pairs, out, lse, d_out, block)
     return (_from_query_blocks(dq, length).astype(q.dtype),
             _from_key_blocks(dk, length).astype(k.dtype),
-            _from_key_blocks(dv, length).astype(v.dtype), None)
+            _from_key_blocks(dv, length).astype(v.dtype), None, None)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-def blocksparse_segment_attention(q, k, v, segment_ids, *, block: int = 128) -> jax.Array:
+def blocksparse_segment_attention(q, k, v, segment_ids, prefix_ids=None, *,
+                                  block: int = 128) -> jax.Array:
     """q [B, T, N, H], k/v [B, T, K, H] (N a multiple of K), segment_ids [B, T] int
-    (0 = padding) → [B, T, N, H] in q's dtype; T need not be a multiple of `block` (the tail
-    is padded with id 0 and cut off again)."""
+    (0 = padding), optional prefix_ids [B, T] (tree packing; None = none) → [B, T, N, H] in
+    q's dtype; T need not be a multiple of `block` (the tail is padded with id 0 and cut off
+    again)."""
     length = q.shape[1]
     q, k, v = (pad_to_blocks(x, block) for x in (q, k, v))
     segment_ids = pad_to_blocks(segment_ids.astype(jnp.int32), block)
-    return _attention(q, k, v, segment_ids, block)[:, :length]
+    if prefix_ids is not None:
+        prefix_ids = pad_to_blocks(prefix_ids.astype(jnp.int32), block)
+    return _attention(q, k, v, segment_ids, prefix_ids, block)[:, :length]

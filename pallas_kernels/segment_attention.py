@@ -6,6 +6,10 @@ segment ids [B, T] (0 = padding; a packed row holds sequences 1, 2, ...):
     out[t] = Σ_{s ∈ A(t)} softmax_s(q_t·k_sᵀ/√H) · v_s,
     A(t)   = {s ≤ t : seg[s] = seg[t]}   if seg[t] ≠ 0,   ∅ (out = 0) for padding
 
+Tree packing (``prefix_ids [B, T]``, 0 = none) widens A(t) by the query's shared prefix:
+{s ≤ t : seg[s] = seg[t] or seg[s] = pre[t] ≠ 0}, so each of a group's continuations reads
+the single copy of the group's prompt placed before them (``_segment_blocks``).
+
 Softmax statistics are float32 in every implementation; the output has q's dtype.
 
 Implementations (``impl``), all exact to the same formula:
@@ -59,12 +63,16 @@ def resolve_attention_impl(impl: str, platform: str | None = None) -> str:
     return {"cpu": "blocksparse", "tpu": "splash"}.get(platform, "pallas")
 
 
-def reference_segment_attention(q, k, v, segment_ids) -> jax.Array:
+def reference_segment_attention(q, k, v, segment_ids, prefix_ids=None) -> jax.Array:
     """Dense masked attention (module docstring's formula), zeros at padding queries."""
     length = q.shape[1]
     idx = jnp.arange(length)
-    seg = segment_ids[:, None, :, None]
-    mask = (idx[:, None] >= idx[None, :])[None, None] & (seg == segment_ids[:, None, None, :])
+    seg, keys = segment_ids[:, None, :, None], segment_ids[:, None, None, :]
+    same = seg == keys
+    if prefix_ids is not None:
+        pre = prefix_ids[:, None, :, None]
+        same = same | ((pre == keys) & (pre != 0))
+    mask = (idx[:, None] >= idx[None, :])[None, None] & same
     out = jax.nn.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask=mask)
     return jnp.where((segment_ids > 0)[:, :, None, None], out, jnp.zeros((), out.dtype))
 
@@ -87,20 +95,23 @@ def attention_block(impl: str, dtype, head_dim: int) -> int:
     return triton_block(dtype, head_dim) if impl in ("pallas", "cudnn") else BLOCK
 
 
-def segment_attention(q, k, v, segment_ids, *, impl: str = "auto", block: int | None = None,
-                      dkdv_grid: str = "kv_heads") -> jax.Array:
+def segment_attention(q, k, v, segment_ids, *, prefix_ids=None, impl: str = "auto",
+                      block: int | None = None, dkdv_grid: str = "kv_heads") -> jax.Array:
     """Causal attention within segments (module docstring); `segment_ids` None = one
-    sequence per row; `block` defaults to `attention_block` (for "pallas", what fits a GPU's
-    shared memory at q's dtype and head_dim); `dkdv_grid`: the "pallas" backward's dK/dV
-    layout (`_flash_attention_pallas`; other impls ignore it)."""
+    sequence per row; `prefix_ids` the tree layout's shared prefixes (None = none);
+    `block` defaults to `attention_block` (for "pallas", what fits a GPU's shared memory at
+    q's dtype and head_dim); `dkdv_grid`: the "pallas" backward's dK/dV layout
+    (`_flash_attention_pallas`; other impls ignore it)."""
     impl = resolve_attention_impl(impl)
     block = block or attention_block(impl, q.dtype, q.shape[-1])
     if segment_ids is None:
         segment_ids = jnp.ones(q.shape[:2], jnp.int32)
     if runs_dense(impl, q.shape[1], block, q.dtype):
-        return reference_segment_attention(q, k, v, segment_ids)
+        return reference_segment_attention(q, k, v, segment_ids, prefix_ids)
     if impl == "blocksparse":
-        return blocksparse_segment_attention(q, k, v, segment_ids, block=block)
+        return blocksparse_segment_attention(q, k, v, segment_ids, prefix_ids, block=block)
+    if prefix_ids is not None:
+        return _tree_kernel(impl, q, k, v, segment_ids, prefix_ids, block, dkdv_grid)
     interpret = jax.default_backend() == "cpu"
 
     def pallas(q, k, v, segment_ids):
@@ -117,6 +128,28 @@ def segment_attention(q, k, v, segment_ids, *, impl: str = "auto", block: int | 
     return per_shard(kernel, lambda mesh: _row_specs(mesh, q, k))(q, k, v, segment_ids)
 
 
+def _tree_kernel(impl, q, k, v, segment_ids, prefix_ids, block, dkdv_grid):
+    """Tree-packed rows on the accelerator paths: the GPU kernel walks each query block's
+    prefix and own key-block ranges; splash (TPU) takes the prefix ids too; cuDNN's packed
+    layout (one offset and length per sequence) cannot say "and that prefix", so its rows
+    run the GPU kernel, as the rows it cannot express already do."""
+    interpret = jax.default_backend() == "cpu"
+
+    def kernel(q, k, v, segment_ids, prefix_ids):
+        if impl == "splash":
+            return splash_segment_attention(q, k, v, segment_ids, prefix_ids=prefix_ids,
+                                            interpret=interpret)
+        return pallas_segment_attention(q, k, v, segment_ids, prefix_ids=prefix_ids,
+                                        block_q=block, block_k=block, interpret=interpret,
+                                        dkdv_grid=dkdv_grid)
+
+    def specs(mesh):
+        (x, _, _, ids), out = _row_specs(mesh, q, k)
+        return (x, x, x, ids, ids), out
+
+    return per_shard(kernel, specs)(q, k, v, segment_ids, prefix_ids)
+
+
 def _row_specs(mesh, q, k):
     """(in_specs, out_spec) of a kernel call on each device (`_per_shard`): rows over the
     batch axes, heads over the tensor axis, where they divide."""
@@ -124,11 +157,15 @@ def _row_specs(mesh, q, k):
     return (x, x, x, P(x[0], None)), x
 
 
-def attended_block_pairs(segment_ids, block: int | None = None) -> tuple[int, int]:
+def attended_block_pairs(segment_ids, block: int | None = None,
+                         prefix_ids=None) -> tuple[int, int]:
     """(block pairs the block-sparse paths compute, block pairs of the causal triangle) for
-    `segment_ids` [B, T], summed over rows: what a packed layout costs in attention."""
+    `segment_ids` [B, T] (and tree packing's `prefix_ids`), summed over rows: what a packed
+    layout costs in attention."""
     block = block or BLOCK
     ids = pad_to_blocks(jnp.asarray(segment_ids, jnp.int32), block)
-    needed = int(jnp.sum(needed_block_pairs(ids, block)))
+    if prefix_ids is not None:
+        prefix_ids = pad_to_blocks(jnp.asarray(prefix_ids, jnp.int32), block)
+    needed = int(jnp.sum(needed_block_pairs(ids, block, prefix=prefix_ids)))
     blocks = ids.shape[1] // block
     return needed, ids.shape[0] * blocks * (blocks + 1) // 2

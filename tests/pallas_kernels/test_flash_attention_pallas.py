@@ -7,6 +7,8 @@ Values are compared at non-padding queries (padding queries must be exactly 0); 
 random linear functional of the whole output are compared everywhere.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,6 +22,7 @@ from pallas_kernels._flash_attention_pallas import (
 from pallas_kernels.segment_attention import attention_block, reference_segment_attention
 from tests.pallas_kernels.attention_cases import packed_row as _packed_row
 from tests.pallas_kernels.attention_cases import token_level_needed as _token_level_needed
+from tests.pallas_kernels.attention_cases import tree_batch, tree_edge_batch, tree_token_mask
 
 
 def _segments(kind, batch, length, rng):
@@ -172,3 +175,121 @@ def test_gpu_block_follows_dtype_and_head_dim():
     assert triton_block(jnp.float32, 128) == 32 and triton_block(jnp.bfloat16, 256) == 64
     assert attention_block("pallas", jnp.float32, 64) == 64
     assert attention_block("blocksparse", jnp.float32, 64) == 128  # CPU: not the GPU's rule
+
+
+# ----------------------------------------------------------------------------- tree packing
+
+
+def _tree_ids():
+    """``tree_batch`` rows and ``tree_edge_batch`` rows padded to the same 512 tokens."""
+    return tuple(jnp.asarray(np.concatenate([a, b]))
+                 for a, b in zip(tree_batch(), tree_edge_batch(512), strict=True))
+
+
+@pytest.mark.parametrize("block,dkdv_grid,dtype,tol", [
+    (64, "kv_heads", jnp.float32, 1e-5),
+    (64, "query_heads", jnp.float32, 1e-5),
+    (128, "kv_heads", jnp.float32, 1e-5),
+    (128, "query_heads", jnp.float32, 1e-5),
+    (128, "kv_heads", jnp.bfloat16, 2e-2),
+])
+def test_tree_rows_match_dense_reference(block, dkdv_grid, dtype, tol):
+    """Prefix ids: each continuation reads its group's prefix and itself, never a sibling;
+    values and q/k/v gradients against the dense reference with the same prefix ids."""
+    seg, pre = _tree_ids()
+    q, k, v, w, _ = _inputs(seg.shape[0], seg.shape[1], 4, 2, 16, dtype, seed=block)
+
+    def kernel(q, k, v, seg):
+        return pallas_segment_attention(q, k, v, seg, prefix_ids=pre, block_q=block,
+                                        block_k=block, interpret=True, dkdv_grid=dkdv_grid)
+
+    def reference(q, k, v, seg):
+        return reference_segment_attention(q, k, v, seg, pre)
+
+    out, grads = _value_and_grads(kernel, q, k, v, seg, w)
+    f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+    out_ref, grads_ref = _value_and_grads(reference, *f32, seg, w)
+
+    assert out.dtype == dtype and all(g.dtype == dtype for g in grads)
+    real = np.asarray(seg) != 0
+    out_np = np.asarray(out, np.float32)
+    assert np.all(out_np[~real] == 0.0), "padding queries must output exactly 0"
+    assert _rel_err(out_np[real], np.asarray(out_ref)[real]) < tol
+    for name, g, g_ref in zip("qkv", grads, grads_ref, strict=True):
+        assert _rel_err(g, g_ref) < tol, name
+        assert np.all(np.asarray(g, np.float32)[~real] == 0.0), name
+
+
+@pytest.mark.parametrize("dkdv_grid", ["kv_heads", "query_heads"])
+def test_tree_kernel_is_exact_for_arbitrary_prefix_ids(dkdv_grid):
+    """Scattered, non-monotone ids and prefix ids (some equal to the query's own id, some
+    naming later segments): the two ranges are then a superset of the needed blocks, and the
+    in-pair mask keeps the result exact."""
+    q, k, v, w, rng = _inputs(2, 100, 4, 2, 16, jnp.float32, seed=11)
+    seg = jnp.asarray(rng.integers(0, 4, size=(2, 100)), jnp.int32)
+    pre = jnp.asarray(rng.integers(0, 4, size=(2, 100)), jnp.int32)
+
+    def kernel(q, k, v, seg):
+        return pallas_segment_attention(q, k, v, seg, prefix_ids=pre, block_q=32, block_k=16,
+                                        interpret=True, dkdv_grid=dkdv_grid)
+
+    def reference(q, k, v, seg):
+        return reference_segment_attention(q, k, v, seg, pre)
+
+    out, grads = _value_and_grads(kernel, q, k, v, seg, w)
+    out_ref, grads_ref = _value_and_grads(reference, q, k, v, seg, w)
+    real = np.asarray(seg) != 0
+    assert _rel_err(np.asarray(out)[real], np.asarray(out_ref)[real]) < 1e-5
+    for name, g, g_ref in zip("qkv", grads, grads_ref, strict=True):
+        assert _rel_err(g, g_ref) < 1e-5, name
+
+
+def _visits(kv_bounds, nk):
+    """[B, nq, nk] int: how often the forward/dq loops of each query block visit each key
+    block, over the ranges in ``kv_bounds [B, nq, 2·r]``."""
+    j = np.arange(nk)
+    kv_bounds = np.asarray(kv_bounds)
+    return sum(((kv_bounds[..., r, None] <= j) & (j < kv_bounds[..., r + 1, None])).astype(int)
+               for r in range(0, kv_bounds.shape[-1], 2))
+
+
+@pytest.mark.parametrize("block", [32, 64, 128])
+def test_tree_ranges_visit_exactly_the_attended_block_pairs(block):
+    """On tree rows the two key-block ranges of each query block visit every block pair
+    holding an attended (query, key) once and no other (earlier siblings' blocks are
+    skipped), and each key block's query-block range is exactly the query blocks reading
+    it. ``tree_edge_batch`` holds blocks whose own keys start before their prefix's."""
+    for seg, pre in (tree_batch(), tree_edge_batch()):
+        kv_bounds, q_bounds = block_bounds(jnp.asarray(seg), block, block, jnp.asarray(pre))
+        b, length = seg.shape
+        nb = length // block
+        attended = tree_token_mask(seg, pre).reshape(b, nb, block, nb, block).any(axis=(2, 4))
+        assert kv_bounds.shape == (b, nb, 4) and q_bounds.shape == (b, nb, 2)
+        np.testing.assert_array_equal(_visits(kv_bounds, nb), attended.astype(int))
+        i = np.arange(nb)[None, :, None]
+        q_bounds = np.asarray(q_bounds)
+        in_q = (q_bounds[:, None, :, 0] <= i) & (i < q_bounds[:, None, :, 1])
+        np.testing.assert_array_equal(in_q, attended)
+
+
+def test_tree_continuation_skips_its_siblings_blocks():
+    """``sibling_between`` at 64-token blocks: prefix in block 0, the first continuation in
+    blocks 0-2, the second in block 3. Block 3 visits the prefix's block and its own; a
+    single range from the first needed block to the last would also visit 1 and 2."""
+    seg, pre = tree_edge_batch()
+    kv_bounds, _ = block_bounds(jnp.asarray(seg), 64, 64, jnp.asarray(pre))
+    assert np.asarray(kv_bounds)[2, 3].tolist() == [0, 1, 3, 4]
+    flat, _ = block_bounds(jnp.asarray(seg), 64, 64)
+    assert np.asarray(flat)[2, 3].tolist() == [3, 4]  # without the prefix: its own only
+
+
+def test_tree_kernel_without_prefixes_is_the_flat_kernel():
+    """All-zero prefix ids: the prefix range is empty and the own range is the flat one, so
+    the same blocks are visited in the same order: the same bits as the flat kernel."""
+    q, k, v, _, rng = _inputs(2, 100, 4, 2, 16, jnp.float32, seed=9)
+    seg = _segments("packed", 2, 100, rng)
+    attend = functools.partial(pallas_segment_attention, block_q=32, block_k=32,
+                               interpret=True)
+    np.testing.assert_array_equal(
+        np.asarray(attend(q, k, v, seg, prefix_ids=jnp.zeros_like(seg))),
+        np.asarray(attend(q, k, v, seg)))

@@ -22,6 +22,7 @@ from pallas_kernels import masked_ppo_loss, pallas_token_logprobs
 from pallas_kernels._cudnn_attention import cudnn_segment_attention
 from pallas_kernels._flash_attention_pallas import pallas_segment_attention, triton_block
 from pallas_kernels._splash_attention import splash_segment_attention
+from tests.pallas_kernels.attention_cases import tree_batch
 
 TRITON = "__gpu$xla.gpu.triton"
 MOSAIC = "tpu_custom_call"
@@ -58,6 +59,27 @@ def test_segment_attention_kernel_lowers_to_triton(dtype, dkdv_grid):
     def attend(q, k, v, seg):
         return pallas_segment_attention(q, k, v, seg, block_q=block, block_k=block,
                                         dkdv_grid=dkdv_grid)
+
+    text = _lowered(_attention_grad(attend, seg), q, k, k, platform="cuda")
+    assert text.count(TRITON) == 3  # forward, dq, dk/dv
+
+
+def _tree_ids(batch=2):
+    """Segment and prefix ids of the first ``batch`` tree-packed rows of 512 tokens."""
+    return tuple(jnp.asarray(x[:batch]) for x in tree_batch(512))
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("dkdv_grid", ["kv_heads", "query_heads"])
+def test_tree_segment_attention_kernel_lowers_to_triton(dtype, dkdv_grid):
+    """With prefix ids: the prefix input and the forward's and dq's two key-block loops."""
+    q, k, _ = _qkv(dtype)
+    seg, pre = _tree_ids()
+    block = triton_block(dtype, q.shape[-1])
+
+    def attend(q, k, v, seg):
+        return pallas_segment_attention(q, k, v, seg, prefix_ids=pre, block_q=block,
+                                        block_k=block, dkdv_grid=dkdv_grid)
 
     text = _lowered(_attention_grad(attend, seg), q, k, k, platform="cuda")
     assert text.count(TRITON) == 3  # forward, dq, dk/dv
@@ -103,6 +125,23 @@ def test_splash_attention_lowers_to_mosaic():
     text = _lowered(_attention_grad(lambda *a: splash_segment_attention(*a), seg), q, k, k,
                     platform="tpu")
     assert text.count(MOSAIC) >= 3  # forward, dq, dk/dv
+
+
+def test_splash_tree_attention_lowers_to_mosaic():
+    q, k, _ = _qkv(jnp.bfloat16)
+    seg, pre = _tree_ids()
+
+    def attend(q, k, v, seg):
+        return splash_segment_attention(q, k, v, seg, prefix_ids=pre)
+
+    text = _lowered(_attention_grad(attend, seg), q, k, k, platform="tpu")
+    # Two passes (own segment, prefix): splash's jitted forward is one function called
+    # twice, and each pass has its own dq and dk/dv kernels.
+    assert text.count("call @_splash_attention(") == 2
+    assert text.count(MOSAIC) == 5
+    names = re.findall(r'splash_mha_\w+', text)
+    assert names.count("splash_mha_dq_segmented_no_residuals") == 2
+    assert names.count("splash_mha_dkv_segmented_no_residuals") == 2
 
 
 def test_cudnn_packed_attention_lowers_with_its_fallback(monkeypatch):

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from pallas_kernels._blocksparse_attention import _pair_list
+from pallas_kernels._segment_blocks import needed_block_pairs
 from pallas_kernels.segment_attention import (
     attended_block_pairs,
     blocksparse_segment_attention,
@@ -14,7 +15,13 @@ from pallas_kernels.segment_attention import (
     resolve_attention_impl,
     segment_attention,
 )
-from tests.pallas_kernels.attention_cases import packed_row, token_level_needed
+from tests.pallas_kernels.attention_cases import (
+    packed_row,
+    token_level_needed,
+    tree_attention_written_out,
+    tree_batch,
+    tree_token_mask,
+)
 
 
 def _packed_ids(lengths_per_row, row_len):
@@ -137,7 +144,7 @@ def test_a_row_of_many_short_segments_costs_a_band_not_the_triangle():
     assert causal == 8 * 9 // 2 == 36
     assert needed <= 2 * 8 - 1
     assert needed == _brute_force_block_pairs(ids, 128)
-    _, _, count = _pair_list(jnp.asarray(ids), 128)
+    _, _, count = _pair_list(jnp.asarray(ids), None, 128)
     assert int(jnp.max(count)) == needed  # the loop's trip count
 
 
@@ -165,3 +172,67 @@ def test_every_impl_through_the_dispatcher_matches_dense(impl):
     out = segment_attention(q, k, v, ids, impl=impl, block=32)
     np.testing.assert_allclose(np.asarray(out),
                                np.asarray(reference_segment_attention(q, k, v, ids)), atol=2e-5)
+
+
+# ----------------------------------------------------------------------------- tree packing
+
+
+def test_tree_reference_matches_attention_written_out():
+    """Continuations read their own tokens and their group's one prefix, nothing else."""
+    rng = np.random.default_rng(6)
+    seg, pre = tree_batch()
+    q, k, v = _qkv(rng, *seg.shape, 4, 2, 8, jnp.float32)
+    out = reference_segment_attention(q, k, v, jnp.asarray(seg), jnp.asarray(pre))
+    np.testing.assert_allclose(np.asarray(out), tree_attention_written_out(q, k, v, seg, pre),
+                               atol=2e-5)
+
+
+@pytest.mark.parametrize("block", [64, 128])
+def test_tree_blocksparse_values_and_gradients_match_dense(block):
+    rng = np.random.default_rng(7)
+    seg, pre = (jnp.asarray(x) for x in tree_batch())
+    q, k, v = _qkv(rng, *seg.shape, 4, 2, 16, jnp.float32)
+    weights = jnp.asarray(rng.normal(size=q.shape) * (np.asarray(seg) > 0)[..., None, None],
+                          jnp.float32)
+
+    def loss(fn):
+        return lambda q, k, v: jnp.sum(fn(q, k, v) * weights)
+
+    def sparse(q, k, v):
+        return blocksparse_segment_attention(q, k, v, seg, pre, block=block)
+
+    def dense(q, k, v):
+        return reference_segment_attention(q, k, v, seg, pre)
+
+    np.testing.assert_allclose(np.asarray(sparse(q, k, v)), np.asarray(dense(q, k, v)),
+                               atol=2e-6)
+    grads = jax.grad(loss(sparse), argnums=(0, 1, 2))(q, k, v)
+    expected = jax.grad(loss(dense), argnums=(0, 1, 2))(q, k, v)
+    for got, want in zip(grads, expected, strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=5e-6)
+
+
+@pytest.mark.parametrize("block", [64, 128])
+def test_tree_block_pairs_are_exactly_the_attended_ones(block):
+    """The skip rule keeps the pairs a continuation needs in its prefix and drops its
+    siblings' blocks: on tree rows the needed pairs equal a brute-force count."""
+    seg, pre = tree_batch()
+    brute = tree_token_mask(seg, pre).reshape(
+        seg.shape[0], 512 // block, block, 512 // block, block).any(axis=(2, 4))
+    needed = np.asarray(needed_block_pairs(jnp.asarray(seg), block, prefix=jnp.asarray(pre)))
+    np.testing.assert_array_equal(needed, brute)
+    flat = np.asarray(needed_block_pairs(jnp.asarray(seg), block))
+    assert np.all(flat <= needed)  # the prefix adds pairs, never removes one
+
+
+def test_tree_through_the_dispatcher_and_without_prefixes_is_flat():
+    rng = np.random.default_rng(8)
+    seg, pre = (jnp.asarray(x) for x in tree_batch())
+    q, k, v = _qkv(rng, *seg.shape, 2, 1, 8, jnp.float32)
+    out = segment_attention(q, k, v, seg, prefix_ids=pre, impl="blocksparse", block=128)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(
+        reference_segment_attention(q, k, v, seg, pre)), atol=2e-6)
+    zeros = jnp.zeros_like(pre)  # no prefix anywhere: exactly the flat layout's attention
+    np.testing.assert_array_equal(
+        np.asarray(segment_attention(q, k, v, seg, prefix_ids=zeros, impl="blocksparse")),
+        np.asarray(segment_attention(q, k, v, seg, impl="blocksparse")))
