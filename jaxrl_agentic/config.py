@@ -207,6 +207,12 @@ def default_config() -> ml_collections.ConfigDict:
     # on the next block edge when the row's slack allows it without a computed slot more:
     # the same rows, fewer attention block pairs (data.buckets.row_starts)
     c.align_when_free = True
+    # Tree packing: a group's common prompt is computed once per row and its members'
+    # continuations attend to it (data/tree_packing.py); implies group_minibatches.
+    c.share_group_prefix = False
+    # Mini-batches take whole groups (samples with one prompt), shuffled as groups, instead
+    # of single samples: the split tree packing needs, without tree packing.
+    c.group_minibatches = False
     # Micro-batch counts are rounded up to a multiple of this (0 = next power of two): a
     # handful of compiled shapes, without doubling the rows as powers of two can.
     c.rows_bucket = 4
@@ -298,7 +304,8 @@ def validate(c) -> None:
     _positive(c, "sample_align", allow_zero=True)
     _positive(c, "row_prefixes", allow_zero=True)
     _choice(c, "param_dtype", DTYPES)
-    for field in ("untie_word_embeddings", "align_when_free"):
+    for field in ("untie_word_embeddings", "align_when_free", "share_group_prefix",
+                  "group_minibatches"):
         if not isinstance(c[field], bool):
             _fail(field, f"must be True or False, got {c[field]!r}")
     for field in ("max_steps", "ppo_epochs", "mini_batch_size", "max_input_length",

@@ -92,6 +92,8 @@ def packing_config(c, pad_token_id: int = 0) -> PackingConfig:
         sample_align=sample_align(c),
         row_prefixes=c.row_prefixes,
         align_when_free=c.align_when_free,
+        share_group_prefix=c.share_group_prefix,
+        group_minibatches=c.group_minibatches,
     )
 
 

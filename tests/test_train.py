@@ -128,6 +128,23 @@ def test_sigkill_and_resume_reproduces_the_uninterrupted_run(reference_run, tmp_
     assert [comparable(r) for r in got] == [comparable(r) for r in expected]
 
 
+def test_tree_packing_learns_as_the_flat_layout_does(reference_run, tmp_path):
+    """Three steps with each group's first prompt computed once per row: every learning
+    metric is the flat run's to rounding (one mini-batch a step here, so both layouts
+    update on the same samples), and fewer tokens are computed."""
+    out = str(tmp_path / "tree")
+    args = [*tiny_overrides("frozen_lake", out, STEPS), "--config.share_group_prefix=True"]
+    assert train.main(["train", *args]) == 0
+    flat, tree = read_metrics(reference_run), check_outputs(out, STEPS)
+    for a, b in zip(flat, tree, strict=True):
+        assert b["tokens/shared_saved"] > 0 and a["tokens/shared_saved"] == 0
+        assert b["tokens/computed"] <= a["tokens/computed"]
+        assert b["tokens/real"] == a["tokens/real"]
+        for key, value in comparable(a).items():
+            if not key.startswith(("tokens/", "perf/", "batch/")):
+                assert b[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
+
+
 def test_evaluate_reproduces_the_runs_final_eval(reference_run, capsys):
     from jaxrl_agentic import evaluate
 

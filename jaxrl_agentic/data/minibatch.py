@@ -16,6 +16,7 @@ import numpy as np
 
 from jaxrl_agentic.data.buckets import bucket_rows, round_up_to_bucket
 from jaxrl_agentic.data.packing import PackedBatch, PackingConfig, pad_rows, spread_rows
+from jaxrl_agentic.data.tree_packing import prefix_groups
 from jaxrl_agentic.data.types import Sample
 
 
@@ -30,18 +31,26 @@ def updates_per_step(num_samples: int, mini_batch_size: int, ppo_epochs: int) ->
 
 
 def split_minibatches(
-    samples: Sequence[Sample], mini_batch_size: int, ppo_epochs: int, rng: np.random.Generator
+    samples: Sequence[Sample], mini_batch_size: int, ppo_epochs: int, rng: np.random.Generator,
+    *, keep_groups: bool = False,
 ) -> list[list[Sample]]:
     """Shuffles the samples once per epoch and cuts each epoch into mini-batches.
 
     Returns ``ppo_epochs · ceil(n / mini_batch_size)`` lists; within an epoch every sample
     appears exactly once and only the last mini-batch may be smaller. The reductions
     normalise per mini-batch, so a short last mini-batch is still an unbiased update.
+    ``keep_groups``: the shuffle moves whole prefix groups (``tree_packing.prefix_groups``,
+    members in their order), so a group is cut only where a mini-batch boundary falls inside
+    it: what tree packing needs to find a group's members together.
     """
     updates_per_step(len(samples), mini_batch_size, ppo_epochs)  # validates arguments
+    groups = [g for g, _ in prefix_groups(samples)] if keep_groups else None
     minibatches = []
     for _ in range(ppo_epochs):
-        order = rng.permutation(len(samples))
+        if groups is None:
+            order = rng.permutation(len(samples))
+        else:
+            order = [i for g in rng.permutation(len(groups)) for i in groups[g]]
         for start in range(0, len(samples), mini_batch_size):
             minibatches.append([samples[i] for i in order[start : start + mini_batch_size]])
     return minibatches

@@ -35,6 +35,7 @@ from jaxrl_agentic.data.buckets import (
     round_up_to_bucket,
     row_starts,
 )
+from jaxrl_agentic.data.tree_packing import assemble_tree_rows, tree_parts
 from jaxrl_agentic.data.types import Sample, truncate_sample
 
 # Per-token fields copied from each Sample into the batch; the optional ones stay None in
@@ -77,7 +78,11 @@ class PackingConfig:
     more 128-token attention block than its length needs starts on the next block edge
     instead, when the row's slack allows it without adding a computed slot
     (:func:`row_starts`): the same rows and slots, fewer attention block pairs (388 → 354
-    on ``bench_packing.py``'s 2,048-token rows).
+    on ``bench_packing.py``'s 2,048-token rows). ``share_group_prefix``: samples that start
+    with the same prompt (a group) are tree-packed (``data/tree_packing.py``, :func:`pack_tree`):
+    the prompt once per row, the continuations after it; ``sample_align`` and
+    ``align_when_free`` then do not apply. It implies ``group_minibatches``: mini-batches are
+    cut from a shuffle of whole groups, so a group's members meet in one mini-batch.
 
     A rule that fails raises ``ValueError("<field>: <why>")``; ``config.validate`` reports it
     as ``config.<field>: <why>``.
@@ -94,6 +99,13 @@ class PackingConfig:
     sample_align: int = 1
     row_prefixes: int = 2
     align_when_free: bool = True
+    share_group_prefix: bool = False
+    group_minibatches: bool = False
+
+    @property
+    def keeps_groups(self) -> bool:
+        """Whether mini-batches take whole prompt groups (``minibatch.split_minibatches``)."""
+        return self.share_group_prefix or self.group_minibatches
 
     def __post_init__(self):
         if self.sequence_length < 1:
@@ -117,6 +129,10 @@ class PackingConfig:
             raise ValueError(f"loss_slots: must lie in [0, micro_batch_max_tokens="
                              f"{self.micro_batch_max_tokens}] (0 = no limit), got "
                              f"{self.loss_slots}")
+
+    def batch_keys(self, keys: Sequence[str]) -> tuple[str, ...]:
+        """``keys`` of a program's batch, with ``prefix_ids`` when rows are tree-packed."""
+        return tuple(keys) + (("prefix_ids",) if self.share_group_prefix else ())
 
     @property
     def loss_slots_per_row(self) -> int:
@@ -144,8 +160,14 @@ class PackingConfig:
         for row in self.row_lengths():
             if row < max(lengths):
                 break
-            rows = first_fit_decreasing(footprints(lengths, self.sample_align, row), row,
-                                        loads=loads, load_capacity=self.loss_slots_for(row))
+            if self.share_group_prefix:
+                parts = tree_parts(samples, lengths, loads, row, self.loss_slots_for(row))
+                items = [p.length(lengths) for p in parts]
+                part_loads = [sum(loads[i] for i in p.members) for p in parts]
+            else:
+                items, part_loads = footprints(lengths, self.sample_align, row), loads
+            rows = first_fit_decreasing(items, row, loads=part_loads,
+                                        load_capacity=self.loss_slots_for(row))
             costs[row] = len(rows) * row
         return min(costs, key=lambda row: (costs[row], -row))
 
@@ -157,6 +179,13 @@ class PackingConfig:
              rows_bucket: int | None = None) -> PackedBatch:
         """:func:`pack_samples` with these settings, at :meth:`row_len_for` ``samples``."""
         row = self.row_len_for(samples)
+        if self.share_group_prefix:
+            return self._fit_loss_slots(pack_tree(
+                samples, micro_batch_max_tokens=row,
+                sequence_length=min(self.sequence_length, row),
+                rows_bucket=self.rows_bucket if rows_bucket is None else rows_bucket,
+                num_rows=num_rows, pad_token_id=self.pad_token_id,
+                loss_slots=self.loss_slots_for(row) if self.loss_slots else 0))
         batch = pack_samples(
             samples,
             micro_batch_max_tokens=row,
@@ -171,6 +200,9 @@ class PackingConfig:
             block_align=ATTENTION_BLOCK if self.align_when_free else 0,
             row_prefixes=self.row_prefixes,
         )
+        return self._fit_loss_slots(batch)
+
+    def _fit_loss_slots(self, batch: PackedBatch) -> PackedBatch:
         if self.loss_slots and self.row_len_buckets > 1:
             # Rows sized to the batch, and their loss slots too: the LM head runs at every
             # slot, so 768 loss tokens in a row capped at 2,048 slots would pay for 2,048.
@@ -219,6 +251,12 @@ class PackedBatch:
 
     ``num_truncated``: how many input samples were cut to ``sequence_length``;
     ``loss_slots``: the width of :meth:`loss_index` (0 = ``row_len``).
+
+    Tree packing (:func:`pack_tree`) adds ``prefix_ids`` (``[n_micro, row_len]``: the segment
+    id of the shared prefix a continuation token also attends to, 0 elsewhere),
+    ``seg_offset`` (where in its sample a segment's first token is: the shared length for a
+    continuation, else 0) and ``shared_saved`` (tokens the flat layout would compute more);
+    flat batches leave them None / 0.
     """
 
     tokens: np.ndarray
@@ -237,6 +275,9 @@ class PackedBatch:
     sample_index: np.ndarray
     num_truncated: int = 0
     loss_slots: int = 0
+    prefix_ids: np.ndarray | None = None
+    seg_offset: np.ndarray | None = None
+    shared_saved: int = 0
 
     @property
     def num_micro_batches(self) -> int:
@@ -249,7 +290,8 @@ class PackedBatch:
     def token_arrays(self) -> dict[str, np.ndarray]:
         """The ``[n_micro, row_len]`` arrays the train step consumes (None fields left out)."""
         names = ("tokens", "positions", "segment_ids", *_REQUIRED_TOKEN_FIELDS)
-        names += tuple(n for n in _OPTIONAL_TOKEN_FIELDS if getattr(self, n) is not None)
+        names += tuple(n for n in (*_OPTIONAL_TOKEN_FIELDS, "prefix_ids")
+                       if getattr(self, n) is not None)
         return {name: getattr(self, name) for name in names}
 
     def device_arrays(self) -> dict[str, np.ndarray]:
@@ -460,6 +502,32 @@ def pack_samples(
     )
 
 
+def pack_tree(samples: Sequence[Sample], *, micro_batch_max_tokens: int, sequence_length: int,
+              rows_bucket: int = 0, num_rows: int | None = None, pad_token_id: int = 0,
+              loss_slots: int = 0) -> PackedBatch:
+    """Tree packing (``data/tree_packing.py``): like :func:`pack_samples`, but each group of
+    samples with one prompt writes it once per row and its continuations after it."""
+    if not samples and num_rows is None:
+        raise ValueError("pack_tree got no samples (pass num_rows for an all-padding batch)")
+    cut, num_truncated = truncate_samples(samples, sequence_length)
+    lengths = [len(s) for s in cut]
+    loads = loss_loads(cut, lengths, loss_slots)
+    load_capacity = loss_slots or micro_batch_max_tokens
+    parts = tree_parts(cut, lengths, loads, micro_batch_max_tokens, load_capacity)
+    rows = first_fit_decreasing([p.length(lengths) for p in parts], micro_batch_max_tokens,
+                                loads=[sum(loads[i] for i in p.members) for p in parts],
+                                load_capacity=load_capacity)
+    arrays = assemble_tree_rows(
+        cut, parts, rows, num_rows=resolve_num_rows(len(rows), num_rows, rows_bucket,
+                                                    "pack_tree"),
+        row_len=micro_batch_max_tokens, pad_token_id=pad_token_id,
+        optional_fields=common_optional_fields(cut))
+    optional = {n: arrays.get(n) for n in _OPTIONAL_TOKEN_FIELDS}
+    return PackedBatch(**{k: v for k, v in arrays.items() if k not in optional}, **optional,
+                       num_truncated=num_truncated, loss_slots=loss_slots,
+                       shared_saved=sum(p.saved() for p in parts))
+
+
 def pad_rows(
     batch: PackedBatch, num_rows: int, max_segments: int | None = None, pad_token_id: int = 0
 ) -> PackedBatch:
@@ -514,8 +582,8 @@ def token_stats(batches: PackedBatch | Sequence[PackedBatch]) -> dict[str, float
     a micro-batch, as from :func:`dynamic_batches`). Returns ``real_tokens`` (segment id >
     0), ``loss_tokens`` (Σ loss_mask), ``computed_slots`` (Σ rows × row_len, padding
     included), ``efficiency = real_tokens / computed_slots``, ``max_micro_batch_real_tokens``,
-    ``padded_seq_len`` (longest row), ``num_micro_batches``, ``num_segments`` and
-    ``num_truncated``.
+    ``padded_seq_len`` (longest row), ``num_micro_batches``, ``num_segments``,
+    ``num_truncated`` and ``shared_saved`` (tokens tree packing did not compute).
     """
     if isinstance(batches, PackedBatch):
         per_micro = [int(n) for n in (batches.segment_ids > 0).sum(axis=1)]
@@ -534,4 +602,5 @@ def token_stats(batches: PackedBatch | Sequence[PackedBatch]) -> dict[str, float
         "num_micro_batches": float(len(per_micro)),
         "num_segments": float(sum((b.sample_index >= 0).sum() for b in batches)),
         "num_truncated": float(sum(b.num_truncated for b in batches)),
+        "shared_saved": float(sum(b.shared_saved for b in batches)),
     }

@@ -26,9 +26,10 @@ class ValueModel(nnx.Module):
         self.head = nnx.Linear(cfg.hidden_size, 1, kernel_init=nnx.initializers.zeros,
                                rngs=rngs)
 
-    def values(self, tokens, positions, segment_ids=None) -> jnp.ndarray:
+    def values(self, tokens, positions, segment_ids=None, prefix_ids=None) -> jnp.ndarray:
         """[B, T] float32: value after reading each token (see module doc)."""
-        hidden = self.backbone.hidden_states(tokens, positions, segment_ids)
+        hidden = self.backbone.hidden_states(tokens, positions, segment_ids,
+                                             prefix_ids=prefix_ids)
         return self.head(hidden.astype(jnp.float32))[..., 0]
 
 

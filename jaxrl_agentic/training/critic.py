@@ -125,7 +125,8 @@ def packed_state_values(graphdef, params, micro: dict[str, jax.Array]) -> jax.Ar
     """``[B, T]`` fp32 ``V_k = values_after[k − 1]`` within each segment, 0 on a segment's
     first token and on padding (module doc)."""
     model = nnx.merge(graphdef, params)
-    after = model.values(micro["tokens"], micro["positions"], micro["segment_ids"])
+    after = model.values(micro["tokens"], micro["positions"], micro["segment_ids"],
+                         micro.get("prefix_ids"))
     return jnp.where(has_predecessor(micro["segment_ids"]), state_values(after), 0.0)
 
 
@@ -204,7 +205,7 @@ def make_value_loss_and_grads(graphdef, config: CriticConfig, mesh=None):
             sums, denominator = loss.micro_sums(p, micro, None)
             return loss.objective(sums), (sums, denominator)
 
-        batch = {k: batch[k] for k in CRITIC_BATCH_KEYS}
+        batch = {k: batch[k] for k in config.packing.batch_keys(CRITIC_BATCH_KEYS)}
         return accumulate_gradients(objective, params, batch, loss.zero_sums, mesh,
                                     config.packing.row_prefixes)
 
@@ -218,13 +219,14 @@ def make_critic_train_step(graphdef, config: CriticConfig, mesh, state_shardings
                             state_shardings)
 
 
-def make_compute_values(graphdef, mesh, param_shardings, halvings: int = 0):
+def make_compute_values(graphdef, mesh, param_shardings, halvings: int = 0,
+                        keys=VALUE_BATCH_KEYS):
     """Jitted ``compute_values(params, batch) -> [n_micro, row_len]`` fp32 ``V_k`` (module
     doc; 0 on each segment's first token and on padding), rows scanned in groups of
     ``data · fsdp`` like the train step (each on its prefix: ``halvings`` =
     ``PackingConfig.row_prefixes``)."""
     return make_per_token(lambda params, micro: packed_state_values(graphdef, params, micro),
-                          VALUE_BATCH_KEYS, mesh, param_shardings, halvings)
+                          keys, mesh, param_shardings, halvings)
 
 
 # ----------------------------------------------------------------------------- host side
@@ -278,16 +280,19 @@ class Critic(EngineDriver):
         state = init_critic_state(value_params, config)
         shardings = train_state_shardings(state, self.mesh)
         self.engine = UpdateEngine(state, value_update_loss(self.graphdef, config), config,
-                                   self.mesh, shardings, CRITIC_BATCH_KEYS)
-        self.compute_values = make_compute_values(self.graphdef, self.mesh, shardings.params,
-                                                  config.packing.row_prefixes)
+                                   self.mesh, shardings,
+                                   config.packing.batch_keys(CRITIC_BATCH_KEYS))
+        self.compute_values = make_compute_values(
+            self.graphdef, self.mesh, shardings.params, config.packing.row_prefixes,
+            config.packing.batch_keys(VALUE_BATCH_KEYS))
 
     # ---- values -----------------------------------------------------------------------------
     def sample_values(self, samples: Sequence[Sample]) -> list[np.ndarray]:
         """Per-sample ``[len(sample)]`` fp32 ``V_k`` (the value of the state token ``k`` was
         generated in); 0 on each sample's first token and beyond ``sequence_length``."""
         return per_sample_outputs(samples, self.config.packing, self.mesh, self.compute_values,
-                                  self.state.params, VALUE_BATCH_KEYS)
+                                  self.state.params,
+                                  self.config.packing.batch_keys(VALUE_BATCH_KEYS))
 
     # ---- one pipeline step ------------------------------------------------------------------
     def step(

@@ -198,7 +198,7 @@ def _hidden_and_head(graphdef, params, micro, remat: str = "none",
     # the sampler's by the head's bf16 rounding (5e-3 mean at the Qwen2.5-0.5B shape).
     return nnx.merge(graphdef, params).hidden_and_head(
         micro["tokens"], micro["positions"], micro["segment_ids"], remat=remat,
-        attention_impl=attention_impl)
+        attention_impl=attention_impl, prefix_ids=micro.get("prefix_ids"))
 
 
 def gather_loss_positions(micro: dict[str, jax.Array]):
@@ -346,7 +346,8 @@ def make_compute_logprobs(graphdef, config: LearnerConfig, mesh, param_shardings
             logprobs.reshape(b, -1).astype(_F32), mode="drop")
         return _shift_right(out)
 
-    return make_per_token(rows_logprobs, LOGPROB_BATCH_KEYS, mesh, param_shardings,
+    return make_per_token(rows_logprobs, config.packing.batch_keys(LOGPROB_BATCH_KEYS), mesh,
+                          param_shardings,
                           config.packing.row_prefixes, compiler_options)
 
 
@@ -376,7 +377,8 @@ class Learner(EngineDriver):
         shardings = train_state_shardings(state, self.mesh)
         frozen_shardings = None if frozen is None else train_state_shardings(frozen, self.mesh)
         model_shardings = full_params(shardings.params, frozen_shardings)
-        batch_keys = TRAIN_BATCH_KEYS + (("ref_logprobs",) if config.uses_reference else ())
+        batch_keys = config.packing.batch_keys(
+            TRAIN_BATCH_KEYS + (("ref_logprobs",) if config.uses_reference else ()))
         # In bf16 on CPU these programs are compiled as the sampler's are (`_same_bits`), so
         # the recomputed logprobs are the sampler's to float32 noise.
         options = compiler_options(dtype)
@@ -423,7 +425,8 @@ class Learner(EngineDriver):
         if params is None:
             raise ValueError("no reference parameters: the config uses no KL")
         return per_sample_outputs(samples, self.config.packing, self.mesh,
-                                  compute, params, LOGPROB_BATCH_KEYS)
+                                  compute, params,
+                                  self.config.packing.batch_keys(LOGPROB_BATCH_KEYS))
 
     def fill_ref_logprobs(self, samples: Sequence[Sample]) -> list[Sample]:
         """Samples with ``ref_logprobs`` from the frozen reference (on generated tokens)."""
@@ -486,7 +489,10 @@ class Learner(EngineDriver):
                 "optim/updates_this_step": float(
                     updates_per_step(len(samples), cfg.mini_batch_size, cfg.ppo_epochs)),
                 "optim/nonfinite_updates": float(sum(int(m["nonfinite"]) for m in per_update)),
-                "tokens/real": sum(s["real_tokens"] for s in stats),
+                # The samples' tokens, whatever the layout computed of them: tree packing
+                # computes a group's shared prompt once (tokens/shared_saved fewer).
+                "tokens/real": sum(s["real_tokens"] + s["shared_saved"] for s in stats),
+                "tokens/shared_saved": sum(s["shared_saved"] for s in stats),
                 "tokens/loss": float(sum(float(m["tokens"]) for m in per_update)),
                 "tokens/computed": float(sum(computed_slots(b, self.mesh, cfg.packing.row_prefixes)
                                              for b in packed)),

@@ -73,5 +73,8 @@ def per_sample_outputs(samples: Sequence[Sample], packing: PackingConfig, mesh, 
     out = [np.zeros(len(s), np.float32) for s in samples]
     for row, column in zip(*np.nonzero(batch.sample_index >= 0), strict=True):
         values = per_token[row][batch.segment_ids[row] == column + 1]
-        out[batch.sample_index[row, column]][: len(values)] = values
+        # A tree-packed continuation starts `seg_offset` tokens into its sample (the shared
+        # prefix before it is no sample's: sample_index −1).
+        start = 0 if batch.seg_offset is None else int(batch.seg_offset[row, column])
+        out[batch.sample_index[row, column]][start:start + len(values)] = values
     return out

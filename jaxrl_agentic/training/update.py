@@ -419,7 +419,7 @@ class UpdateEngine:
             ) -> tuple[list[dict[str, np.ndarray]], list[PackedBatch]]:
         cfg = self.config
         minibatches = split_minibatches(list(samples), cfg.mini_batch_size, cfg.ppo_epochs,
-                                        self.np_rng)
+                                        self.np_rng, keep_groups=cfg.packing.keeps_groups)
         packed = pack_minibatches(minibatches, cfg.packing, mini_batch_size=cfg.mini_batch_size,
                                   rows_multiple=num_batch_shards(self.mesh))
         per_update = []

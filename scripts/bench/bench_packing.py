@@ -43,9 +43,18 @@ slot efficiency of the padded layout a careful padded trainer uses instead of on
 row (samples sorted by length, micro-batches of at most the row's tokens, each padded to its
 longest; ``baseline_packing.dynamic_batches``), untimed: its micro-batches have a shape per
 length.
+
+``--tree`` times tree packing instead (``PackingConfig.share_group_prefix``: each group's
+shared first prompt computed once per row, ``data/tree_packing.py``) beside flat packing, on
+one mini-batch of whole groups (``split_minibatches(keep_groups=True)``, as a run with
+``share_group_prefix`` draws them; the same samples in both layouts): ``tree_speedup`` =
+flat / tree median update time, ``computed_token_ratio`` = flat / tree computed slots,
+``shared_saved`` the tokens not computed. ``--sample-mode trajectory`` makes one sample per
+episode (the default recipe's) instead of one per turn.
 Prints ONE JSON line.
 
     python scripts/bench/bench_packing.py                     # 8 groups × 4 episodes, 5 turns
+    python scripts/bench/bench_packing.py --tree --repeats 5
     python scripts/bench/bench_packing.py --micro-batch-max-tokens 2048 --repeats 3
     python scripts/bench/bench_packing.py --micro-batch-max-tokens 2048 --ablate-attention
     python scripts/bench/bench_packing.py --micro-batch-max-tokens 2048 --with-ablation
@@ -80,7 +89,7 @@ from jaxrl_agentic.data import (  # noqa: E402
     token_stats,
 )
 from jaxrl_agentic.data.baseline_packing import dynamic_batches, pad_samples  # noqa: E402
-from jaxrl_agentic.data.samples import step_samples  # noqa: E402
+from jaxrl_agentic.data.samples import step_samples, trajectory_sample  # noqa: E402
 from jaxrl_agentic.envs import make  # noqa: E402
 from jaxrl_agentic.models import load_pretrained, transformer  # noqa: E402
 from jaxrl_agentic.models.tiny import default_tiny_model_dir  # noqa: E402
@@ -124,7 +133,13 @@ def _parse_args():
                              "(as --ablate-attention), interleaved with the real ones in this "
                              "run: speedup_attention_ablated, the speedup no attention kernel "
                              "can beat on this mini-batch")
+    parser.add_argument("--tree", action="store_true",
+                        help="time tree packing (share_group_prefix) beside flat packing")
+    parser.add_argument("--sample-mode", choices=("step", "trajectory"), default="step",
+                        help="one sample per turn (default) or per episode")
     args = parser.parse_args()
+    if args.tree and (args.ablate_attention or args.with_ablation):
+        parser.error("--tree times its own two layouts; run the ablations without it")
     if args.ablate_attention and args.with_ablation:
         parser.error("--with-ablation times the ablated update beside the real one; "
                      "--ablate-attention replaces the real one: pick one")
@@ -150,9 +165,13 @@ def _rollout(model, tokenizer, args):
     return trajs, time.perf_counter() - start
 
 
-def _samples(trajs, seed):
-    """Step-wise samples; one standard-normal advantage per trajectory (GRPO-like scale)."""
+def _samples(trajs, seed, mode="step"):
+    """Step-wise (or trajectory) samples; one standard-normal advantage per trajectory
+    (GRPO-like scale)."""
     rng = np.random.default_rng(seed)
+    if mode == "trajectory":
+        samples = [trajectory_sample(t, float(rng.normal())) for t in trajs]
+        return [s for s in samples if s is not None]  # None: the model never generated
     return [s for t in trajs for s in step_samples(t, float(rng.normal()))]
 
 
@@ -255,6 +274,48 @@ def _ablate_attention():
     transformer.segment_attention = lambda q, k, v, segment_ids, impl=None: q * 1.0
 
 
+def _tree_comparison(args, model, samples, row_len, sequence_length, load_before, rollout_s):
+    """Flat vs tree packing of one mini-batch of whole groups, timed side by side."""
+    mesh = make_mesh()
+    size = args.mini_batch_size or len(samples)
+    minibatch = split_minibatches(samples, size, 1, np.random.default_rng(args.seed),
+                                  keep_groups=True)[0]
+    names = ("flat", "tree")
+    configs = [PackingConfig(micro_batch_max_tokens=row_len, sequence_length=sequence_length,
+                             rows_bucket=1, share_group_prefix=name == "tree")
+               for name in names]
+    layouts = [pad_to_shards(c.pack(minibatch), mesh, c.pad_token_id) for c in configs]
+    slots = [computed_slots(b, mesh, c.row_prefixes) for b, c in zip(layouts, configs,
+                                                                      strict=True)]
+    runs = [_update_run(model, [b], c, mesh) for b, c in zip(layouts, configs, strict=True)]
+    first = [_warm_up(run)[0] for run in runs]
+    (flat_s,), (tree_s,) = _time_interleaved(runs, args.repeats)
+    stats = [token_stats(b) for b in layouts]
+    pairs = [segment_attention.attended_block_pairs(b.segment_ids, prefix_ids=b.prefix_ids)
+             for b in layouts]
+    print(json.dumps({
+        "backend": jax.default_backend(), "env": ENV, "sample_mode": args.sample_mode,
+        "num_trajectories": args.groups * args.group_size, "num_samples": len(samples),
+        "timed_samples": len(minibatch), "micro_batch_max_tokens": row_len,
+        "sample_tokens": int(sum(len(s) for s in minibatch)),
+        "shared_saved": int(stats[1]["shared_saved"]),
+        "flat_rows": layouts[0].num_micro_batches, "tree_rows": layouts[1].num_micro_batches,
+        "flat_computed_slots": slots[0], "tree_computed_slots": slots[1],
+        "computed_token_ratio": round(slots[0] / slots[1], 3),
+        "real_token_ratio": round(stats[0]["real_tokens"] / stats[1]["real_tokens"], 3),
+        "flat_block_pairs_computed_causal": pairs[0],
+        "tree_block_pairs_computed_causal": pairs[1],
+        "flat_step_s": round(flat_s, 4), "tree_step_s": round(tree_s, 4),
+        "tree_speedup": round(flat_s / tree_s, 3),
+        "flat_first_call_s": round(first[0], 2), "tree_first_call_s": round(first[1], 2),
+        "rollout_s": round(rollout_s, 2),
+        "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "timing": (f"one update_step (fwd+bwd over all rows + AdamW) on one mini-batch of "
+                   f"{len(minibatch)} samples already on device; median of {args.repeats} "
+                   f"interleaved runs after 1 warm-up (compile) per layout"),
+    }))
+
+
 def main():
     args = _parse_args()
     if args.attention_block:
@@ -264,8 +325,12 @@ def main():
     row_len = args.micro_batch_max_tokens or sequence_length
     model, tokenizer = load_pretrained(default_tiny_model_dir())
     trajs, rollout_s = _rollout(model, tokenizer, args)
-    samples = _samples(trajs, args.seed)
+    samples = _samples(trajs, args.seed, args.sample_mode)
     lengths = np.array([len(s) for s in samples])
+    if args.tree:
+        _tree_comparison(args, model, samples, row_len, sequence_length, load_before,
+                         rollout_s)
+        return
 
     # The whole rollout laid out at once: the efficiency figures.
     packed, padded = _layouts(samples, row_len, sequence_length)

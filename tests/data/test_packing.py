@@ -148,6 +148,7 @@ def test_pack_hand_example():
         "num_micro_batches": 4.0,
         "num_segments": 5.0,
         "num_truncated": 0.0,
+        "shared_saved": 0.0,
     }
 
 

@@ -1,0 +1,169 @@
+"""Tree packing: a group's shared prompt placed once in a row, its members' continuations after it.
+
+GRPO samples a group of episodes from one start, so the members of a group begin with the
+same prompt. Flat packing (:func:`~jaxrl_agentic.data.packing.pack_samples`) writes every
+member whole; tree packing writes the shared part once and each member's continuation after
+it::
+
+    row   [ prefix (P tokens) | member 1 (L₁ − P)   | member 2 (L₂ − P)   | other samples ]
+    seg     p ............ p    p+1 ........ p+1      p+2 ........ p+2      ...
+    pre     0 ............ 0    p   ........ p        p   ........ p        0 ...
+    pos     0 .......... P−1    P   ...... L₁−1       P   ...... L₂−1       0 ...
+
+``pre`` (``PackedBatch.prefix_ids``) tells the attention kernels
+(``pallas_kernels.segment_attention``) which prefix a continuation reads: each continuation
+token attends causally to its own tokens and to the whole prefix, nothing else, at the
+positions it has in its own sample. Every hidden state of a member is then the flat
+layout's, so logprobs, losses and gradients equal the flat layout's to rounding.
+
+What is shared (:func:`prefix_groups`): a common start of the members' prompts, at most
+``P = prompt_len − 1`` tokens of each: a GRPO group's identical first prompt (trajectory
+samples), or the first prompt its step samples all begin with. Any equal tokens are equally
+exact to share. The prompt's last token stays in each continuation: its hidden state
+predicts the member's first generated token, so kept inside the member's segment the
+learner's shift-by-one (``learner.next_token_valid``, ``packing.loss_positions``) needs no
+exception, and the prefix segment carries no loss token (it counts in no loss reduction).
+
+Rows: a prefix and its continuations lie in one row (attention never crosses rows); a group
+too large for a row is cut into parts, each with its own copy of the prefix. Parts, and
+samples that share with nobody (placed flat), go into rows first-fit-decreasing. A part of
+k members saves ``(k − 1)·P`` computed tokens (``PackedBatch.shared_saved``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from jaxrl_agentic.data.buckets import round_up_to_bucket
+from jaxrl_agentic.data.types import Sample
+
+
+@dataclasses.dataclass(frozen=True)
+class TreePart:
+    """Samples placed together: ``shared`` prefix tokens written once (0 = one sample, flat),
+    then each member's tokens from ``shared`` on."""
+
+    members: tuple[int, ...]
+    shared: int
+
+    def length(self, lengths: Sequence[int]) -> int:
+        return self.shared + sum(lengths[i] - self.shared for i in self.members)
+
+    def saved(self) -> int:
+        return (len(self.members) - 1) * self.shared
+
+    def segments(self) -> int:
+        return len(self.members) + (1 if self.shared else 0)
+
+
+def _common_length(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if differ.size else n
+
+
+def prefix_groups(samples: Sequence[Sample]) -> list[tuple[list[int], int]]:
+    """``(members, shared)``: groups of samples that share their first ``shared`` tokens, all
+    inside every member's prompt but its last token (``shared ≤ prompt_len − 1``).
+
+    The samples are sorted by their prompts, so those with the longest common starts are
+    neighbours; a sample joins the group before it when that saves more tokens than it
+    loses, ``n·s' > (n − 1)·s`` for a group of ``n`` sharing ``s`` that would share ``s'``
+    with it (so a batch's maps split into their groups even though all share the
+    instructions), else it starts a group. Identical prompts (a GRPO group's start, in
+    trajectory samples) share ``prompt_len − 1``; step samples of one group share their
+    first prompt. Groups of one share nothing (``shared = 0``)."""
+    order = sorted(range(len(samples)),
+                   key=lambda i: samples[i].tokens[:samples[i].prompt_len].tolist())
+    groups: list[tuple[list[int], int]] = []
+    for i in order:
+        cap = samples[i].prompt_len - 1
+        if groups:
+            members, shared = groups[-1]
+            prev = samples[members[-1]]
+            now = min(shared if len(members) > 1 else prev.prompt_len - 1, cap,
+                      _common_length(prev.tokens, samples[i].tokens))
+            before = (len(members) - 1) * shared
+            if now > 0 and len(members) * now > before:
+                groups[-1] = (members + [i], now)
+                continue
+        groups.append(([i], 0))
+    return groups
+
+
+def tree_parts(samples: Sequence[Sample], lengths: Sequence[int], loads: Sequence[int],
+               capacity: int, load_capacity: int) -> list[TreePart]:
+    """Each prefix group cut, in order, into parts that fit a row (``capacity`` tokens,
+    ``load_capacity`` loss tokens); a part of one member is placed flat."""
+    parts = []
+    for group, shared in prefix_groups(samples):
+        current: list[int] = []
+        used = load = 0
+        for i in group:
+            extra = lengths[i] - shared
+            if current and (shared + used + extra > capacity or load + loads[i] > load_capacity):
+                parts.append(_part(current, shared))
+                current, used, load = [], 0, 0
+            current.append(i)
+            used, load = used + extra, load + loads[i]
+        parts.append(_part(current, shared))
+    return parts
+
+
+def _part(members: list[int], shared: int) -> TreePart:
+    return TreePart(tuple(members), shared if len(members) > 1 else 0)
+
+
+def assemble_tree_rows(samples: Sequence[Sample], parts: Sequence[TreePart],
+                       rows: Sequence[Sequence[int]], *, num_rows: int, row_len: int,
+                       pad_token_id: int, optional_fields: tuple[str, ...],
+                       max_segments: int | None = None) -> dict[str, np.ndarray]:
+    """The arrays of a ``PackedBatch`` (module docstring's layout); ``rows[r]`` lists the
+    part indices of row ``r``, written in that order from the row's start."""
+    width = max_segments or round_up_to_bucket(
+        max((sum(parts[p].segments() for p in row) for row in rows), default=1))
+    shape, seg_shape = (num_rows, row_len), (num_rows, width)
+    out = {"tokens": np.full(shape, pad_token_id, np.int32),
+           **{n: np.zeros(shape, np.int32) for n in ("positions", "segment_ids", "prefix_ids")},
+           **{n: np.zeros(shape, np.float32) for n in (
+               "loss_mask", "advantages", "old_logprobs", *optional_fields)},
+           **{n: np.full(seg_shape, -1, np.int32) for n in (
+               "seg_traj_id", "seg_turn", "seg_prompt_len", "seg_response_len", "seg_offset",
+               "sample_index")}}
+    floats = ("loss_mask", "advantages", "old_logprobs", *optional_fields)
+    for r, row in enumerate(rows):
+        start, sid = 0, 0
+        for p in row:
+            part = parts[p]
+            parent = 0
+            if part.shared:  # the prefix segment: context only, no sample of its own
+                sid += 1
+                source = samples[part.members[0]]
+                end = start + part.shared
+                out["tokens"][r, start:end] = source.tokens[:part.shared]
+                out["positions"][r, start:end] = np.arange(part.shared)
+                out["segment_ids"][r, start:end] = parent = sid
+                out["seg_prompt_len"][r, sid - 1] = part.shared
+                out["seg_response_len"][r, sid - 1] = 0
+                out["seg_offset"][r, sid - 1] = 0
+                start = end
+            for i in part.members:
+                s, sid = samples[i], sid + 1
+                end = start + len(s) - part.shared
+                cut = slice(part.shared, len(s))
+                out["tokens"][r, start:end] = s.tokens[cut]
+                out["positions"][r, start:end] = np.arange(part.shared, len(s))
+                out["segment_ids"][r, start:end] = sid
+                out["prefix_ids"][r, start:end] = parent
+                for name in floats:
+                    out[name][r, start:end] = getattr(s, name)[cut]
+                for name, value in (("seg_traj_id", s.traj_id), ("seg_turn", s.turn),
+                                    ("seg_prompt_len", s.prompt_len - part.shared),
+                                    ("seg_response_len", s.response_len),
+                                    ("seg_offset", part.shared), ("sample_index", i)):
+                    out[name][r, sid - 1] = value
+                start = end
+    return out
