@@ -118,6 +118,8 @@ class Pipeline:
             mesh=mesh if self.placement.colocated else self.placement.mesh,
             logprob_under_filter=rollout.logprob_under_sampling_filter,
             precompile_slots=rollout.precompile)
+        if isinstance(self.sampler, Sampler):  # a group's first prompt: prefilled once
+            self.sampler.share_prompt_prefill = cfg.learner.packing.share_group_prefix
         if rollout.batching == "continuous" and not isinstance(self.sampler, Sampler):
             raise ConfigError(f"config.rollout_batching: 'continuous' decodes through the JAX "
                               f"sampler's slot programs; sampler_backend "

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jaxrl_agentic.models.transformer import KVCache, Transformer
@@ -71,7 +72,11 @@ class Sampler:
             eos_token_id = self.cfg.eos_token_id
         self.eos_token_id = -1 if eos_token_id is None else int(eos_token_id)
         self.cache_dtype = cache_dtype or jnp.dtype(self.cfg.dtype)
-        self.stats = {"prefill_tokens": 0, "prefill_calls": 0, "decode_steps": 0}
+        self.stats = {"prefill_tokens": 0, "prefill_calls": 0, "decode_steps": 0,
+                      "prefill_shared_tokens": 0}
+        # Prefill a group's identical first prompt once and copy its cache to the other
+        # members (`Session.prefill`); set by runs with share_group_prefix.
+        self.share_prompt_prefill = False
         self._stats_lock = threading.Lock()  # sessions' row blocks count from pool threads
         # Row blocks generated side by side (see `ShardedSession`). Default: one per core on
         # one CPU device; one elsewhere (one program fills a GPU or a TPU, and a mesh of
@@ -139,6 +144,17 @@ class Sampler:
             self._added_programs[name] = build(self)
         return self._added_programs[name]
 
+    def copy_rows(self, cache: KVCache, logits, copies: dict[int, int]):
+        """(cache, logits) with row ``r``'s cache slots and logits those of row
+        ``copies[r]``, for every ``r``; one program per power-of-two count of copies."""
+        size = next_power_of_two(len(copies))
+        dst = np.full(size, cache.v[0].shape[0], np.int32)  # past the rows: dropped
+        src = np.zeros(size, np.int32)
+        dst[:len(copies)], src[:len(copies)] = list(copies), list(copies.values())
+        program = self.program("copy_rows",
+                               lambda _: jax.jit(_copy_rows, donate_argnums=(0,)))
+        return program(cache, logits, jnp.asarray(dst), jnp.asarray(src))
+
     def empty_cache(self, rows: int, reserve: int = 0) -> KVCache:
         """A zeroed cache of `rows` rows holding slots below `reserve` (`cache_bucket`)."""
         return self._zeros(self.cfg, rows, self.cache_bucket(reserve), self.cache_dtype)
@@ -203,6 +219,13 @@ class Sampler:
             stop_token_ids=stop_token_ids,
             params=params,
         )
+
+
+def _copy_rows(cache: KVCache, logits, dst, src):
+    def copy(x):
+        return x.at[dst].set(x[src], mode="drop")
+
+    return KVCache(k=tuple(map(copy, cache.k)), v=tuple(map(copy, cache.v))), copy(logits)
 
 
 def _prefill(graphdef, params, cache, tokens, positions, valid, rows, key_index=None, *,

@@ -100,6 +100,12 @@ class Session:
         them at once). `compact` runs only `rows`, padded to a power-of-two fraction of the
         capacity (`compact_rows`): continuous batching starts a few slots at a time, and a
         full-width prefill for each of them cost it more than its decoding (bench_rollout).
+
+        With `sampler.share_prompt_prefill`, new streams (nothing cached) with the same
+        tokens, such as a GRPO group's members at their first turn, are prefilled once: the
+        others get that row's cache slots and logits copied (`copy_rows`), and the prefill
+        runs compact over the distinct streams (`prefill_shared_tokens` counts what it did
+        not compute).
         """
         tails = {}
         for row in rows:
@@ -108,6 +114,31 @@ class Session:
             if self.cached[row] == len(self.streams[row]):
                 self.cached[row] -= 1  # re-feed the last token to get its logits
             tails[row] = self.streams[row][self.cached[row] :]
+        copies = self._same_new_streams(tails) if self.sampler.share_prompt_prefill else {}
+        for row in copies:
+            del tails[row]
+        if copies:
+            logits = self._prefill_tails(tails, params, compact=True)
+            self.cache, logits = self.sampler.copy_rows(self.cache, logits, copies)
+            for row, source in copies.items():
+                self.cached[row] = self.cached[source]
+            self.sampler.count(prefill_shared_tokens=sum(int(self.cached[r]) for r in copies))
+            return timing.ready(logits)
+        return timing.ready(self._prefill_tails(tails, params, compact))
+
+    def _same_new_streams(self, tails: dict[int, list[int]]) -> dict[int, int]:
+        """{row: the earlier row it copies}: streams with nothing cached and equal tokens."""
+        first: dict[tuple[int, ...], int] = {}
+        copies = {}
+        for row, tail in tails.items():
+            if self.cached[row] == 0:
+                source = first.setdefault(tuple(tail), row)
+                if source != row:
+                    copies[row] = source
+        return copies
+
+    def _prefill_tails(self, tails: dict[int, list[int]], params, compact: bool) -> jax.Array:
+        """Runs `tails` (row → its uncached tokens) through the prefill program (`prefill`)."""
         longest = max(len(t) for t in tails.values())
         t_bucket = (compact_length if compact else next_power_of_two)(
             longest, self.sampler.min_prefill_bucket)
@@ -142,7 +173,7 @@ class Session:
                 self.row_input(valid), None, key_len=min(
                     self.cache.max_len,
                     next_power_of_two(end, self.sampler.min_prefill_bucket)))
-        return timing.ready(logits)
+        return logits
 
     @timing.spanned("rollout/decode")
     def generate(

@@ -114,6 +114,36 @@ def test_prefix_reuse_matches_fresh_prefill_and_grows_linearly(model):
     assert total < quadratic / 4
 
 
+def test_a_groups_shared_prompt_is_prefilled_once_and_decodes_as_if_each_was(model):
+    """Rows 0, 1, 3 start with one prompt (a group), row 2 with another: with
+    `share_prompt_prefill` the first prompt is prefilled once and copied to the other two,
+    and every turn's tokens and logprobs are those of prefilling each row."""
+    rng = np.random.default_rng(7)
+    p, q = rng.integers(0, 96, 13).tolist(), rng.integers(0, 96, 6).tolist()
+    outs, samplers = [], []
+    for share in (False, True):
+        sampler = Sampler(model, max_total_len=128, eos_token_id=-1, decode_threads=1)
+        sampler.share_prompt_prefill = share
+        session = sampler.new_session(4)
+        session.extend(range(4), [p, p, q, p])
+        turns = []
+        for turn in range(2):
+            out = session.generate(range(4), max_new_tokens=5, temperature=1.0, seed=turn,
+                                   row_seeds=[10, 11, 12, 13])
+            turns.append(out)
+            session.extend(range(4), [[turn + r] * 3 for r in range(4)])
+        outs.append(turns)
+        samplers.append(sampler)
+    for plain, shared in zip(*outs, strict=True):
+        assert plain.tokens == shared.tokens
+        for a, b in zip(plain.logprobs, shared.logprobs, strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-5)
+    plain, shared = (s.stats for s in samplers)
+    assert shared["prefill_shared_tokens"] == 2 * len(p)
+    assert plain["prefill_tokens"] - shared["prefill_tokens"] == 2 * len(p)
+    assert plain["prefill_shared_tokens"] == 0
+
+
 @pytest.fixture(scope="module")
 def peaked_model():
     """A model with a sharp next-token distribution, so temperature visibly changes it."""
