@@ -48,6 +48,24 @@ def env_spec(env_type: str, max_turns: int = 10, max_tokens_per_step: int = 64,
     ))
 
 
+def tiny_grpo_recipe(exp_name: str, reply_prefix: str, reply_suffix: str):
+    """The settings the tiny model's recipes on other libraries' environments share
+    (`configs/textarena.py`, `configs/reasoning_gym.py`): GRPO over trajectory samples, a
+    cosine schedule from 1e-3, a light KL, an untied head, one JAX device per core, and the
+    reply's tags as context (no format warm-up: the model writes only what goes between)."""
+    c = default_config()
+    c.exp_name, c.pretrain = exp_name, "tiny"
+    c.adv_estimator, c.sample_mode = "grpo", "trajectory"
+    c.max_steps, c.save_steps, c.eval_steps = 100, 25, 10
+    c.learning_rate, c.lr_scheduler_type, c.warmup_steps, c.min_lr_ratio = 1e-3, "cosine", 5, 0.1
+    c.mini_batch_size, c.init_kl_coef = 16, 0.05
+    c.mesh.cpu_devices = 0
+    c.reply_prefix, c.reply_suffix = reply_prefix, reply_suffix
+    c.format_warmup.steps = 0
+    c.untie_word_embeddings = True
+    return c
+
+
 def env_manager(num_env_groups: int, group_size: int, tags=("frozen_lake",),
                 num_groups_partition=(), env_config=None) -> ml_collections.ConfigDict:
     """`env_config`: environment parameters that this manager's episodes override on top of
@@ -232,6 +250,9 @@ def default_config() -> ml_collections.ConfigDict:
     ))
     # environments
     c.custom_envs = ml_collections.ConfigDict({"frozen_lake": env_spec("frozen_lake")})
+    # "" = each tag's own env_type; else the environment of the run's only tag, e.g.
+    # `--config.env_id=textarena:GuessTheNumber-v0` (one override picks another game)
+    c.env_id = ""
     c.train_env_manager = env_manager(8, 8)
     c.val_env_manager = env_manager(16, 1)
     # format warm-up: supervised replies with random valid actions, before RL (0 steps = off)
@@ -283,6 +304,15 @@ def _positive(c, field: str, allow_zero: bool = False) -> None:
         _fail(field, f"must be a number, got {type(value).__name__}")
     if value < 0 or (value == 0 and not allow_zero):
         _fail(field, f"must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+
+
+def declared_backend_or_none(env_type: str) -> str | None:
+    from jaxrl_agentic.envs.registry import declared_backend
+
+    try:
+        return declared_backend(env_type)
+    except ValueError:
+        return None
 
 
 def validate(c) -> None:
@@ -349,7 +379,12 @@ def validate(c) -> None:
     except ValueError as e:
         field = "train_env_manager.group_size" if "group_size" in str(e) else "adv_estimator"
         _fail(field, str(e))
+    if c.env_id and len(c.custom_envs) != 1:
+        _fail("env_id", f"replaces the environment of the run's only tag; custom_envs has "
+              f"{len(c.custom_envs)} ({', '.join(c.custom_envs.keys())})")
     for tag, spec in c.custom_envs.items():
+        if c.env_id:
+            spec = ml_collections.ConfigDict({**spec.to_dict(), "env_type": c.env_id})
         for field in ("max_turns", "max_tokens_per_step"):
             if not isinstance(spec[field], int) or spec[field] < 1:
                 _fail(f"custom_envs.{tag}.{field}", f"must be an integer >= 1, got {spec[field]!r}")
@@ -361,20 +396,42 @@ def validate(c) -> None:
                   f"max_tokens_per_step of {tag} = "
                   f"{c.max_input_length + spec.max_tokens_per_step}: {c.sample_mode} samples "
                   "would be cut")
-        from jaxrl_agentic.envs.registry import registered_envs, resolve_backend
+        from jaxrl_agentic.envs.registry import (
+            registered_envs,
+            registered_prefix,
+            resolve_backend,
+        )
 
         backend = spec.get("env_backend", "auto")
         if backend not in ENV_BACKENDS:
             _fail(f"custom_envs.{tag}.env_backend", f"{backend!r} is not allowed; "
                   f"allowed: {', '.join(ENV_BACKENDS)}")
         known = registered_envs()
-        if spec.env_type not in known and not spec.env_type.startswith("gymnax:"):
+        if spec.env_type not in known and not spec.env_type.startswith("gymnax:") and \
+                registered_prefix(spec.env_type) is None:
             _fail(f"custom_envs.{tag}.env_type", f"unknown environment {spec.env_type!r}; "
                   f"registered: {', '.join(known)} or gymnax:<id>")
         try:
             resolve_backend(spec.env_type, backend)
         except ValueError as e:
             _fail(f"custom_envs.{tag}.env_backend", str(e))
+        if declared_backend_or_none(spec.env_type) == "jax":
+            from jaxrl_agentic.envs.registry import make
+
+            try:  # the params a JAX environment takes (`env_id` may name another one)
+                make(spec.env_type, **dict(spec.get("env_config", {})))
+            except (ValueError, TypeError) as e:
+                _fail(f"custom_envs.{tag}.env_config", str(e))
+        if registered_prefix(spec.env_type) is not None:
+            # Another library's id (`textarena:<id>`): its builder knows whether the id
+            # exists and whether the library is installed; a config error, not a crash.
+            from jaxrl_agentic.envs.python_env import make_python_env
+
+            try:
+                make_python_env(spec.env_type, format_penalty=spec.format_penalty,
+                                **dict(spec.get("env_config", {})))
+            except (ValueError, ImportError, TypeError) as e:
+                _fail(f"custom_envs.{tag}.env_type", str(e))
         if spec.get("step_timeout_s", 0.0) < 0 or spec.get("env_max_workers", 0) < 0:
             _fail(f"custom_envs.{tag}", "step_timeout_s and env_max_workers must be >= 0")
     _positive(c, "async_generation_ratio", allow_zero=True)

@@ -408,7 +408,7 @@ def distributed_settings(c) -> DistributedSettings:
 
 def _env_settings(c, tag: str, spec) -> EnvSettings:
     return EnvSettings(
-        tag=tag, env_type=spec.env_type, env_config=dict(spec.env_config),
+        tag=tag, env_type=c.get("env_id") or spec.env_type, env_config=dict(spec.env_config),
         max_turns=spec.max_turns, max_tokens_per_step=spec.max_tokens_per_step,
         format_penalty=spec.format_penalty, backend=spec.get("env_backend", "auto"),
         step_timeout_s=float(spec.get("step_timeout_s", 0.0)),

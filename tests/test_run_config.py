@@ -149,7 +149,7 @@ OTHER_STRINGS = {
     "attention_impl": "reference", "remat": "layer", "lr_scheduler_type": "cosine",
     "system_prompt": "be brief", "reply_prefix": "<a>", "reply_suffix": "</a>",
     "debug.dump_dir": "/tmp/d", "distributed.coordinator_address": "h:1",
-    "sampler_backend": "other", "lora_train_head": "never",
+    "sampler_backend": "other", "lora_train_head": "never", "env_id": "gymnax:CartPole-v1",
 }
 
 

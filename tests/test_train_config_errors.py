@@ -58,6 +58,17 @@ CASES = [
     (["--config.cispo_clip_high=0"], "config.cispo_clip_high: must be > 0"),
     (["--config.resume_from_checkpoint=/nonexistent/ckpt", "--config.max_steps=1"],
      "checkpoint not found: /nonexistent/ckpt"),
+    # env_id puts another environment on the recipe's tag: its env_config must fit it
+    (["--config.env_id=sokoban"],
+     "config.custom_envs.frozen_lake.env_config: sokoban: unknown parameter 'hint_style'"),
+]
+
+# Ids of other libraries: close matches, and the games that need the network refused.
+ENV_ID_CASES = [
+    ("configs/textarena.py", "textarena:FrozenLak-v0", "close matches: FrozenLake-v0"),
+    ("configs/textarena.py", "textarena:Wordle-v0", "Wordle-v0"),
+    ("configs/reasoning_gym.py", "reasoning_gym:basic_arithmetc",
+     "reasoning_gym:basic_arithmetic"),
 ]
 
 
@@ -68,6 +79,17 @@ def test_bad_config_is_one_line_exit_2(overrides, fragment, capsys, tmp_path):
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "Traceback" not in err, err
     assert err.startswith("error: ") and fragment in err, err
+
+
+@pytest.mark.parametrize("recipe, env_id, fragment", ENV_ID_CASES)
+def test_an_unknown_id_of_another_library_is_one_line_exit_2(recipe, env_id, fragment, capsys,
+                                                             tmp_path):
+    argv = ["train", f"--config={recipe}", f"--config.output_dir={tmp_path}",
+            f"--config.env_id={env_id}"]
+    assert train.main(argv) == train.EXIT_BAD_INPUT
+    # The recipe's "devices:" line may come first: the error is one line, the last.
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: config.") and fragment in err, err
 
 
 def test_missing_config_flag(capsys):

@@ -22,8 +22,14 @@ from jaxrl_agentic.envs.lookup import lookup_factory
 from jaxrl_agentic.envs.metrics import episode_metrics
 from jaxrl_agentic.envs.parsing import parse_action
 from jaxrl_agentic.envs.python_env import register_python_env
+
+# Families of environments other libraries define register their prefix on import
+# (`reasoning_gym:<dataset>`, `textarena:<EnvId>`); the libraries themselves are imported
+# only when one is built.
+from jaxrl_agentic.envs.reasoning_gym_env import reasoning_gym_builder  # noqa: F401
 from jaxrl_agentic.envs.registry import make, register, registered_envs
 from jaxrl_agentic.envs.sokoban import Sokoban, SokobanParams, SokobanState
+from jaxrl_agentic.envs.textarena_env import textarena_builder  # noqa: F401
 from jaxrl_agentic.envs.tools import Tool, register_tool, registered_tools
 
 # The built-in tool environments, registered here, above both them and the Python registry

@@ -294,14 +294,14 @@ def calculator_factory(*, operations: int = 0, format_penalty: float = 0.1,
                        tool_error_penalty: float = 0.1, max_calls_per_turn: int = 3,
                        call_timeout_s: float = 1.0, max_steps_in_episode: int = 4,
                        max_tool_error_penalty: float = 0.5, call_style: str = "qwen",
-                   extra_tools: tuple[str, ...] = ()):
+                   extra_tools: tuple[str, ...] = (), mcp_servers: tuple[str, ...] = ()):
     """`make_python_env("calculator", **config)`: the episode factory."""
     options = dict(operations=operations, format_penalty=format_penalty,
                    tool_error_penalty=tool_error_penalty,
                    max_calls_per_turn=max_calls_per_turn, call_timeout_s=call_timeout_s,
                    max_steps_in_episode=max_steps_in_episode,
                    max_tool_error_penalty=max_tool_error_penalty, call_style=call_style,
-                   extra_tools=tuple(extra_tools))
+                   extra_tools=tuple(extra_tools), mcp_servers=tuple(mcp_servers))
     CalculatorEnv(**options)  # bad values fail here, at config time, not in a worker thread
 
     def factory(spec, run_seed: int) -> CalculatorEnv:

@@ -188,14 +188,14 @@ def lookup_factory(*, num_people: int = 12, num_cities: int = 5, format_penalty:
                    tool_error_penalty: float = 0.1, max_calls_per_turn: int = 3,
                    call_timeout_s: float = 1.0, max_steps_in_episode: int = 6,
                    max_tool_error_penalty: float = 0.5, call_style: str = "qwen",
-                   extra_tools: tuple[str, ...] = ()):
+                   extra_tools: tuple[str, ...] = (), mcp_servers: tuple[str, ...] = ()):
     """`make_python_env("lookup", **config)`: the episode factory."""
     options = dict(num_people=num_people, num_cities=num_cities, format_penalty=format_penalty,
                    tool_error_penalty=tool_error_penalty,
                    max_calls_per_turn=max_calls_per_turn, call_timeout_s=call_timeout_s,
                    max_steps_in_episode=max_steps_in_episode,
                    max_tool_error_penalty=max_tool_error_penalty, call_style=call_style,
-                   extra_tools=tuple(extra_tools))
+                   extra_tools=tuple(extra_tools), mcp_servers=tuple(mcp_servers))
     LookupEnv(**options)  # bad values fail here, at config time
 
     def factory(spec, run_seed: int) -> LookupEnv:

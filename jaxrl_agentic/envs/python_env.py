@@ -52,7 +52,13 @@ import numpy as np
 from jaxrl_agentic.envs.base import INVALID_ACTION
 from jaxrl_agentic.envs.gymnax_adapter import PREFIX as GYMNAX_PREFIX
 from jaxrl_agentic.envs.messages import feedback_message, first_message
-from jaxrl_agentic.envs.registry import make, register, registered_env, registered_envs
+from jaxrl_agentic.envs.registry import (
+    make,
+    register,
+    registered_env,
+    registered_envs,
+    registered_prefix,
+)
 
 
 class EpisodeKey(Protocol):
@@ -234,6 +240,10 @@ def make_python_env(name: str, **config: Any) -> PythonEnvFactory:
     entry = registered_env(name)
     if entry is not None and entry.backend == "python":
         return entry.factory(**config)
+    family = registered_prefix(name)
+    if family is not None:  # `textarena:<id>` and such: the family's builder knows its ids
+        env_id, registration = family
+        return registration.factory(env_id, **config)
     if name.startswith(GYMNAX_PREFIX) or entry is not None:
         return jax_env_factory(name, **config)
     raise ValueError(

@@ -14,6 +14,14 @@ A Python factory builder is `factory_builder(**config) -> (spec, run_seed) -> Py
 `env_backend="auto"` takes it, and `"python"` also plays a JAX environment through the
 adapter (`JaxEnvAsPython`). Names starting with `gymnax:` wrap gymnax's own registry
 (`make("gymnax:CartPole-v1")`), on the JAX backend.
+
+Families of environments another library names (`textarena:<EnvId>`,
+`reasoning_gym:<dataset>`) register a prefix instead of each name:
+
+    register_prefix("textarena:", builder, backend="python")   # builder(env_id, **config)
+
+`make_python_env("textarena:FrozenLake-v0", **config)` then calls the builder with the id;
+whether the id exists is the builder's to say (its library knows).
 """
 
 import dataclasses
@@ -37,6 +45,28 @@ class RegisteredEnv:
 
 
 _REGISTRY: dict[str, RegisteredEnv] = {}
+_PREFIXES: dict[str, RegisteredEnv] = {}
+
+
+def register_prefix(prefix: str, builder: Callable, *, backend: str = "python",
+                    replace: bool = False) -> None:
+    """Names ``prefix + <id>`` build ``builder(<id>, **config)`` (module doc); Python
+    backend only (a JAX family registers its names)."""
+    if not prefix.endswith(":") or prefix == PREFIX:
+        raise ValueError(f"prefix {prefix!r} must end with ':' and not be {PREFIX!r}")
+    if backend != "python":
+        raise ValueError(f"prefix {prefix!r}: only Python environment families take a prefix")
+    if prefix in _PREFIXES and not replace:
+        raise ValueError(f"environment prefix {prefix!r} is already registered")
+    _PREFIXES[prefix] = RegisteredEnv(backend, builder, {})
+
+
+def registered_prefix(name: str) -> tuple[str, RegisteredEnv] | None:
+    """(the id after the prefix, the family's registration) for ``prefix:<id>`` names."""
+    for prefix, entry in _PREFIXES.items():
+        if name.startswith(prefix):
+            return name[len(prefix):], entry
+    return None
 
 
 def register(name: str, factory: Callable, *, backend: str = "jax", replace: bool = False,
@@ -73,10 +103,14 @@ def declared_backend(name: str) -> str:
     """The backend `name` was registered on ("jax" for `gymnax:<id>`)."""
     if name.startswith(PREFIX):
         return "jax"
+    family = registered_prefix(name)
+    if family is not None:
+        return family[1].backend
     if name not in _REGISTRY:
+        prefixes = "".join(f", {p}<id>" for p in sorted(_PREFIXES))
         raise ValueError(f"unknown environment {name!r}; registered: "
                          f"{', '.join(registered_envs())}; or {PREFIX}<id> for a gymnax "
-                         "environment")
+                         f"environment{prefixes}")
     return _REGISTRY[name].backend
 
 

@@ -182,13 +182,25 @@ def check_arguments(tool: Tool, arguments: Mapping[str, Any]) -> str | None:
     if unknown:
         return f"unknown argument(s) {', '.join(unknown)} for {tool.name}"
     for key, value in arguments.items():
-        expected = props[key].get("type")
-        types = _JSON_TYPES.get(expected)
-        # bool is an int subclass in Python, not a number in JSON
-        if types and (not isinstance(value, types) or
-                      (isinstance(value, bool) and expected != "boolean")):
-            return f"argument {key} of {tool.name} must be a {expected}"
+        spec = props[key]
+        # A schema's "type" may be a list (["string", "null"]: servers in other languages
+        # write it so) or absent; a property that is not a dict constrains nothing.
+        expected = spec.get("type") if isinstance(spec, Mapping) else None
+        allowed = [expected] if isinstance(expected, str) else list(expected or ())
+        if not allowed or any(_fits(value, t) for t in allowed):
+            continue
+        return f"argument {key} of {tool.name} must be a {' or '.join(map(str, allowed))}"
     return None
+
+
+def _fits(value: Any, expected: Any) -> bool:
+    if expected == "null":
+        return value is None
+    types = _JSON_TYPES.get(expected) if isinstance(expected, str) else None
+    if types is None:  # a type this check does not know: not the model's mistake
+        return True
+    # bool is an int subclass in Python, not a number in JSON
+    return isinstance(value, types) and not (isinstance(value, bool) and expected != "boolean")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,6 +230,8 @@ def run_tool_call(call: ToolCall, tools: Mapping[str, Tool], timeout_s: float) -
     def target():
         try:
             outcome["value"] = str(tool.fn(**call.arguments))
+        except TimeoutError as exc:  # the tool's own deadline (an MCP server's, say)
+            outcome["error"], outcome["timeout"] = str(exc) or "timed out", True
         except Exception as exc:  # the tool refused the arguments: the model's mistake
             outcome["error"] = str(exc) or type(exc).__name__
 
@@ -231,7 +245,8 @@ def run_tool_call(call: ToolCall, tools: Mapping[str, Tool], timeout_s: float) -
     else:
         target()
     if "error" in outcome:
-        return ToolResult(f"Error: {outcome['error']}", error=True)
+        return ToolResult(_clip(f"Error: {outcome['error']}"), error=True,
+                          timeout=outcome.get("timeout", False))
     return ToolResult(_clip(outcome["value"]), error=False)
 
 
@@ -267,7 +282,8 @@ class ToolEnv(PythonTextEnv):
 
     Every erroneous call costs `tool_error_penalty`, at most `max_tool_error_penalty` in all
     per episode (module doc). `call_style` is the call form the hints show (`CALL_STYLES`);
-    `extra_tools` names registered tools (`register_tool`) offered besides the task's own.
+    `extra_tools` names registered tools (`register_tool`) offered besides the task's own,
+    `mcp_servers` commands of MCP servers whose tools are offered too (`envs/mcp_tools.py`).
     `PyStep.action` is 0 for an answer,
     1 for a turn of tool calls, -1 for neither; `action_is_valid` means "an answer, or
     calls none of which was garbled"; `action_is_effective`: a call returned a result.
@@ -280,7 +296,8 @@ class ToolEnv(PythonTextEnv):
                  tool_error_penalty: float = 0.1, correct_reward: float = 1.0,
                  max_calls_per_turn: int = 3, call_timeout_s: float = 1.0,
                  max_steps_in_episode: int = 6, max_tool_error_penalty: float = 0.5,
-                 call_style: str = "qwen", extra_tools: Sequence[str] = ()):
+                 call_style: str = "qwen", extra_tools: Sequence[str] = (),
+                 mcp_servers: Sequence[str] = ()):
         if max_calls_per_turn < 1:
             raise ValueError(f"max_calls_per_turn must be >= 1, got {max_calls_per_turn}")
         if min(call_timeout_s, format_penalty, tool_error_penalty, max_tool_error_penalty) < 0:
@@ -291,6 +308,10 @@ class ToolEnv(PythonTextEnv):
         self.max_tool_error_penalty, self.call_style = float(max_tool_error_penalty), call_style
         self._error_penalty_charged = 0.0
         self.tool_list = list(tools) + [get_tool(name) for name in extra_tools]
+        if mcp_servers:  # the tools of MCP servers over stdio, one server per command
+            from jaxrl_agentic.envs.mcp_tools import mcp_tools
+
+            self.tool_list += mcp_tools(tuple(mcp_servers), call_timeout_s=call_timeout_s)
         self.tools = {t.name: t for t in self.tool_list}
         if len(self.tools) < len(self.tool_list):
             raise ValueError(f"two tools share a name: {[t.name for t in self.tool_list]}")
