@@ -1,11 +1,16 @@
 """Training data: samples, packing into fixed-shape batches, mini-batch splitting."""
 
-from jaxrl_agentic.data.buckets import bucket_rows, prefix_lengths, round_up_to_bucket, row_starts
+from jaxrl_agentic.data.buckets import (
+    bucket_rows,
+    first_fit_decreasing,
+    prefix_lengths,
+    round_up_to_bucket,
+    row_starts,
+)
 from jaxrl_agentic.data.minibatch import pack_minibatches, split_minibatches, updates_per_step
 from jaxrl_agentic.data.packing import (
     PackedBatch,
     PackingConfig,
-    first_fit_decreasing,
     pack_samples,
     pad_rows,
     spread_rows,

@@ -3,13 +3,16 @@
 Row counts and row lengths are rounded up to buckets (:func:`round_up_to_bucket`,
 :func:`bucket_rows`) so that a run compiles a handful of programs rather than one per step;
 a group of rows may be computed on a prefix of its row (:func:`prefix_lengths`) and a row
-on fewer loss slots (:func:`loss_slots_bucket`). Within a row, :func:`row_starts` places
-the samples (aligned, and on attention-block edges where that is free and saves work).
+on fewer loss slots (:func:`loss_slots_bucket`). Which samples share a row is
+:func:`first_fit_decreasing`'s; within a row, :func:`row_starts` places them (aligned, and
+on attention-block edges where that is free and saves work).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+import numpy as np
 
 # The attention's block (`pallas_kernels.segment_attention.BLOCK`): segment-aware attention
 # computes a (query block, key block) pair when a segment spans both, and the learner cuts
@@ -121,3 +124,42 @@ def footprints(lengths: Sequence[int], align: int, capacity: int) -> list[int]:
     alone). Placed back to back, footprints keep every start aligned and every sample
     inside the row whenever they sum to ≤ ``capacity``."""
     return [min(round_up_to_bucket(n, align), capacity) for n in lengths]
+
+
+def first_fit_decreasing(
+    lengths: Sequence[int], capacity: int, max_items_per_bin: int | None = None, *,
+    loads: Sequence[int] | None = None, load_capacity: int | None = None,
+) -> list[list[int]]:
+    """Bins of item indices: items by decreasing length, each into the first bin with room.
+
+    FFD uses at most ``11/9·OPT + 6/9`` bins. Ties keep input order, so the result is
+    deterministic. Each bin's indices are returned in increasing order. With ``loads`` (one
+    per item, e.g. its loss tokens) a bin must also keep ``Σ loads ≤ load_capacity``.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if np.any(lengths > capacity):
+        raise ValueError(f"an item of length {lengths.max()} exceeds bin capacity {capacity}")
+    n = len(lengths)
+    loads = np.zeros(n, np.int64) if loads is None else np.asarray(loads, np.int64)
+    load_capacity = int(loads.max(initial=0)) if load_capacity is None else load_capacity
+    if np.any(loads > load_capacity):
+        raise ValueError(f"an item of load {loads.max()} exceeds the load capacity "
+                         f"{load_capacity}")
+    room = np.zeros(n, np.int64)  # at most one bin per item
+    load_room = np.zeros(n, np.int64)
+    count = np.zeros(n, np.int64)
+    cap_items = n if max_items_per_bin is None else max_items_per_bin
+    bins: list[list[int]] = []
+    for i in np.argsort(-lengths, kind="stable"):
+        open_ = len(bins)
+        fits = ((room[:open_] >= lengths[i]) & (load_room[:open_] >= loads[i])
+                & (count[:open_] < cap_items))
+        b = int(np.argmax(fits)) if fits.any() else open_
+        if b == open_:
+            bins.append([])
+            room[b], load_room[b] = capacity, load_capacity
+        bins[b].append(int(i))
+        room[b] -= lengths[i]
+        load_room[b] -= loads[i]
+        count[b] += 1
+    return [sorted(members) for members in bins]

@@ -29,13 +29,14 @@ import numpy as np
 from jaxrl_agentic.data.buckets import (
     ATTENTION_BLOCK,
     bucket_rows,
+    first_fit_decreasing,
     footprints,
     loss_slots_bucket,
     prefix_lengths,
     round_up_to_bucket,
     row_starts,
 )
-from jaxrl_agentic.data.tree_packing import assemble_tree_rows, tree_parts
+from jaxrl_agentic.data.tree_packing import assemble_tree_rows, tree_rows
 from jaxrl_agentic.data.types import Sample, truncate_sample
 
 # Per-token fields copied from each Sample into the batch; the optional ones stay None in
@@ -78,11 +79,9 @@ class PackingConfig:
     more 128-token attention block than its length needs starts on the next block edge
     instead, when the row's slack allows it without adding a computed slot
     (:func:`row_starts`): the same rows and slots, fewer attention block pairs (388 → 354
-    on ``bench_packing.py``'s 2,048-token rows). ``share_group_prefix``: samples that start
-    with the same prompt (a group) are tree-packed (``data/tree_packing.py``, :func:`pack_tree`):
-    the prompt once per row, the continuations after it; ``sample_align`` and
-    ``align_when_free`` then do not apply. It implies ``group_minibatches``: mini-batches are
-    cut from a shuffle of whole groups, so a group's members meet in one mini-batch.
+    on ``bench_packing.py``'s 2,048-token rows). ``share_group_prefix``: tree packing
+    (:func:`pack_tree`; ``sample_align`` and ``align_when_free`` do not apply), which implies
+    ``group_minibatches`` (mini-batches of whole groups, ``minibatch.split_minibatches``).
 
     A rule that fails raises ``ValueError("<field>: <why>")``; ``config.validate`` reports it
     as ``config.<field>: <why>``.
@@ -161,13 +160,10 @@ class PackingConfig:
             if row < max(lengths):
                 break
             if self.share_group_prefix:
-                parts = tree_parts(samples, lengths, loads, row, self.loss_slots_for(row))
-                items = [p.length(lengths) for p in parts]
-                part_loads = [sum(loads[i] for i in p.members) for p in parts]
+                rows = tree_rows(samples, lengths, loads, row, self.loss_slots_for(row))[1]
             else:
-                items, part_loads = footprints(lengths, self.sample_align, row), loads
-            rows = first_fit_decreasing(items, row, loads=part_loads,
-                                        load_capacity=self.loss_slots_for(row))
+                rows = first_fit_decreasing(footprints(lengths, self.sample_align, row), row,
+                                            loads=loads, load_capacity=self.loss_slots_for(row))
             costs[row] = len(rows) * row
         return min(costs, key=lambda row: (costs[row], -row))
 
@@ -252,11 +248,9 @@ class PackedBatch:
     ``num_truncated``: how many input samples were cut to ``sequence_length``;
     ``loss_slots``: the width of :meth:`loss_index` (0 = ``row_len``).
 
-    Tree packing (:func:`pack_tree`) adds ``prefix_ids`` (``[n_micro, row_len]``: the segment
-    id of the shared prefix a continuation token also attends to, 0 elsewhere),
-    ``seg_offset`` (where in its sample a segment's first token is: the shared length for a
-    continuation, else 0) and ``shared_saved`` (tokens the flat layout would compute more);
-    flat batches leave them None / 0.
+    Tree packing (:func:`pack_tree`) adds ``prefix_ids`` (``[n_micro, row_len]``: the prefix
+    segment a continuation token also reads, else 0), ``seg_offset`` (a segment's start in
+    its sample) and ``shared_saved`` (tokens not computed); flat batches: None / 0.
     """
 
     tokens: np.ndarray
@@ -398,45 +392,6 @@ def resolve_num_rows(needed: int, num_rows: int | None, rows_bucket: int, what: 
     return num_rows
 
 
-def first_fit_decreasing(
-    lengths: Sequence[int], capacity: int, max_items_per_bin: int | None = None, *,
-    loads: Sequence[int] | None = None, load_capacity: int | None = None,
-) -> list[list[int]]:
-    """Bins of item indices: items by decreasing length, each into the first bin with room.
-
-    FFD uses at most ``11/9·OPT + 6/9`` bins. Ties keep input order, so the result is
-    deterministic. Each bin's indices are returned in increasing order. With ``loads`` (one
-    per item, e.g. its loss tokens) a bin must also keep ``Σ loads ≤ load_capacity``.
-    """
-    lengths = np.asarray(lengths, dtype=np.int64)
-    if np.any(lengths > capacity):
-        raise ValueError(f"an item of length {lengths.max()} exceeds bin capacity {capacity}")
-    n = len(lengths)
-    loads = np.zeros(n, np.int64) if loads is None else np.asarray(loads, np.int64)
-    load_capacity = int(loads.max(initial=0)) if load_capacity is None else load_capacity
-    if np.any(loads > load_capacity):
-        raise ValueError(f"an item of load {loads.max()} exceeds the load capacity "
-                         f"{load_capacity}")
-    room = np.zeros(n, np.int64)  # at most one bin per item
-    load_room = np.zeros(n, np.int64)
-    count = np.zeros(n, np.int64)
-    cap_items = n if max_items_per_bin is None else max_items_per_bin
-    bins: list[list[int]] = []
-    for i in np.argsort(-lengths, kind="stable"):
-        open_ = len(bins)
-        fits = ((room[:open_] >= lengths[i]) & (load_room[:open_] >= loads[i])
-                & (count[:open_] < cap_items))
-        b = int(np.argmax(fits)) if fits.any() else open_
-        if b == open_:
-            bins.append([])
-            room[b], load_room[b] = capacity, load_capacity
-        bins[b].append(int(i))
-        room[b] -= lengths[i]
-        load_room[b] -= loads[i]
-        count[b] += 1
-    return [sorted(members) for members in bins]
-
-
 def pack_samples(
     samples: Sequence[Sample],
     *,
@@ -512,11 +467,8 @@ def pack_tree(samples: Sequence[Sample], *, micro_batch_max_tokens: int, sequenc
     cut, num_truncated = truncate_samples(samples, sequence_length)
     lengths = [len(s) for s in cut]
     loads = loss_loads(cut, lengths, loss_slots)
-    load_capacity = loss_slots or micro_batch_max_tokens
-    parts = tree_parts(cut, lengths, loads, micro_batch_max_tokens, load_capacity)
-    rows = first_fit_decreasing([p.length(lengths) for p in parts], micro_batch_max_tokens,
-                                loads=[sum(loads[i] for i in p.members) for p in parts],
-                                load_capacity=load_capacity)
+    parts, rows = tree_rows(cut, lengths, loads, micro_batch_max_tokens,
+                            loss_slots or micro_batch_max_tokens)
     arrays = assemble_tree_rows(
         cut, parts, rows, num_rows=resolve_num_rows(len(rows), num_rows, rows_bucket,
                                                     "pack_tree"),

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from jaxrl_agentic.data.buckets import round_up_to_bucket
+from jaxrl_agentic.data.buckets import first_fit_decreasing, round_up_to_bucket
 from jaxrl_agentic.data.types import Sample
 
 
@@ -111,6 +111,16 @@ def tree_parts(samples: Sequence[Sample], lengths: Sequence[int], loads: Sequenc
             used, load = used + extra, load + loads[i]
         parts.append(_part(current, shared))
     return parts
+
+
+def tree_rows(samples, lengths, loads, capacity: int, load_capacity: int):
+    """(tree parts, rows of part indices): the prefix groups cut to fit a row
+    (``tree_parts``), placed first-fit-decreasing under both capacities."""
+    parts = tree_parts(samples, lengths, loads, capacity, load_capacity)
+    rows = first_fit_decreasing([p.length(lengths) for p in parts], capacity,
+                                loads=[sum(loads[i] for i in p.members) for p in parts],
+                                load_capacity=load_capacity)
+    return parts, rows
 
 
 def _part(members: list[int], shared: int) -> TreePart:

@@ -27,6 +27,7 @@ import re
 from fractions import Fraction
 from typing import Any
 
+from jaxrl_agentic.envs.mcp_tools import server_tools
 from jaxrl_agentic.envs.tools import Tool, ToolEnv, format_tool_call, tool_responses
 
 MAX_EXPRESSION_CHARS = 200
@@ -301,7 +302,7 @@ def calculator_factory(*, operations: int = 0, format_penalty: float = 0.1,
                    max_calls_per_turn=max_calls_per_turn, call_timeout_s=call_timeout_s,
                    max_steps_in_episode=max_steps_in_episode,
                    max_tool_error_penalty=max_tool_error_penalty, call_style=call_style,
-                   extra_tools=tuple(extra_tools), mcp_servers=tuple(mcp_servers))
+                   extra_tools=tuple(extra_tools) + server_tools(mcp_servers, call_timeout_s))
     CalculatorEnv(**options)  # bad values fail here, at config time, not in a worker thread
 
     def factory(spec, run_seed: int) -> CalculatorEnv:

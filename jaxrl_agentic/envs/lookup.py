@@ -23,6 +23,7 @@ import random
 import re
 from typing import Any
 
+from jaxrl_agentic.envs.mcp_tools import server_tools
 from jaxrl_agentic.envs.tools import Tool, ToolEnv, format_tool_call, tool_responses
 
 MAX_SEARCH_RESULTS = 5
@@ -195,7 +196,7 @@ def lookup_factory(*, num_people: int = 12, num_cities: int = 5, format_penalty:
                    max_calls_per_turn=max_calls_per_turn, call_timeout_s=call_timeout_s,
                    max_steps_in_episode=max_steps_in_episode,
                    max_tool_error_penalty=max_tool_error_penalty, call_style=call_style,
-                   extra_tools=tuple(extra_tools), mcp_servers=tuple(mcp_servers))
+                   extra_tools=tuple(extra_tools) + server_tools(mcp_servers, call_timeout_s))
     LookupEnv(**options)  # bad values fail here, at config time
 
     def factory(spec, run_seed: int) -> LookupEnv:

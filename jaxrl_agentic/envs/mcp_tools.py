@@ -386,6 +386,13 @@ def mcp_tools(commands: Sequence[str], **kwargs: Any) -> list[Tool]:
     return tools
 
 
+def server_tools(commands: Sequence[str], call_timeout_s: float) -> tuple[Tool, ...]:
+    """A tool environment's `mcp_servers` as tools for its `extra_tools` (`mcp_tools`; none
+    without commands, and then `mcp` is not imported). The server's own deadline is the
+    environment's `call_timeout_s`, so a call the environment gives up on is cancelled."""
+    return tuple(mcp_tools(tuple(commands), call_timeout_s=call_timeout_s)) if commands else ()
+
+
 def close_mcp_servers() -> None:
     """Closes every server `mcp_server` started (they also close at exit)."""
     with _SERVERS_LOCK:

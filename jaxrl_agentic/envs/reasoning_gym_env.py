@@ -50,6 +50,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jaxrl_agentic.envs.base import INVALID_ACTION
+from jaxrl_agentic.envs.mcp_tools import server_tools
 from jaxrl_agentic.envs.python_env import EpisodeKey, PyStep, PythonTextEnv, text_state_hash
 from jaxrl_agentic.envs.registry import register_prefix
 from jaxrl_agentic.envs.tools import ToolEnv, parse_answer
@@ -177,8 +178,9 @@ class ReasoningGymToolEnv(ToolEnv):
                     + INSTRUCTION)
 
     def __init__(self, items: DatasetItems, *, tools: Sequence[str],
-                 **tool_env_options: Any):
-        super().__init__([], extra_tools=tuple(tools), **tool_env_options)
+                 mcp_servers: Sequence[str] = (), **tool_env_options: Any):
+        servers = server_tools(mcp_servers, tool_env_options.get("call_timeout_s", 1.0))
+        super().__init__([], extra_tools=tuple(tools) + servers, **tool_env_options)
         self.items = items
         self.name = PREFIX + items.dataset
         self.item: dict[str, Any] | None = None

@@ -282,8 +282,8 @@ class ToolEnv(PythonTextEnv):
 
     Every erroneous call costs `tool_error_penalty`, at most `max_tool_error_penalty` in all
     per episode (module doc). `call_style` is the call form the hints show (`CALL_STYLES`);
-    `extra_tools` names registered tools (`register_tool`) offered besides the task's own,
-    `mcp_servers` commands of MCP servers whose tools are offered too (`envs/mcp_tools.py`).
+    `extra_tools` are tools offered besides the task's own: names of registered tools
+    (`register_tool`) or `Tool`s (an MCP server's, `envs/mcp_tools.py::server_tools`).
     `PyStep.action` is 0 for an answer,
     1 for a turn of tool calls, -1 for neither; `action_is_valid` means "an answer, or
     calls none of which was garbled"; `action_is_effective`: a call returned a result.
@@ -296,8 +296,7 @@ class ToolEnv(PythonTextEnv):
                  tool_error_penalty: float = 0.1, correct_reward: float = 1.0,
                  max_calls_per_turn: int = 3, call_timeout_s: float = 1.0,
                  max_steps_in_episode: int = 6, max_tool_error_penalty: float = 0.5,
-                 call_style: str = "qwen", extra_tools: Sequence[str] = (),
-                 mcp_servers: Sequence[str] = ()):
+                 call_style: str = "qwen", extra_tools: Sequence[str | Tool] = ()):
         if max_calls_per_turn < 1:
             raise ValueError(f"max_calls_per_turn must be >= 1, got {max_calls_per_turn}")
         if min(call_timeout_s, format_penalty, tool_error_penalty, max_tool_error_penalty) < 0:
@@ -307,11 +306,8 @@ class ToolEnv(PythonTextEnv):
             raise ValueError(f"call_style must be one of {CALL_STYLES}, got {call_style!r}")
         self.max_tool_error_penalty, self.call_style = float(max_tool_error_penalty), call_style
         self._error_penalty_charged = 0.0
-        self.tool_list = list(tools) + [get_tool(name) for name in extra_tools]
-        if mcp_servers:  # the tools of MCP servers over stdio, one server per command
-            from jaxrl_agentic.envs.mcp_tools import mcp_tools
-
-            self.tool_list += mcp_tools(tuple(mcp_servers), call_timeout_s=call_timeout_s)
+        self.tool_list = list(tools) + [t if isinstance(t, Tool) else get_tool(t)
+                                        for t in extra_tools]
         self.tools = {t.name: t for t in self.tool_list}
         if len(self.tools) < len(self.tool_list):
             raise ValueError(f"two tools share a name: {[t.name for t in self.tool_list]}")
