@@ -186,10 +186,9 @@ def _tree_ids():
                  for a, b in zip(tree_batch(), tree_edge_batch(512), strict=True))
 
 
+# Each block size and dK/dV grid once, and bf16 (interpret mode compiles slowly).
 @pytest.mark.parametrize("block,dkdv_grid,dtype,tol", [
     (64, "kv_heads", jnp.float32, 1e-5),
-    (64, "query_heads", jnp.float32, 1e-5),
-    (128, "kv_heads", jnp.float32, 1e-5),
     (128, "query_heads", jnp.float32, 1e-5),
     (128, "kv_heads", jnp.bfloat16, 2e-2),
 ])
@@ -220,7 +219,7 @@ def test_tree_rows_match_dense_reference(block, dkdv_grid, dtype, tol):
         assert np.all(np.asarray(g, np.float32)[~real] == 0.0), name
 
 
-@pytest.mark.parametrize("dkdv_grid", ["kv_heads", "query_heads"])
+@pytest.mark.parametrize("dkdv_grid", ["query_heads"])
 def test_tree_kernel_is_exact_for_arbitrary_prefix_ids(dkdv_grid):
     """Scattered, non-monotone ids and prefix ids (some equal to the query's own id, some
     naming later segments): the two ranges are then a superset of the needed blocks, and the
@@ -253,7 +252,7 @@ def _visits(kv_bounds, nk):
                for r in range(0, kv_bounds.shape[-1], 2))
 
 
-@pytest.mark.parametrize("block", [32, 64, 128])
+@pytest.mark.parametrize("block", [64, 128])
 def test_tree_ranges_visit_exactly_the_attended_block_pairs(block):
     """On tree rows the two key-block ranges of each query block visit every block pair
     holding an attended (query, key) once and no other (earlier siblings' blocks are

@@ -69,8 +69,8 @@ def _tree_ids(batch=2):
     return tuple(jnp.asarray(x[:batch]) for x in tree_batch(512))
 
 
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
-@pytest.mark.parametrize("dkdv_grid", ["kv_heads", "query_heads"])
+@pytest.mark.parametrize("dtype,dkdv_grid", [(jnp.bfloat16, "kv_heads"),
+                                             (jnp.float32, "query_heads")])
 def test_tree_segment_attention_kernel_lowers_to_triton(dtype, dkdv_grid):
     """With prefix ids: the prefix input and the forward's and dq's two key-block loops."""
     q, k, _ = _qkv(dtype)
