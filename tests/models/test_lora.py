@@ -49,6 +49,28 @@ def merged_kernels(adapters, frozen, scale):
     return pure_f
 
 
+def assert_peft_round_trip(base_cfg, split, tmp_path):
+    """The base (`base_cfg`, seed 0) saved as a Hugging Face model and the adapters of
+    `split` = (graphdef, adapters, frozen) as a PEFT directory: `peft` puts them on the base
+    and `transformers` computes the adapted model's logits."""
+    import peft
+    import torch
+    import transformers
+
+    from jaxrl_agentic.models import save_pretrained
+
+    save_pretrained(Transformer(base_cfg, rngs=nnx.Rngs(0)), None, str(tmp_path / "base"))
+    graphdef, adapters, frozen = split
+    model = nnx.merge(graphdef, lora.combine(adapters, frozen))
+    save_peft_adapter(model, str(tmp_path / "adapter"), str(tmp_path / "base"))
+    base = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "base"),
+                                                             torch_dtype=torch.float32)
+    hf = peft.PeftModel.from_pretrained(base, str(tmp_path / "adapter"))
+    with torch.no_grad():
+        got = hf(torch.as_tensor(np.asarray(TOKENS), dtype=torch.long)).logits.numpy()
+    np.testing.assert_allclose(got, np.asarray(model(TOKENS, POSITIONS)), atol=1e-4)
+
+
 def test_the_adapted_model_is_the_base_until_b_moves():
     base = Transformer(MODEL_CFG, rngs=nnx.Rngs(0))
     model = adapted()
@@ -182,23 +204,10 @@ def test_the_peft_adapter_loads_onto_the_base_and_gives_the_adapted_logits(tmp_p
     """PEFT round trip: the base saved as a Hugging Face model, the adapters as a PEFT
     directory; `peft` puts them on the base and `transformers` computes the adapted model's
     logits."""
-    import peft
-    import torch
-    import transformers
 
-    from jaxrl_agentic.models import save_pretrained
 
-    save_pretrained(Transformer(MODEL_CFG, rngs=nnx.Rngs(0)), None, str(tmp_path / "base"))
-    graphdef, adapters, frozen = with_random_b(adapted(rank=4, alpha=8.0,
-                                                       targets=("q_proj", "o_proj", "up_proj")))
-    model = nnx.merge(graphdef, lora.combine(adapters, frozen))
-    save_peft_adapter(model, str(tmp_path / "adapter"), str(tmp_path / "base"))
-    base = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "base"),
-                                                             torch_dtype=torch.float32)
-    hf = peft.PeftModel.from_pretrained(base, str(tmp_path / "adapter"))
-    with torch.no_grad():
-        got = hf(torch.as_tensor(np.asarray(TOKENS), dtype=torch.long)).logits.numpy()
-    np.testing.assert_allclose(got, np.asarray(model(TOKENS, POSITIONS)), atol=1e-4)
+    assert_peft_round_trip(MODEL_CFG, with_random_b(adapted(
+        rank=4, alpha=8.0, targets=("q_proj", "o_proj", "up_proj"))), tmp_path)
     with pytest.raises(ValueError, match="no LoRA adapters"):
         save_peft_adapter(Transformer(MODEL_CFG, rngs=nnx.Rngs(0)), str(tmp_path / "x"))
 
@@ -245,22 +254,9 @@ def test_a_trained_head_trains_beside_the_adapters_and_the_reference_keeps_its_s
 
 
 def test_a_trained_head_goes_to_peft_as_a_module_to_save(tmp_path):
-    import peft
-    import torch
-    import transformers
 
-    from jaxrl_agentic.models import save_pretrained
 
-    save_pretrained(Transformer(UNTIED, rngs=nnx.Rngs(0)), None, str(tmp_path / "base"))
-    graphdef, adapters, frozen = head_trained()
-    model = nnx.merge(graphdef, lora.combine(adapters, frozen))
-    save_peft_adapter(model, str(tmp_path / "adapter"), str(tmp_path / "base"))
-    base = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "base"),
-                                                             torch_dtype=torch.float32)
-    hf = peft.PeftModel.from_pretrained(base, str(tmp_path / "adapter"))
-    with torch.no_grad():
-        got = hf(torch.as_tensor(np.asarray(TOKENS), dtype=torch.long)).logits.numpy()
-    np.testing.assert_allclose(got, np.asarray(model(TOKENS, POSITIONS)), atol=1e-4)
+    assert_peft_round_trip(UNTIED, head_trained(), tmp_path)
 
 
 def test_head_training_settings_are_checked():
