@@ -96,7 +96,7 @@ def test_hung_python_env_truncates_episodes_and_the_run_continues(tmp_path):
     try:
         for _ in range(2):
             metrics, trajs, samples = pipe.train_step()
-            assert metrics["env/timeout"] == 1.0
+            assert metrics["env/timeouts"] == 1.0
             assert all(t.truncated and len(t.turns) == 2 for t in trajs)
             assert samples and metrics["actor/grad_norm"] > 0  # still trained on them
     finally:

@@ -27,7 +27,7 @@ def trajectory_metrics(trajs, prefix: str) -> dict[str, float]:
         out[f"{p}action_is_valid"] = mean_of(t.metrics["action_is_valid"] for t in group)
         out[f"{p}action_is_effective"] = mean_of(t.metrics["action_is_effective"] for t in group)
         # Python envs: an env call that missed its deadline, or raised, ended the episode.
-        out[f"{p}timeout"] = mean_of(t.metrics.get("env_timeout", 0.0) for t in group)
+        out[f"{p}timeouts"] = mean_of(t.metrics.get("env_timeout", 0.0) for t in group)
         out[f"{p}errors"] = mean_of(t.metrics.get("env_error", 0.0) for t in group)
         # Tool envs: call totals, calls per episode, valid-call share ({} for other envs).
         out.update(tool_metrics([t.metrics for t in group], p))

@@ -62,7 +62,7 @@ from jaxrl_agentic.train import parse_config  # noqa: E402
 BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 MODES = ("sync", "async")
 MEAN_KEYS = ("time/step", "time/rollout", "time/train", "time/wait_for_rollout",
-             "off_policy/staleness_mean", "env/num_turns", "env/timeout",
+             "off_policy/staleness_mean", "env/num_turns", "env/timeouts",
              "env/truncated_by_length", "tokens/real")
 
 
