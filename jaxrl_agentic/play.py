@@ -67,17 +67,22 @@ def model_policy(model_dir: str, stdout: TextIO, *, max_new_tokens: int = 64,
                  max_total_len: int = 4096, reply_prefix: str = "",
                  reply_suffix: str = "", tools: list | None = None) -> Policy:
     """A policy where a model replies, over one token-level conversation (prefix reuse).
+    `model_dir`: a Hugging Face directory, "tiny" / "tiny-tools", or a training run (its
+    output directory, checkpoints directory or one step's: the policy at that checkpoint).
     `reply_prefix`, `reply_suffix`: as in training (the config fields of those names).
     `tools` (a tool environment's schemas) are listed in the first prompt, and a prompt of
     `<tool_response>` blocks is sent as `tool` messages, as in training."""
     from jaxrl_agentic.envs.tools import tool_responses
     from jaxrl_agentic.models import load_pretrained
-    from jaxrl_agentic.models.tiny import default_tiny_model_dir
+    from jaxrl_agentic.models.tiny import pretrained_dir
     from jaxrl_agentic.rollout.conversation import ChatFormatter
+    from jaxrl_agentic.run_loading import is_run_path, run_policy
     from jaxrl_agentic.sampling import Sampler
 
-    model, tokenizer = load_pretrained(default_tiny_model_dir() if model_dir == "tiny"
-                                       else model_dir)
+    if pretrained_dir(model_dir) is None and is_run_path(model_dir):  # a run's policy
+        model, tokenizer = run_policy(model_dir)
+    else:
+        model, tokenizer = load_pretrained(pretrained_dir(model_dir) or model_dir)
     formatter = ChatFormatter(tokenizer, reply_prefix=reply_prefix, reply_suffix=reply_suffix)
     session = Sampler(model, tokenizer, max_total_len=max_total_len).new_session(1)
     turn = [0]
@@ -225,7 +230,8 @@ def main(argv: list[str] | None = None, stdin: TextIO | None = None,
     parser.add_argument("--max-turns", type=int, default=None,
                         help="stop after this many turns (default: until the episode ends)")
     parser.add_argument("--model", default=None,
-                        help="a Hugging Face model directory (or 'tiny') that plays instead")
+                        help="a Hugging Face model directory, 'tiny', or a training run's "
+                             "output directory (its latest checkpoint) that plays instead")
     parser.add_argument("--max-new-tokens", type=int, default=None,
                         help="reply length (default: the recipe's max_tokens_per_step, or 64)")
     parser.add_argument("--temperature", type=float, default=1.0)
@@ -272,13 +278,14 @@ def main(argv: list[str] | None = None, stdin: TextIO | None = None,
     max_new = max_new if args.max_new_tokens is None else args.max_new_tokens
     if args.model:
         from jaxrl_agentic.models import CheckpointError
+        from jaxrl_agentic.runtime.checkpoint import CheckpointError as RunError
 
         try:
             policy = model_policy(args.model, stdout, max_new_tokens=max_new,
                                   temperature=args.temperature, greedy=args.greedy,
                                   seed=args.seed, reply_prefix=prefix, reply_suffix=suffix,
                                   tools=env.tool_schemas if python_env else None)
-        except CheckpointError as error:
+        except (CheckpointError, RunError) as error:
             parser.error(str(error))
     else:
         policy = stdin_policy(stdin, stdout)

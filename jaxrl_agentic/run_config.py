@@ -211,13 +211,14 @@ class RunSettings:
     save_steps: int = 20
     logging_steps: int = 1
     eval_steps: int = 10
+    eval_transcripts: int = 3
     resume_from_checkpoint: str = ""
     debug_dump_dir: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelSettings:
-    """The checkpoint to start from (``"tiny"``: the built-in default model) and its
+    """The checkpoint to start from (``"tiny"``, ``"tiny-tools"``: built-in models) and its
     compute/parameter dtypes."""
 
     pretrain: str = "tiny"
@@ -227,13 +228,11 @@ class ModelSettings:
     lora: LoRAConfig = LoRAConfig()
 
     def directory(self) -> str:
-        """The HF directory of ``pretrain`` (``"tiny"`` → the cached default model, built
-        on first use)."""
-        if self.pretrain == "tiny":
-            from jaxrl_agentic.models.tiny import default_tiny_model_dir
+        """The HF directory of ``pretrain`` (``"tiny"`` → the cached default model,
+        ``"tiny-tools"`` → the tool recipes' variant, each built on first use)."""
+        from jaxrl_agentic.models.tiny import pretrained_dir
 
-            return default_tiny_model_dir()
-        return os.path.expanduser(self.pretrain)
+        return pretrained_dir(self.pretrain) or os.path.expanduser(self.pretrain)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -423,7 +422,8 @@ def build_run_config(c) -> RunConfig:
         logging_dir=c.logging_dir or os.path.join(out, "tensorboard"),
         render_save_dir=c.render_save_dir or os.path.join(out, "renders"),
         max_steps=c.max_steps, save_steps=c.save_steps, logging_steps=c.logging_steps,
-        eval_steps=c.eval_steps, resume_from_checkpoint=c.resume_from_checkpoint,
+        eval_steps=c.eval_steps, eval_transcripts=c.eval_transcripts,
+        resume_from_checkpoint=c.resume_from_checkpoint,
         debug_dump_dir=c.debug.dump_dir)
     splits = {}
     for split, name in (("train", "train_env_manager"), ("val", "val_env_manager")):

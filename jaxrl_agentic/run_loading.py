@@ -52,3 +52,27 @@ def evaluate_checkpoint(argv: list[str], checkpoint_path: str):
     pipeline = restore_pipeline(c, checkpoint_path)
     metrics, trajs = pipeline.evaluate()
     return pipeline, metrics, trajs
+
+
+def is_run_path(path: str) -> bool:
+    """Whether `path` is a training run's output directory, its `checkpoints` directory or
+    one step's directory inside it (not a Hugging Face model directory)."""
+    path = os.path.abspath(os.path.expanduser(path))
+    parent = os.path.basename(os.path.dirname(path))
+    return (os.path.isdir(os.path.join(path, "checkpoints"))
+            or os.path.basename(path) == "checkpoints"
+            or (os.path.basename(path).isdigit() and parent == "checkpoints"))
+
+
+def run_policy(path: str):
+    """(model, tokenizer) of a run's policy at its latest checkpoint, or at the step that
+    `path` names; a LoRA run's adapters come merged into the weights, as export writes
+    them. `path`: as `is_run_path` accepts it."""
+    c = load_run_config(path)
+    if os.path.isdir(os.path.join(path, "checkpoints")):
+        path = os.path.join(path, "checkpoints")
+    pipeline = restore_pipeline(c, path)
+    try:
+        return pipeline.export_model(), pipeline.tokenizer
+    finally:
+        pipeline.close()

@@ -134,6 +134,7 @@ def run(c, *, log=print) -> dict[str, float]:
     from jaxrl_agentic.runtime import timing
     from jaxrl_agentic.runtime.checkpoint import Checkpointer, resolve_checkpoint
     from jaxrl_agentic.runtime.metrics_writer import MetricsWriter, console_line
+    from jaxrl_agentic.runtime.transcripts import eval_transcripts, write_transcripts
 
     validate(c)
     cfg = build_run_config(c)  # from here on only the typed tree is read
@@ -189,6 +190,11 @@ def run(c, *, log=print) -> dict[str, float]:
             if step % r.eval_steps == 0 or step == r.max_steps:
                 eval_metrics, eval_trajs = pipeline.evaluate()
                 metrics.update(eval_metrics)
+                if writer and r.eval_transcripts:
+                    text = eval_transcripts(pipeline.tokenizer, eval_trajs, r.eval_transcripts)
+                    if text:
+                        writer.write_text(step, "episodes/eval_transcripts", text)
+                        write_transcripts(os.path.join(r.output_dir, "transcripts"), step, text)
             # Wall seconds since this process started the run (a resumed run counts again from
             # 0): "success by minute N" is read from here (scripts/analysis/seed_sweep.py).
             metrics["time/elapsed"] = time.perf_counter() - started

@@ -73,6 +73,10 @@ def check_outputs(out: str, steps: int, gifs: bool = True) -> list[dict]:
     assert glob.glob(os.path.join(out, "tensorboard", "events.out.tfevents.*"))
     # Tool envs have no picture: no GIFs, counted in render/skipped.
     assert bool(glob.glob(os.path.join(out, "renders", "*.gif"))) == gifs
+    # The final eval's held-out episodes as transcripts (2 val groups of 1).
+    with open(os.path.join(out, "transcripts", f"eval_step_{steps}.txt")) as f:
+        transcript = f.read()
+    assert transcript.count("=== episode ") == 2 and "[reply 1]" in transcript
     return records
 
 
@@ -167,6 +171,27 @@ def test_export_writes_a_model_transformers_loads(reference_run, tmp_path):
     our_logits = np.asarray(ours(jnp.asarray(tokens), jnp.arange(tokens.shape[1])[None]))
     assert np.abs(hf_logits - our_logits).max() <= 1e-4
     assert export.main(["--checkpoint", str(tmp_path / "nope"), "--out", out]) == 2
+
+
+def test_play_replays_a_runs_policy(reference_run, tmp_path):
+    """`play --model RUN` plays with the run's latest checkpoint, as a model directory
+    would: greedy replies are the exported policy's."""
+    import io
+
+    from jaxrl_agentic import export, play
+
+    recipe = os.path.join(ROOT, "configs", "frozen_lake.py")
+    argv = ["--config", recipe, "--greedy", "--max-turns", "2", "--seed", "5"]
+    from_run = io.StringIO()
+    assert play.main([*argv, "--model", reference_run], stdout=from_run) == 0
+    hf = str(tmp_path / "hf")
+    assert export.main(["--checkpoint", os.path.join(reference_run, "checkpoints"),
+                        "--out", hf]) == 0
+    from_hf = io.StringIO()
+    assert play.main([*argv, "--model", hf], stdout=from_hf) == 0
+    replies = [line for line in from_run.getvalue().splitlines() if line.startswith("model:")]
+    assert replies and replies == [line for line in from_hf.getvalue().splitlines()
+                                   if line.startswith("model:")]
 
 
 def test_gae_trains_a_critic_and_resumes_it(tmp_path):
