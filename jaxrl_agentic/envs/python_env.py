@@ -88,6 +88,7 @@ class PyStep:
     tool_calls: int = 0  # tool calls in the reply, garbled ones included
     tool_errors: int = 0  # garbled calls (bad JSON, unknown tool, bad arguments, timeout, ...)
     tool_timeouts: int = 0  # calls that missed their timeout (also counted in tool_errors)
+    tool_error_kinds: tuple[str, ...] = ()  # the kind of each erroneous call (ERROR_KINDS)
 
 
 class PythonTextEnv:

@@ -203,11 +203,20 @@ def _fits(value: Any, expected: Any) -> bool:
     return isinstance(value, types) and not (isinstance(value, bool) and expected != "boolean")
 
 
+# What went wrong with an erroneous call: not a well-formed call (JSON, shape), a tool that
+# does not exist, arguments that do not fit the schema, the tool refused them (it raised),
+# it missed `call_timeout_s`, one call too many in a reply, or a call in a reply that
+# answers (never run).
+ERROR_KINDS = ("format", "unknown_tool", "arguments", "tool", "timeout", "over_limit",
+               "with_answer")
+
+
 @dataclasses.dataclass(frozen=True)
 class ToolResult:
     content: str  # the tool message
     error: bool  # a garbled call (counted and penalised)
     timeout: bool = False
+    kind: str = ""  # for an error, one of ERROR_KINDS
 
 
 def run_tool_call(call: ToolCall, tools: Mapping[str, Tool], timeout_s: float) -> ToolResult:
@@ -217,14 +226,14 @@ def run_tool_call(call: ToolCall, tools: Mapping[str, Tool], timeout_s: float) -
     deadline (a Python thread cannot be killed; the tools here return in microseconds, so
     a timeout means a runaway call, and the episode goes on without its result)."""
     if call.error is not None:
-        return ToolResult(f"Error: {call.error}.", error=True)
+        return ToolResult(f"Error: {call.error}.", error=True, kind="format")
     tool = tools.get(call.name)
     if tool is None:
         return ToolResult(f"Error: unknown tool {call.name!r}; available: "
-                          f"{', '.join(sorted(tools))}.", error=True)
+                          f"{', '.join(sorted(tools))}.", error=True, kind="unknown_tool")
     problem = check_arguments(tool, call.arguments)
     if problem is not None:
-        return ToolResult(f"Error: {problem}.", error=True)
+        return ToolResult(f"Error: {problem}.", error=True, kind="arguments")
     outcome: dict[str, Any] = {}
 
     def target():
@@ -241,12 +250,13 @@ def run_tool_call(call: ToolCall, tools: Mapping[str, Tool], timeout_s: float) -
         thread.join(timeout_s)
         if thread.is_alive():
             return ToolResult(f"Error: {tool.name} timed out after {timeout_s:g} s.",
-                              error=True, timeout=True)
+                              error=True, timeout=True, kind="timeout")
     else:
         target()
     if "error" in outcome:
-        return ToolResult(_clip(f"Error: {outcome['error']}"), error=True,
-                          timeout=outcome.get("timeout", False))
+        timeout = outcome.get("timeout", False)
+        return ToolResult(_clip(f"Error: {outcome['error']}"), error=True, timeout=timeout,
+                          kind="timeout" if timeout else "tool")
     return ToolResult(_clip(outcome["value"]), error=False)
 
 
@@ -355,7 +365,8 @@ class ToolEnv(PythonTextEnv):
             return PyStep(observation="", reward=(self.correct_reward if correct else 0.0)
                           - penalty, terminated=True, action_is_valid=not calls,
                           action_is_effective=True, success=correct, action=0,
-                          tool_calls=len(calls), tool_errors=len(calls))
+                          tool_calls=len(calls), tool_errors=len(calls),
+                          tool_error_kinds=("with_answer",) * len(calls))
         if not calls:
             example = format_tool_call("NAME", {"ARGUMENT": "VALUE"}, self.call_style)
             return PyStep(observation=("Your reply had no tool call and no answer. Call a tool "
@@ -365,7 +376,7 @@ class ToolEnv(PythonTextEnv):
         results = [run_tool_call(c, self.tools, self.call_timeout_s)
                    for c in calls[:self.max_calls_per_turn]]
         results += [ToolResult(f"Error: at most {self.max_calls_per_turn} tool calls per "
-                               "reply; this one was not run.", error=True)
+                               "reply; this one was not run.", error=True, kind="over_limit")
                     for _ in calls[self.max_calls_per_turn:]]
         errors = sum(r.error for r in results)
         self._transcript.extend(r.content for r in results)
@@ -373,7 +384,8 @@ class ToolEnv(PythonTextEnv):
                       terminated=False, action_is_valid=errors == 0,
                       action_is_effective=errors < len(results), success=False, action=1,
                       tool_messages=tuple(r.content for r in results), tool_calls=len(calls),
-                      tool_errors=errors, tool_timeouts=sum(r.timeout for r in results))
+                      tool_errors=errors, tool_timeouts=sum(r.timeout for r in results),
+                      tool_error_kinds=tuple(r.kind for r in results if r.error))
 
 
     def _error_penalty(self, errors: int) -> float:
@@ -386,14 +398,21 @@ class ToolEnv(PythonTextEnv):
 
 
 TOOL_METRICS = ("tool/calls", "tool/errors", "tool/timeouts")
+ERROR_KIND_METRICS = tuple(f"tool/errors_{kind}" for kind in ERROR_KINDS)
 
 
 def tool_episode_metrics(steps: Sequence[PyStep]) -> dict[str, float]:
     """Per-episode sums: `tool/calls`, `tool/errors` (garbled calls, timeouts included),
-    `tool/timeouts`."""
-    return {"tool/calls": float(sum(s.tool_calls for s in steps)),
-            "tool/errors": float(sum(s.tool_errors for s in steps)),
-            "tool/timeouts": float(sum(s.tool_timeouts for s in steps))}
+    `tool/timeouts`, `tool/errors_<kind>` per `ERROR_KINDS`; and `tool/turns_to_answer`
+    (the turn that answered) when the episode ended with an answer."""
+    kinds = [k for s in steps for k in s.tool_error_kinds]
+    out = {"tool/calls": float(sum(s.tool_calls for s in steps)),
+           "tool/errors": float(sum(s.tool_errors for s in steps)),
+           "tool/timeouts": float(sum(s.tool_timeouts for s in steps)),
+           **{f"tool/errors_{kind}": float(kinds.count(kind)) for kind in ERROR_KINDS}}
+    if steps and steps[-1].terminated and steps[-1].action == 0:
+        out["tool/turns_to_answer"] = float(len(steps))
+    return out
 
 
 def tool_metrics(episode_metrics: Sequence[Mapping[str, float]],
@@ -402,14 +421,22 @@ def tool_metrics(episode_metrics: Sequence[Mapping[str, float]],
     a non-tool env, are skipped; {} when none has them):
 
     - `tool/calls`, `tool/errors`, `tool/timeouts`: totals over the batch;
+    - `tool/errors_<kind>`: totals per kind of error (`ERROR_KINDS`);
     - `tool/calls_per_episode`: mean calls per episode;
-    - `tool/valid_fraction`: 1 − errors / calls, the share of well-formed calls (1 if none).
+    - `tool/valid_fraction`: 1 − errors / calls, the share of well-formed calls (1 if none);
+    - `tool/answered`: the share of episodes that ended with an answer, and
+      `tool/turns_to_answer` the mean turn of that answer (absent when none answered).
     """
     rows = [m for m in episode_metrics if "tool/calls" in m]
     if not rows:
         return {}
-    out = {f"{prefix}{k}": float(sum(m[k] for m in rows)) for k in TOOL_METRICS}
+    out = {f"{prefix}{k}": float(sum(m.get(k, 0.0) for m in rows))
+           for k in TOOL_METRICS + ERROR_KIND_METRICS}
     calls, errors = out[f"{prefix}tool/calls"], out[f"{prefix}tool/errors"]
     out[f"{prefix}tool/calls_per_episode"] = calls / len(rows)
     out[f"{prefix}tool/valid_fraction"] = 1.0 - errors / calls if calls else 1.0
+    answered = [m["tool/turns_to_answer"] for m in rows if "tool/turns_to_answer" in m]
+    out[f"{prefix}tool/answered"] = len(answered) / len(rows)
+    if answered:
+        out[f"{prefix}tool/turns_to_answer"] = sum(answered) / len(answered)
     return out

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from jaxrl_agentic.envs.tools import (
     CALL_CLOSE,
     CALL_OPEN,
+    ERROR_KINDS,
     Tool,
     ToolCall,
     ToolEnv,
@@ -17,6 +18,7 @@ from jaxrl_agentic.envs.tools import (
     parse_answer,
     parse_tool_calls,
     run_tool_call,
+    tool_episode_metrics,
     tool_metrics,
     tool_response_text,
     tool_responses,
@@ -90,6 +92,7 @@ def test_a_call_past_its_timeout_is_an_error_and_a_timeout():
                     _call({"name": "add", "arguments": {"a": 3, "b": 4}}))
     release.set()
     assert (step.tool_calls, step.tool_errors, step.tool_timeouts) == (2, 1, 1)
+    assert step.tool_error_kinds == ("timeout",)
     assert "timed out" in step.tool_messages[0] and step.tool_messages[1] == "7"
     assert step.reward == -0.25 and not step.terminated and step.action_is_effective
 
@@ -158,13 +161,42 @@ def test_tool_responses_inverts_tool_response_text():
 
 
 def test_tool_metrics_aggregate_over_episodes():
-    episodes = [{"tool/calls": 3.0, "tool/errors": 1.0, "tool/timeouts": 1.0},
-                {"tool/calls": 1.0, "tool/errors": 0.0, "tool/timeouts": 0.0},
+    episodes = [{"tool/calls": 3.0, "tool/errors": 1.0, "tool/timeouts": 1.0,
+                 "tool/errors_timeout": 1.0, "tool/turns_to_answer": 4.0},
+                {"tool/calls": 1.0, "tool/errors": 0.0, "tool/timeouts": 0.0,
+                 "tool/turns_to_answer": 2.0},
+                {"tool/calls": 0.0, "tool/errors": 0.0, "tool/timeouts": 0.0},
                 {"success": 1.0}]  # an episode of a non-tool env: left out
+    zeros = {f"env/tool/errors_{k}": 0.0 for k in ERROR_KINDS}
     assert tool_metrics(episodes, "env/") == {
+        **zeros, "env/tool/errors_timeout": 1.0,
         "env/tool/calls": 4.0, "env/tool/errors": 1.0, "env/tool/timeouts": 1.0,
-        "env/tool/calls_per_episode": 2.0, "env/tool/valid_fraction": 0.75}
+        "env/tool/calls_per_episode": 4 / 3, "env/tool/valid_fraction": 0.75,
+        "env/tool/answered": 2 / 3, "env/tool/turns_to_answer": 3.0}
+    assert "tool/turns_to_answer" not in tool_metrics([episodes[2]])
     assert tool_metrics([{"success": 1.0}]) == {}
+
+
+def test_every_erroneous_call_is_counted_by_its_kind():
+    boom = Tool("boom", "raises", {"type": "object", "properties": {}}, fn=lambda: 1 / 0)
+    env = Adder(extra_tools=[boom], max_calls_per_turn=4, max_tool_error_penalty=10.0)
+    env.reset(0)
+    steps = [env.step(f"{CALL_OPEN}{{oops}}{CALL_CLOSE}"                       # format
+                      + _call({"name": "nope", "arguments": {}})               # unknown_tool
+                      + _call({"name": "add", "arguments": {"a": "3"}})        # arguments
+                      + _call({"name": "boom", "arguments": {}})               # tool
+                      + _call({"name": "add", "arguments": {"a": 3, "b": 4}})),  # over_limit
+             env.step(_call({"name": "add", "arguments": {"a": 3, "b": 4}})),  # fine
+             env.step(_call({"name": "add", "arguments": {"a": 3, "b": 4}})
+                      + "<answer>7</answer>")]                                # with_answer
+    assert steps[0].tool_error_kinds == ("format", "unknown_tool", "arguments", "tool",
+                                         "over_limit")
+    assert steps[1].tool_error_kinds == () and steps[2].tool_error_kinds == ("with_answer",)
+    metrics = tool_episode_metrics(steps)
+    assert {k: metrics[f"tool/errors_{k}"] for k in ERROR_KINDS} == {
+        "format": 1.0, "unknown_tool": 1.0, "arguments": 1.0, "tool": 1.0, "timeout": 0.0,
+        "over_limit": 1.0, "with_answer": 1.0}
+    assert metrics["tool/errors"] == 6.0 and metrics["tool/turns_to_answer"] == 3.0
 
 
 _FRAGMENTS = st.sampled_from([
