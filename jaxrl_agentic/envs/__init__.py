@@ -28,6 +28,7 @@ from jaxrl_agentic.envs.python_env import register_python_env
 # only when one is built.
 from jaxrl_agentic.envs.reasoning_gym_env import reasoning_gym_builder  # noqa: F401
 from jaxrl_agentic.envs.registry import make, register, registered_envs
+from jaxrl_agentic.envs.shop import shop_factory
 from jaxrl_agentic.envs.sokoban import Sokoban, SokobanParams, SokobanState
 from jaxrl_agentic.envs.textarena_env import textarena_builder  # noqa: F401
 from jaxrl_agentic.envs.tools import Tool, register_tool, registered_tools
@@ -36,6 +37,7 @@ from jaxrl_agentic.envs.tools import Tool, register_tool, registered_tools
 # they join (`python_env.py`, which `tools.py` builds on): any import of the package does it.
 register_python_env("calculator", calculator_factory)
 register_python_env("lookup", lookup_factory)
+register_python_env("shop", shop_factory)
 register_tool(CALCULATE)  # a tool any tool environment can offer (`extra_tools`)
 
 __all__ = [

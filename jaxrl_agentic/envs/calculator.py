@@ -223,10 +223,16 @@ class CalculatorEnv(ToolEnv):
         return f"Problem: {text}", answer
 
     def is_correct(self, given: str, answer: int) -> bool:
-        given = given.replace(",", "").strip()
-        if not re.fullmatch(r"-?\d{1,30}(?:\.\d{1,30})?", given):
-            return False
-        return Fraction(given) == answer
+        return number_matches(given, answer)
+
+
+def number_matches(given: str, answer: int | Fraction) -> bool:
+    """Whether the answer text `given` is the number `answer` (digits, an optional sign and
+    decimals, thousands commas ignored; nothing else)."""
+    given = given.replace(",", "").strip()
+    if not re.fullmatch(r"-?\d{1,30}(?:\.\d{1,30})?", given):
+        return False
+    return Fraction(given) == answer
 
 
 def _call(expression: str, call_style: str) -> str:
