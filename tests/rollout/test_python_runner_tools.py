@@ -84,3 +84,73 @@ def test_garbled_calls_are_answered_counted_and_penalised(tokenizer):
     assert t.metrics["tool/calls"] == 3.0 and t.metrics["tool/errors"] == 2.0
     env = make_python_env("calculator")(EpisodeSpec(3, 0, 0), 0)
     assert t.tokens == _whole_chat(tokenizer, env, t)
+
+
+def test_a_three_turn_tool_episode_is_qwen25s_own_format(qwen_fixture_dir):
+    """A three-turn episode (two calls, then the answer) written as the structured messages
+    a Qwen2.5 user would send: the tools' schemas go to the template, each call is the
+    assistant message's `tool_calls` (not its text), each result a `tool` message. Qwen2.5's
+    own chat template renders them token for token as the stream the rollout appended, and
+    the row the learner trains on holds that stream with loss exactly on the replies."""
+    import json
+
+    import numpy as np
+
+    from jaxrl_agentic.data.packing import PackingConfig
+    from jaxrl_agentic.data.samples import build_samples
+    from jaxrl_agentic.envs.tools import format_tool_call, parse_tool_calls
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(qwen_fixture_dir)
+
+    def make_policy(rng):  # a warm-up sum first, then the oracle's call and answer
+        del rng
+        oracle, seen = CalculatorOracle(), []
+
+        def reply(text):
+            seen.append(text)
+            if len(seen) == 1:
+                return format_tool_call("calculate", {"expression": "1 + 1"})
+            return oracle.reply(seen[0] if len(seen) == 2 else text)
+
+        return reply
+
+    (t,), _ = _run(tokenizer, "calculator", make_policy, seeds=[5])
+    assert len(t.turns) == 3 and t.metrics["success"] == 1.0 and t.metrics["tool/errors"] == 0
+    env = make_python_env("calculator")(EpisodeSpec(5, 0, 0), 0)
+    messages = [{"role": "user", "content": env.reset(5)}]
+    for turn in t.turns:
+        calls = parse_tool_calls(turn.reply)
+        if not calls:
+            messages.append({"role": "assistant", "content": turn.reply})
+            break
+        messages.append({"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in calls]})
+        messages += [{"role": "tool", "content": m} for m in env.step(turn.reply).tool_messages]
+    text = tokenizer.apply_chat_template(messages, tools=env.tool_schemas, tokenize=False)
+    assert text.startswith("<|im_start|>system\n") and "<tools>\n" + json.dumps(
+        env.tool_schemas[0]) in text  # the tools block of the system turn
+    assert text.count("<tool_call>\n{\"name\": \"calculate\"") == 2
+    assert text.count("<|im_start|>user\n<tool_response>\n") == 2
+    qwen_ids = tokenizer.encode(text[:-1], add_special_tokens=False)  # less the final "\n"
+    assert t.tokens == qwen_ids
+
+    (sample,), _ = build_samples([t], [np.ones(3, np.float32)], sample_mode="trajectory")
+    batch = PackingConfig(micro_batch_max_tokens=2048, sequence_length=2048,
+                          rows_bucket=1).pack([sample])
+    n = len(qwen_ids)
+    assert np.asarray(batch.tokens)[0, :n].tolist() == qwen_ids
+    generated = np.zeros(n, bool)
+    for turn in t.turns:
+        generated[turn.context_len:turn.context_len + len(turn.generated)] = True
+    assert np.array_equal(np.asarray(batch.loss_mask)[0, :n] > 0, generated)
+    replies = [tokenizer.decode(np.asarray(qwen_ids)[generated[:n]][a:b])
+               for a, b in _spans([len(turn.generated) for turn in t.turns])]
+    assert replies == [turn.reply + "<|im_end|>" for turn in t.turns]
+
+
+def _spans(lengths):
+    start = 0
+    for n in lengths:
+        yield start, start + n
+        start += n
