@@ -51,8 +51,10 @@ def env_spec(env_type: str, max_turns: int = 10, max_tokens_per_step: int = 64,
 def tiny_grpo_recipe(exp_name: str, reply_prefix: str, reply_suffix: str):
     """The settings the tiny model's recipes on other libraries' environments share
     (`configs/textarena.py`, `configs/reasoning_gym.py`): GRPO over trajectory samples, a
-    cosine schedule from 1e-3, a light KL, an untied head, one JAX device per core, and the
-    reply's tags as context (no format warm-up: the model writes only what goes between)."""
+    cosine schedule from 1e-3, a light KL, an untied head, one JAX device per core, the
+    reply's tags as context (the model writes only what goes between), and a short format
+    warm-up (`warmup.text_policy`: a game's example actions, a dataset's answers to other
+    items), without which the random tiny model rarely ends a reply in time."""
     c = default_config()
     c.exp_name, c.pretrain = exp_name, "tiny"
     c.adv_estimator, c.sample_mode = "grpo", "trajectory"
@@ -61,7 +63,7 @@ def tiny_grpo_recipe(exp_name: str, reply_prefix: str, reply_suffix: str):
     c.mini_batch_size, c.init_kl_coef = 16, 0.05
     c.mesh.cpu_devices = 0
     c.reply_prefix, c.reply_suffix = reply_prefix, reply_suffix
-    c.format_warmup.steps = 0
+    c.format_warmup.steps = 20
     c.untie_word_embeddings = True
     return c
 
@@ -106,6 +108,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.logging_steps = 1
     c.eval_steps = 10
     c.eval_temperature = 0.0  # 0 = greedy; > 0 samples the eval replies at this temperature
+    # Held-out episodes written out turn by turn at every eval (TensorBoard text
+    # episodes/eval_transcripts and <output_dir>/transcripts/eval_step_N.txt); 0 = none.
+    c.eval_transcripts = 3
     c.resume_from_checkpoint = ""  # a checkpoint path, or "latest"
     # model
     c.pretrain = "tiny"  # a local HF directory, or "tiny" for the built-in default model
@@ -333,6 +338,7 @@ def validate(c) -> None:
     _choice(c, "dtype", DTYPES)
     _positive(c, "sample_align", allow_zero=True)
     _positive(c, "row_prefixes", allow_zero=True)
+    _positive(c, "eval_transcripts", allow_zero=True)
     _choice(c, "param_dtype", DTYPES)
     for field in ("untie_word_embeddings", "align_when_free", "share_group_prefix",
                   "group_minibatches"):
@@ -448,10 +454,11 @@ def validate(c) -> None:
         _fail("async_generation_ratio", f"must be an integer, got {c.async_generation_ratio!r}")
     _positive(c, "tis_imp_ratio_cap", allow_zero=True)
     validate_filters(c)
-    if c.pretrain != "tiny":
+    if c.pretrain not in ("tiny", "tiny-tools"):
         path = os.path.expanduser(c.pretrain)
         if not os.path.isdir(path):
-            _fail("pretrain", f"model directory not found: {path} (or use 'tiny')")
+            _fail("pretrain", f"model directory not found: {path} (or use 'tiny' or "
+                  "'tiny-tools')")
         if not os.path.exists(os.path.join(path, "config.json")):
             _fail("pretrain", f"{path} has no config.json (not a Hugging Face model directory)")
     if c.mesh.data == 0 or c.mesh.fsdp == 0 or c.mesh.tensor == 0:

@@ -76,12 +76,33 @@ def random_action_replies(formatter, action_names, seed: int):
     return lambda row, new_ids=(): list(rng.choice(encoded))
 
 
-# Python (tool) environments: a format-only text policy per env type, `make(rng)` →
-# `reply(new_text) -> reply_text` (random well-formed tool calls, then an answer).
-def _text_policies():
-    from jaxrl_agentic.envs.calculator import random_calculator_policy
+def text_policy(env_type: str, env_config: dict):
+    """The format-only text policy of a Python environment, `make(rng)` →
+    `reply(new_text) -> reply_text`, or None when it has none: the calculator's random
+    well-formed calls then an answer, the shop's lookup then a random calculation, a
+    TextArena game's example actions
+    (`textarena_env.random_example_policy`), a reasoning-gym dataset's answers to other
+    items (`reasoning_gym_env.another_items_answer_policy`)."""
+    if env_type == "calculator":
+        from jaxrl_agentic.envs.calculator import random_calculator_policy
 
-    return {"calculator": random_calculator_policy}
+        return functools.partial(random_calculator_policy,
+                                 call_style=env_config.get("call_style", "qwen"))
+    if env_type == "shop":
+        from jaxrl_agentic.envs.shop import random_shop_policy
+
+        return functools.partial(random_shop_policy,
+                                 call_style=env_config.get("call_style", "qwen"))
+    if env_type.startswith("textarena:"):
+        from jaxrl_agentic.envs.textarena_env import random_example_policy
+
+        return random_example_policy
+    if env_type.startswith("reasoning_gym:") and not env_config.get("tools"):
+        from jaxrl_agentic.envs.reasoning_gym_env import another_items_answer_policy
+
+        return another_items_answer_policy(env_type.split(":", 1)[1],
+                                           env_config.get("dataset_config"))
+    return None
 
 
 def text_policy_replies(formatter, make_policy, seed: int):
@@ -224,16 +245,14 @@ def _python_warmup_runner(cfg: RunConfig, i: int, spec, env_config: dict, format
     from jaxrl_agentic.rollout.python_runner import PythonRolloutRunner
     from jaxrl_agentic.rollout.turns import GenerationConfig
 
-    policies = _text_policies()
-    if spec.env_type not in policies:
+    policy = text_policy(spec.env_type, env_config)
+    if policy is None:
         raise ConfigError(f"config.format_warmup.steps: no format warm-up policy for the python "
-                          f"environment {spec.env_type!r} (have: {', '.join(policies)}); "
-                          "set format_warmup.steps=0")
+                          f"environment {spec.env_type!r} (have: calculator, shop, textarena:<id>, "
+                          "reasoning_gym:<dataset> without tools); set format_warmup.steps=0")
     factory = make_python_env(spec.env_type, format_penalty=spec.format_penalty, **env_config)
     scripted = ScriptedSampler(
-        text_policy_replies(formatter, functools.partial(
-            policies[spec.env_type], call_style=env_config.get("call_style", "qwen")),
-            cfg.run.seed + 7919 * i),
+        text_policy_replies(formatter, policy, cfg.run.seed + 7919 * i),
         max_total_len=cfg.rollout.max_input_length + spec.max_tokens_per_step + 1)
     return PythonRolloutRunner(factory, scripted, formatter, tag=spec.tag,
                                max_turns=min(spec.max_turns, cfg.format_warmup.max_turns),

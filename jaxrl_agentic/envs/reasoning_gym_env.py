@@ -126,6 +126,24 @@ def score(data: Any, answer: str, item: Mapping[str, Any]) -> float:
     return value if math.isfinite(value) else 0.0
 
 
+def another_items_answer_policy(dataset: str, dataset_config: Mapping[str, Any] | None = None):
+    """The format warm-up's text policy (`warmup.py`): `make(rng)` → `reply(text)`, which
+    answers with the stored answer of another item of the same dataset (a random seed
+    above the episodes' range), in `<answer>` tags. It teaches the shape and range of the
+    dataset's answers, not the answer to the question asked."""
+    items = DatasetItems(dataset, dict(dataset_config or {}))
+
+    def make(rng, **_unused):
+        def reply(text: str) -> str:
+            del text
+            _, item = items.get(2**40 + rng.randrange(2**20))
+            return f"<answer>{item['answer']}</answer>"
+
+        return reply
+
+    return make
+
+
 def _first_message(question: str, instruction: str) -> str:
     return f"{question.rstrip()}\n\n{instruction}"
 

@@ -30,12 +30,11 @@ Seeds: `reset(seed)` plays TextArena's game `seed` (`env.reset(num_players=1, se
 which seeds Python's global `random`); `run_seed` does not change the games, so a seed is
 the same game as in TextArena itself. Games draw from the global `random` during steps
 too (2048 tiles, card deals, Minesweeper's mines on the first click), so each episode keeps
-its own `random` and numpy global states (numpy seeded with the seed as well, in case a game
-draws from it), swapped in around each of its calls under one process-wide lock: an
-episode is a function of (seed, replies) whatever other episodes run on other threads.
-The lock serializes TextArena calls; they are pure Python under the GIL, so this costs
-latency, not throughput (a slow generator such as Sudoku-v0-hard, seconds per reset, delays
-the others).
+its own `random` and numpy states (numpy seeded with the seed as well, in case a game draws
+from it): around each of its calls the module functions draw from them on that thread
+(`envs/thread_random.py`). An episode is a function of (seed, replies) whatever other
+episodes run on other threads, and no lock is shared: a game that hangs or raises stops
+only its own episode.
 
 Ids: any single-player id of TextArena's registry (variants such as `-raw`, no action
 wrapper, and `-train` included), except those that need the network (`NEEDS_NETWORK`).
@@ -47,13 +46,11 @@ from __future__ import annotations
 import difflib
 import inspect
 import os
-import random
-import threading
+import re
 from functools import lru_cache
 from typing import Any
 
-import numpy as np
-
+from jaxrl_agentic.envs import thread_random
 from jaxrl_agentic.envs.base import INVALID_ACTION
 from jaxrl_agentic.envs.python_env import PyStep, PythonTextEnv, text_state_hash
 from jaxrl_agentic.envs.registry import register_prefix
@@ -65,9 +62,6 @@ DEFAULT_MAX_STEPS = 100
 # through OpenRouter: they cannot run offline. Matched on the id's name before "-v".
 NEEDS_NETWORK = frozenset({"GuessWho", "Hangman", "TwentyQuestions", "WordLadder",
                            "WordSearch", "Wordle"})
-
-# Every TextArena call of every episode holds this: they share Python's global `random`.
-_LOCK = threading.Lock()
 
 
 def _import_textarena(env_id: str):
@@ -214,30 +208,20 @@ class TextArenaEnv(PythonTextEnv):
         self.game_kwargs = dict(game_kwargs or {})
         self.game = self.base = None  # made by reset(): the id's wrappers, the game under them
         self.max_steps_in_episode = int(max_steps_in_episode or DEFAULT_MAX_STEPS)
-        self._rng: tuple | None = None  # (random state, numpy state) between calls
+        self._rng: thread_random.States | None = None  # this episode's random states
         self._text: str | None = None
         self._done = False
-
-    def _swap_rng(self, mine: tuple) -> tuple:
-        theirs = (random.getstate(), np.random.get_state())
-        random.setstate(mine[0])
-        np.random.set_state(mine[1])
-        return theirs
+        thread_random.install()
 
     def reset(self, seed: int) -> str:
         seed = int(seed)
-        with _LOCK:
-            theirs = (random.getstate(), np.random.get_state())
-            try:
-                random.seed(seed)
-                np.random.seed(seed % 2**32)
-                # Made here, seeded: some games draw from `random` in their constructor.
-                self.game = self.ta.make(self.env_id, **self.game_kwargs)
-                self.base = _unwrap(self.game)
-                self.game.reset(num_players=1, seed=seed)
-                _, messages = self.base.get_observation()
-            finally:
-                self._rng = self._swap_rng(theirs)
+        self._rng = thread_random.States(seed)
+        with thread_random.own_states(self._rng):
+            # Made here, seeded: some games draw from `random` in their constructor.
+            self.game = self.ta.make(self.env_id, **self.game_kwargs)
+            self.base = _unwrap(self.game)
+            self.game.reset(num_players=1, seed=seed)
+            _, messages = self.base.get_observation()
         self._done = False
         text = _render(self.ta, self.base.state, messages)
         if self.reply_hint:
@@ -250,16 +234,12 @@ class TextArenaEnv(PythonTextEnv):
             raise RuntimeError("step() before reset()")
         if self._done:
             raise RuntimeError("step() after the game ended")
-        with _LOCK:
-            theirs = self._swap_rng(self._rng)
-            try:
-                done, _ = self.game.step(str(reply))
-                _, messages = self.base.get_observation()
-                done = bool(done)
-                # (rewards, game_info); rewards is None until the game ends.
-                rewards, game_info = self.game.close() if done else (None, None)
-            finally:
-                self._rng = self._swap_rng(theirs)
+        with thread_random.own_states(self._rng):
+            done, _ = self.game.step(str(reply))
+            _, messages = self.base.get_observation()
+            done = bool(done)
+            # (rewards, game_info); rewards is None until the game ends.
+            rewards, game_info = self.game.close() if done else (None, None)
         state = self.base.state
         text = _render(self.ta, state, messages)
         if done:
@@ -279,6 +259,27 @@ class TextArenaEnv(PythonTextEnv):
         if self._text is None:
             raise RuntimeError("state_hash() before reset()")
         return text_state_hash(self._text)
+
+
+# A bracketed example action in a game's instructions: "[up]", "[5]", "[A C]", "[3 2]".
+_EXAMPLE = re.compile(r"\[([^\[\]\n]{1,16})\]")
+
+
+def random_example_policy(rng, **_unused):
+    """The format warm-up's text policy (`warmup.py`) for any game: each reply is one of the
+    bracketed example actions of the game's first message, drawn at random ([GAME] and
+    [Player …] tags and lists such as a tower's "[3, 2, 1]" are not actions). It teaches
+    the reply format, not the game."""
+    examples: list[str] = []
+
+    def reply(text: str) -> str:
+        if not examples:
+            found = [f"[{m}]" for m in _EXAMPLE.findall(text)
+                     if m != "GAME" and not m.startswith("Player") and "," not in m]
+            examples.extend(dict.fromkeys(found) or ["[0]"])
+        return rng.choice(examples)
+
+    return reply
 
 
 def _limits_of(game) -> dict[str, Any]:

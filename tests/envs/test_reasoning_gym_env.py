@@ -178,3 +178,27 @@ def test_with_tools_a_wrong_answer_scores_the_dataset_score_and_no_tag_is_penali
     env, _ = episode("leg_counting", 2, tools=["calculate"])
     step = env.step("<answer>145</answer>")
     assert step.reward == 0.0 and not step.success
+
+
+def test_the_warm_up_policy_answers_with_other_items_answers():
+    import random
+
+    from jaxrl_agentic.envs.reasoning_gym_env import another_items_answer_policy
+    from jaxrl_agentic.envs.tools import parse_answer
+
+    config = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
+    reply = another_items_answer_policy("basic_arithmetic", config)(random.Random(0))
+    answers = [parse_answer(reply("Calculate 4 - 1.")) for _ in range(30)]
+    assert all(a is not None and a.lstrip("-").isdigit() for a in answers)
+    assert len(set(answers)) >= 5  # not one fixed reply
+    items = reasoning_gym.create_dataset("basic_arithmetic", seed=2**40, size=1, **config)
+    first = another_items_answer_policy("basic_arithmetic", config)(_FixedRng(0))
+    assert parse_answer(first("q")) == items[0]["answer"]
+
+
+class _FixedRng:
+    def __init__(self, value):
+        self.value = value
+
+    def randrange(self, n):
+        return self.value

@@ -337,3 +337,121 @@ def test_games_that_swap_textarenas_arguments():
     assert steps[-1].terminated and not steps[-1].success
     assert steps[-1].reward == pytest.approx(1 / 8)  # S of SEND+MORE=MONEY's 8 letters
     assert "Bad action format" in steps[-1].observation
+
+
+def _lake_runner(factory, tokenizer_dir, **kwargs):
+    import transformers
+
+    from jaxrl_agentic.rollout.conversation import ChatFormatter
+    from jaxrl_agentic.rollout.python_runner import PythonRolloutRunner
+    from jaxrl_agentic.rollout.turns import GenerationConfig
+    from jaxrl_agentic.warmup import ScriptedSampler, text_policy_replies
+
+    formatter = ChatFormatter(transformers.AutoTokenizer.from_pretrained(tokenizer_dir))
+
+    def first_move(text):  # each new message shows the board: one step of a shortest path
+        return f"[{frozen_lake_path(text)[0]}]"
+
+    replies = text_policy_replies(formatter, lambda rng: first_move, seed=0)
+    runner = PythonRolloutRunner(factory, ScriptedSampler(replies, max_total_len=8192),
+                                 formatter, tag="lake", max_turns=12,
+                                 generation=GenerationConfig(max_tokens_per_step=32),
+                                 **{"max_input_length": 6000, **kwargs})
+    return runner, formatter
+
+
+def test_faults_inside_the_game_end_only_their_episode_and_are_counted(tiny_model_dir):
+    """TextArena's own step raising, hanging past `step_timeout_s`, and answering with text
+    too long for the context: each ends its episode, counted as `env/errors`,
+    `env/timeouts` and `env/truncated_by_length`; the fourth episode of the batch plays as
+    it does alone."""
+    import threading
+
+    from jaxrl_agentic.pipeline.metrics import trajectory_metrics
+
+    base = make_python_env("textarena:FrozenLake-v0")
+    release = threading.Event()
+
+    def factory(spec, run_seed):
+        env = base(spec, run_seed)
+        reset = env.reset
+
+        def faulty_reset(seed):  # the game object exists from reset on; break its step
+            text = reset(seed)
+            step = env.game.step
+            if spec.group_id == 0:
+                def raising(action):
+                    raise ConnectionError("game server went away")
+                env.game.step = raising
+            elif spec.group_id == 1:
+                def hanging(action):
+                    release.wait(120)
+                    return step(action)
+                env.game.step = hanging
+            elif spec.group_id == 2:
+                observation = env.base.get_observation
+
+                def flooding(action):
+                    out = step(action)
+                    pid, messages = observation()
+                    env.base.get_observation = lambda: (pid, messages + [
+                        (-1, "x " * 8000, None)])
+                    return out
+                env.game.step = flooding
+            return text
+
+        env.reset = faulty_reset
+        return env
+
+    runner, _ = _lake_runner(factory, tiny_model_dir, step_timeout_s=1.0,
+                             max_input_length=3000)
+    plan = [EpisodeSpec(seed=7, group_id=g, member=0) for g in range(4)]
+    try:
+        trajs = runner.run(plan, sample_seed=0)
+    finally:
+        release.set()
+    raised, hung, flooded, fine = trajs
+    for t in (raised, hung):  # the reply that met the fault stays, as a turn worth 0
+        assert t.truncated and len(t.turns) == 1 and t.turns[0].reward == 0.0
+    assert flooded.truncated_by_length and len(flooded.turns) == 1
+    metrics = trajectory_metrics(trajs, "env/")
+    assert (metrics["env/errors"], metrics["env/timeouts"],
+            metrics["env/truncated_by_length"]) == (0.25, 0.25, 0.25)
+    alone, _ = _lake_runner(base, tiny_model_dir, max_input_length=3000)
+    (reference,) = alone.run([EpisodeSpec(seed=7, group_id=3, member=0)], sample_seed=0)
+    assert fine.tokens == reference.tokens and fine.metrics["success"] == 1.0
+
+
+def test_the_token_stream_is_the_chat_rendered_at_once(tiny_model_dir):
+    """A TextArena episode's stream equals its messages (the game's texts as user turns,
+    the replies as assistant turns) rendered by the chat template in one go."""
+    runner, formatter = _lake_runner(make_python_env("textarena:FrozenLake-v0"),
+                                     tiny_model_dir)
+    (t,) = runner.run([EpisodeSpec(seed=3, group_id=0, member=0)], sample_seed=0)
+    assert t.terminated and len(t.turns) >= 3
+    env = episode("FrozenLake-v0", seed=3)
+    messages = [{"role": "user", "content": env.reset(3)}]
+    for turn in t.turns:
+        messages.append({"role": "assistant", "content": turn.reply})
+        step = env.step(turn.reply)
+        if not step.terminated:
+            messages.append({"role": "user", "content": step.observation})
+    tok = formatter.tokenizer
+    text = tok.apply_chat_template(messages, tokenize=False)
+    assert text.endswith(tok.eos_token + "\n")
+    assert t.tokens == tok.encode(text[:-1], add_special_tokens=False)
+
+
+@pytest.mark.parametrize("env_id, allowed", [
+    ("FrozenLake-v0", {"[up]", "[down]", "[left]", "[right]", "[w]", "[a]", "[s]", "[d]"}),
+    ("TowerOfHanoi-v0", {"[A C]"}),
+    ("Minesweeper-v0", {"[row col]", "[3 2]", "[5 6]"}),
+])
+def test_the_warm_up_policy_replies_with_the_games_example_actions(env_id, allowed):
+    env = episode(env_id, seed=1)
+    reply = T.random_example_policy(random.Random(0))
+    first = env.reset(1)
+    replies = [reply(first)] + [reply("[GAME] Current Board:") for _ in range(40)]
+    assert set(replies) == allowed  # every example drawn, nothing else ([GAME] is a tag)
+    if env_id == "FrozenLake-v0":
+        assert env.step(replies[0]).action_is_valid
