@@ -54,6 +54,14 @@ def tiny_model_dir():
 
 
 @pytest.fixture(scope="session")
+def tiny_tools_dir():
+    """The tool recipes' tiny model (`pretrain="tiny-tools"`), built once into the cache."""
+    from jaxrl_agentic.models.tiny import default_tiny_model_dir
+
+    return default_tiny_model_dir(tools=True)
+
+
+@pytest.fixture(scope="session")
 def qwen_fixture_dir():
     """The real Qwen2.5 tokenizer with a narrow random-weight Qwen2.5-shaped model (2 layers,
     hidden 56, the real 151,936-row vocabulary), built once into the user cache."""

@@ -62,6 +62,16 @@ FORMAT_TOKENS = ("<think>", "</think>", "<answer>", "</answer>")
 # the model's 576-row embedding table had room for them (ids 516-519).
 TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 
+# The tool recipes' model (`pretrain="tiny-tools"`): the same architecture; its tokenizer
+# is trained on the tool environments' text as well (problems, schemas, calls, results),
+# with a larger vocabulary, one token per digit, and the JSON between the call tags as a
+# few added tokens, so one call of a one-operation problem is ~17 tokens (~60 with the
+# default tokenizer, which spells JSON byte by byte).
+TOOLS_VERSION = "v1"
+TOOLS_VOCAB_SIZE = 1024
+CALL_TOKENS = ('{"name": "', '", "arguments": {"', '": "', '", "', '"}}')
+PRETRAINED_NAMES = ("tiny", "tiny-tools")
+
 
 def tiny_model_config(vocab_size: int, **overrides) -> ModelConfig:
     base = dict(
@@ -116,13 +126,60 @@ def environment_corpus(seed: int = 0, episodes_per_env: int = 24) -> list[str]:
     return texts
 
 
-def build_tokenizer(texts: list[str], vocab_size: int = 512):
-    """Byte-level BPE trained on `texts`, wrapped as a `PreTrainedTokenizerFast`."""
+def tool_corpus(seed: int = 0, episodes_per_env: int = 150) -> list[str]:
+    """Text of the tool environments: first messages (with the tools' schemas as the chat
+    template lists them), the oracles' calls in both call styles, results and answers."""
+    import json
+
+    from jaxrl_agentic.envs.calculator import CalculatorOracle
+    from jaxrl_agentic.envs.lookup import LookupOracle
+    from jaxrl_agentic.envs.python_env import make_python_env
+    from jaxrl_agentic.envs.shop import ShopOracle
+    from jaxrl_agentic.envs.tools import CALL_STYLES, tool_response_text
+
+    class Episode:  # an `EpisodeKey`
+        def __init__(self, s):
+            self.seed, self.group_id, self.member = s, 0, 0
+
+    texts = []
+    for name, oracle, config in (("calculator", CalculatorOracle, {"operations": 1}),
+                                 ("calculator", CalculatorOracle, {}),
+                                 ("lookup", LookupOracle, {}), ("shop", ShopOracle, {})):
+        for style in CALL_STYLES:
+            factory = make_python_env(name, call_style=style, **config)
+            for s in range(episodes_per_env):
+                env = factory(Episode(s), seed)
+                text = env.reset(s)
+                if s == 0:
+                    texts += [json.dumps(t) for t in env.tool_schemas]
+                texts.append(text)
+                policy = oracle(style)
+                for _ in range(env.max_steps_in_episode):
+                    reply = policy.reply(text)
+                    step = env.step(reply)
+                    texts.append(reply)
+                    if step.terminated:
+                        break
+                    text = (tool_response_text(step.tool_messages) if step.tool_messages
+                            else step.observation)
+                    texts.append(text)
+    return texts
+
+
+def build_tokenizer(texts: list[str], vocab_size: int = 512, extra_tokens: tuple = (),
+                    single_digits: bool = False):
+    """Byte-level BPE trained on `texts`, wrapped as a `PreTrainedTokenizerFast`;
+    `extra_tokens` are added after the format and tool tags; `single_digits`: every digit
+    is its own token (as in Qwen's tokenizer), so a number is spelled the same way wherever
+    it appears and copying it is copying digits."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if single_digits:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True), tok.pre_tokenizer])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -133,6 +190,8 @@ def build_tokenizer(texts: list[str], vocab_size: int = 512):
     tok.train_from_iterator(texts, trainer=trainer)
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in FORMAT_TOKENS])
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
+    if extra_tokens:
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in extra_tokens])
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
@@ -143,14 +202,22 @@ def build_tokenizer(texts: list[str], vocab_size: int = 512):
     )
 
 
-def build_tiny_model(out: str, seed: int = 0, vocab_size: int = 512, **model_overrides) -> str:
-    """Writes tokenizer + random-init tiny Qwen2 model to `out` (HF format). Returns `out`."""
+def build_tiny_model(out: str, seed: int = 0, vocab_size: int | None = None, *,
+                     tools: bool = False, **model_overrides) -> str:
+    """Writes tokenizer + random-init tiny Qwen2 model to `out` (HF format). Returns `out`.
+    `tools`: the tool recipes' variant (tokenizer also trained on `tool_corpus`, vocabulary
+    `TOOLS_VOCAB_SIZE`, `CALL_TOKENS` added)."""
     from flax import nnx
 
     from jaxrl_agentic.models.hf_io import save_pretrained
     from jaxrl_agentic.models.transformer import Transformer
 
-    tokenizer = build_tokenizer(environment_corpus(seed), vocab_size=vocab_size)
+    if tools:
+        tokenizer = build_tokenizer(environment_corpus(seed) + tool_corpus(seed),
+                                    vocab_size=vocab_size or TOOLS_VOCAB_SIZE,
+                                    extra_tokens=CALL_TOKENS, single_digits=True)
+    else:
+        tokenizer = build_tokenizer(environment_corpus(seed), vocab_size=vocab_size or 512)
     # Round the embedding table up to a multiple of 64 (matmul-friendly, like real checkpoints).
     vocab = -(-len(tokenizer) // 64) * 64
     cfg = tiny_model_config(
@@ -184,23 +251,35 @@ def file_lock(path: str):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def default_tiny_model_dir(seed: int = 0) -> str:
-    """The cached tiny model directory, built on first use (safe under concurrent callers)."""
-    out = os.path.join(cache_dir(), "models", f"tiny-{TINY_VERSION}-seed{seed}")
+def default_tiny_model_dir(seed: int = 0, tools: bool = False) -> str:
+    """The cached tiny model directory (`tools`: the tool recipes' variant), built on first
+    use (safe under concurrent callers)."""
+    name = f"tiny-tools-{TOOLS_VERSION}" if tools else f"tiny-{TINY_VERSION}"
+    out = os.path.join(cache_dir(), "models", f"{name}-seed{seed}")
     if os.path.exists(os.path.join(out, "model.safetensors")):
         return out
     with file_lock(out + ".lock"):
         if not os.path.exists(os.path.join(out, "model.safetensors")):
-            print(f"[jaxrl_agentic] building the tiny default model in {out}", file=sys.stderr)
-            build_tiny_model(out, seed=seed)
+            print(f"[jaxrl_agentic] building the {name} model in {out}", file=sys.stderr)
+            build_tiny_model(out, seed=seed, tools=tools)
     return out
+
+
+def pretrained_dir(name: str) -> str | None:
+    """The directory of a built-in model name (`PRETRAINED_NAMES`), or None for a path."""
+    if name in PRETRAINED_NAMES:
+        return default_tiny_model_dir(tools=name == "tiny-tools")
+    return None
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="output directory (HF format)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--vocab-size", type=int, default=512)
+    parser.add_argument("--vocab-size", type=int, default=None,
+                        help=f"default 512, or {TOOLS_VOCAB_SIZE} with --tools")
+    parser.add_argument("--tools", action="store_true",
+                        help="the tool recipes' variant (pretrain='tiny-tools')")
     args = parser.parse_args(argv)
     if os.path.exists(args.out) and os.listdir(args.out):
         # save_pretrained replaces the directory atomically; refuse to clobber other content.
@@ -209,7 +288,8 @@ def main(argv=None) -> int:
             return 2
     with tempfile.TemporaryDirectory() as scratch:
         tmp_out = os.path.join(scratch, "model")
-        build_tiny_model(tmp_out, seed=args.seed, vocab_size=args.vocab_size)
+        build_tiny_model(tmp_out, seed=args.seed, vocab_size=args.vocab_size,
+                         tools=args.tools)
         if os.path.exists(args.out):
             shutil.rmtree(args.out)
         shutil.copytree(tmp_out, args.out)
