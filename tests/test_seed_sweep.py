@@ -44,6 +44,18 @@ def test_summary_of_a_run_that_reaches_the_target_and_one_past_the_budget(sweep,
     assert late["last_step_in_budget"] == 30
 
 
+def test_a_gain_is_measured_from_the_runs_own_first_eval(sweep, tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    _write_run(path, [(10, 120, 0.2), (20, 240, 0.45), (30, 360, 0.5), (40, 480, 0.6)])
+    summary = sweep.summarize(sweep.read_evals(str(path)), budget_s=600, target=0.8,
+                              gain=0.3)
+    assert summary["first_eval"] == 0.2 and summary["target"] == 0.5
+    assert summary["reached_step"] == 30 and summary["reached_min"] == 6.0
+    # A first eval already high does not count as its own gain.
+    flat = sweep.summarize([(10, 60.0, 0.9)], budget_s=600, target=0.8, gain=0.0)
+    assert flat["reached_step"] is None
+
+
 def test_summary_of_a_run_without_evals(sweep, tmp_path):
     assert sweep.read_evals(str(tmp_path / "missing.jsonl")) == []
     summary = sweep.summarize([], budget_s=60, target=0.8)
@@ -72,7 +84,7 @@ def test_stop_at_target_ends_a_run_at_its_first_eval_at_the_target(sweep, tmp_pa
 
     monkeypatch.setattr(sweep, "launch", fake_launch)
     args = argparse.Namespace(config="c.py", seeds="0", budget_min=10.0, target=0.8,
-                              out=str(tmp_path), stop_at_target=True)
+                              out=str(tmp_path), stop_at_target=True, gain=None)
     results = sweep.run_all(args, [], [{0}], poll_s=0.01)
     assert results[0]["exit"] == "reached" and results[0]["reached_step"] == 20
     # Seed 1 never reaches 0.8: with a budget it cannot pass, it is stopped for the budget.

@@ -2,7 +2,7 @@
 
     python scripts/analysis/seed_sweep.py --config configs/frozen_lake.py --seeds 0-4 \
         [--budget-min 20] [--target 0.8] [--parallel 1] [--out /tmp/sweep] \
-        [--stop-at-target] [--config.<key>=<value> ...]
+        [--stop-at-target] [--gain 0.3] [--config.<key>=<value> ...]
 
 Each seed is one `python -m jaxrl_agentic.train` process (`--config.seed=S`, its own
 `output_dir`), so the runs are exactly what a user gets. Different seeds diverge the way
@@ -25,7 +25,8 @@ every seed get there in time" then costs the sum of the times to get there, and
 once, each pinned to its own share of the cores (`os.sched_setaffinity`): with N = the core
 count every run has one core, a stricter test of "within the budget" than the whole machine.
 The summary line: `all_reached` (every seed hit the target in time), the min/median/max of
-`success_at_budget`, and the cores each run had.
+`success_at_budget`, and the cores each run had. `--gain G` replaces `--target` by each run's
+own first eval + G ("raises held-out success by G"; the first eval itself never counts).
 """
 
 from __future__ import annotations
@@ -65,12 +66,18 @@ def read_evals(path: str) -> list[tuple[int, float, float]]:
 
 
 def summarize(evals: list[tuple[int, float, float]], budget_s: float,
-              target: float) -> dict:
-    """One seed's curve summary (module docstring), from `read_evals`'s list."""
+              target: float, gain: float | None = None) -> dict:
+    """One seed's curve summary (module docstring), from `read_evals`'s list. With `gain`
+    the target is the run's own first eval + `gain` (`--gain`)."""
     within = [e for e in evals if e[1] <= budget_s]
-    reached = next((e for e in within if e[2] >= target), None)
+    if gain is not None:
+        target = within[0][2] + gain if within else float("inf")
+    reached = next((e for e in within[1:] if e[2] >= target), None) if gain is not None \
+        else next((e for e in within if e[2] >= target), None)
     values = [e[2] for e in within]
     return {
+        "first_eval": values[0] if values else None,
+        "target": round(target, 4) if values else None,
         "curve": [[step, round(sec / 60, 2), round(value, 4)] for step, sec, value in within],
         "reached_step": reached[0] if reached else None,
         "reached_min": round(reached[1] / 60, 2) if reached else None,
@@ -119,7 +126,7 @@ def run_all(args, overrides: list[str], free: list[set[int]],
         time.sleep(poll_s)  # a polling loop over minutes-long runs
         for job in list(running):
             proc, over = job["proc"], time.monotonic() - job["start"] > budget_s + 60
-            summary = summarize(read_evals(job["metrics"]), budget_s, args.target)
+            summary = summarize(read_evals(job["metrics"]), budget_s, args.target, args.gain)
             reached = args.stop_at_target and summary["reached_step"] is not None
             if proc.poll() is None:
                 if not (over or reached):
@@ -145,6 +152,8 @@ def main() -> None:
     parser.add_argument("--out", default="outputs/seed_sweep")
     parser.add_argument("--stop-at-target", action="store_true",
                         help="stop each run at its first eval at or above --target")
+    parser.add_argument("--gain", type=float, default=None,
+                        help="instead of --target: each run's first eval + GAIN")
     args, overrides = parser.parse_known_args()
     bad = [o for o in overrides if not o.startswith("--config.")]
     if bad:
@@ -156,7 +165,8 @@ def main() -> None:
     finals = [r["success_at_budget"] or 0.0 for r in results.values()]
     print(json.dumps({
         "config": args.config, "overrides": overrides, "budget_min": args.budget_min,
-        "target": args.target, "cores_per_run": cores_per_run,
+        "target": args.target if args.gain is None else f"first eval + {args.gain}",
+        "cores_per_run": cores_per_run,
         "stop_at_target": args.stop_at_target,
         "all_reached": all(r["reached_step"] is not None for r in results.values()),
         "reached": sum(r["reached_step"] is not None for r in results.values()),
