@@ -28,7 +28,13 @@ from fractions import Fraction
 from typing import Any
 
 from jaxrl_agentic.envs.mcp_tools import server_tools
-from jaxrl_agentic.envs.tools import Tool, ToolEnv, format_tool_call, tool_responses
+from jaxrl_agentic.envs.tools import (
+    Tool,
+    ToolEnv,
+    format_tool_call,
+    tool_env_factory,
+    tool_responses,
+)
 
 MAX_EXPRESSION_CHARS = 200
 MAX_NESTING = 20
@@ -309,11 +315,5 @@ def calculator_factory(*, operations: int = 0, format_penalty: float = 0.1,
                    max_steps_in_episode=max_steps_in_episode,
                    max_tool_error_penalty=max_tool_error_penalty, call_style=call_style,
                    extra_tools=tuple(extra_tools) + server_tools(mcp_servers, call_timeout_s))
-    CalculatorEnv(**options)  # bad values fail here, at config time, not in a worker thread
-
-    def factory(spec, run_seed: int) -> CalculatorEnv:
-        del spec  # the seed comes with reset(); members of a group share the problem
-        return CalculatorEnv(run_seed=run_seed, **options)
-
-    return factory
+    return tool_env_factory(CalculatorEnv, **options)
 

@@ -24,7 +24,13 @@ import re
 from typing import Any
 
 from jaxrl_agentic.envs.mcp_tools import server_tools
-from jaxrl_agentic.envs.tools import Tool, ToolEnv, format_tool_call, tool_responses
+from jaxrl_agentic.envs.tools import (
+    Tool,
+    ToolEnv,
+    format_tool_call,
+    tool_env_factory,
+    tool_responses,
+)
 
 MAX_SEARCH_RESULTS = 5
 _SYLLABLES = ("al", "ba", "cor", "da", "el", "fen", "gar", "hal", "ir", "jo", "ka", "lin",
@@ -197,11 +203,5 @@ def lookup_factory(*, num_people: int = 12, num_cities: int = 5, format_penalty:
                    max_steps_in_episode=max_steps_in_episode,
                    max_tool_error_penalty=max_tool_error_penalty, call_style=call_style,
                    extra_tools=tuple(extra_tools) + server_tools(mcp_servers, call_timeout_s))
-    LookupEnv(**options)  # bad values fail here, at config time
-
-    def factory(spec, run_seed: int) -> LookupEnv:
-        del spec
-        return LookupEnv(run_seed=run_seed, **options)
-
-    return factory
+    return tool_env_factory(LookupEnv, **options)
 

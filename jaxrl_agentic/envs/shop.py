@@ -28,7 +28,13 @@ from typing import Any
 
 from jaxrl_agentic.envs.calculator import CALCULATE, evaluate_expression, number_matches
 from jaxrl_agentic.envs.mcp_tools import server_tools
-from jaxrl_agentic.envs.tools import Tool, ToolEnv, format_tool_call, tool_responses
+from jaxrl_agentic.envs.tools import (
+    Tool,
+    ToolEnv,
+    format_tool_call,
+    tool_env_factory,
+    tool_responses,
+)
 
 GOODS = (("apple", "apples"), ("lamp", "lamps"), ("candle", "candles"), ("kettle", "kettles"),
          ("basket", "baskets"), ("scarf", "scarves"), ("brush", "brushes"), ("mug", "mugs"),
@@ -167,10 +173,4 @@ def shop_factory(*, format_penalty: float = 0.1, tool_error_penalty: float = 0.1
                    max_steps_in_episode=max_steps_in_episode,
                    max_tool_error_penalty=max_tool_error_penalty, call_style=call_style,
                    extra_tools=tuple(extra_tools) + server_tools(mcp_servers, call_timeout_s))
-    ShopEnv(**options)  # bad values fail here, at config time
-
-    def factory(spec, run_seed: int) -> ShopEnv:
-        del spec  # the seed comes with reset(); members of a group share the question
-        return ShopEnv(run_seed=run_seed, **options)
-
-    return factory
+    return tool_env_factory(ShopEnv, **options)

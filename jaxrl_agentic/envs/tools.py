@@ -397,6 +397,19 @@ class ToolEnv(PythonTextEnv):
         return penalty
 
 
+def tool_env_factory(env_cls: type[ToolEnv], **options: Any):
+    """The episode factory `(spec, run_seed) -> env_cls(run_seed=run_seed, **options)` of a
+    task drawn from the episode seed alone (`reset`); one environment is built here, so that
+    bad options fail at config time, not in a worker thread."""
+    env_cls(**options)
+
+    def factory(spec, run_seed: int) -> ToolEnv:
+        del spec  # the seed comes with reset(); members of a group share the task
+        return env_cls(run_seed=run_seed, **options)
+
+    return factory
+
+
 TOOL_METRICS = ("tool/calls", "tool/errors", "tool/timeouts")
 ERROR_KIND_METRICS = tuple(f"tool/errors_{kind}" for kind in ERROR_KINDS)
 

@@ -5,36 +5,20 @@ import os
 
 import transformers
 
-from jaxrl_agentic.envs.calculator import CalculatorOracle
 from jaxrl_agentic.envs.python_env import make_python_env
-from jaxrl_agentic.envs.tools import CALL_CLOSE, CALL_OPEN
 from jaxrl_agentic.rollout.conversation import ChatFormatter
 from jaxrl_agentic.rollout.groups import EpisodeSpec
 from jaxrl_agentic.rollout.python_runner import PythonRolloutRunner
 from jaxrl_agentic.rollout.turns import GenerationConfig
 from jaxrl_agentic.runtime.transcripts import eval_transcripts, write_transcripts
 from jaxrl_agentic.warmup import ScriptedSampler, text_policy_replies
-
-GARBLED = f"{CALL_OPEN}{{not json}}{CALL_CLOSE}"
-
-
-def _garbled_then_oracle(rng):
-    del rng
-    oracle, seen = CalculatorOracle(), []
-
-    def reply(text):
-        seen.append(text)
-        if len(seen) == 1:
-            return GARBLED
-        return oracle.reply(seen[0] if len(seen) == 2 else text)
-
-    return reply
+from tests.test_pipeline_tools import garbled_then_oracle
 
 
 def test_a_tool_episode_reads_turn_by_turn(tiny_model_dir, tmp_path):
     tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_model_dir)
     formatter = ChatFormatter(tokenizer)
-    sampler = ScriptedSampler(text_policy_replies(formatter, _garbled_then_oracle, seed=0),
+    sampler = ScriptedSampler(text_policy_replies(formatter, garbled_then_oracle, seed=0),
                               max_total_len=4096)
     runner = PythonRolloutRunner(make_python_env("calculator"), sampler, formatter,
                                  tag="calculator", max_turns=4, max_input_length=3000,
