@@ -79,10 +79,11 @@ def model_policy(model_dir: str, stdout: TextIO, *, max_new_tokens: int = 64,
     from jaxrl_agentic.run_loading import is_run_path, run_policy
     from jaxrl_agentic.sampling import Sampler
 
-    if pretrained_dir(model_dir) is None and is_run_path(model_dir):  # a run's policy
+    builtin = pretrained_dir(model_dir)
+    if builtin is None and is_run_path(model_dir):  # a training run: its checkpoint's policy
         model, tokenizer = run_policy(model_dir)
     else:
-        model, tokenizer = load_pretrained(pretrained_dir(model_dir) or model_dir)
+        model, tokenizer = load_pretrained(builtin or model_dir)
     formatter = ChatFormatter(tokenizer, reply_prefix=reply_prefix, reply_suffix=reply_suffix)
     session = Sampler(model, tokenizer, max_total_len=max_total_len).new_session(1)
     turn = [0]

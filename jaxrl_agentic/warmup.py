@@ -83,15 +83,12 @@ def text_policy(env_type: str, env_config: dict):
     TextArena game's example actions
     (`textarena_env.random_example_policy`), a reasoning-gym dataset's answers to other
     items (`reasoning_gym_env.another_items_answer_policy`)."""
-    if env_type == "calculator":
+    if env_type in ("calculator", "shop"):  # tool envs: calls written in the env's style
         from jaxrl_agentic.envs.calculator import random_calculator_policy
-
-        return functools.partial(random_calculator_policy,
-                                 call_style=env_config.get("call_style", "qwen"))
-    if env_type == "shop":
         from jaxrl_agentic.envs.shop import random_shop_policy
 
-        return functools.partial(random_shop_policy,
+        policy = {"calculator": random_calculator_policy, "shop": random_shop_policy}
+        return functools.partial(policy[env_type],
                                  call_style=env_config.get("call_style", "qwen"))
     if env_type.startswith("textarena:"):
         from jaxrl_agentic.envs.textarena_env import random_example_policy

@@ -90,8 +90,11 @@ class ShopEnv(ToolEnv):
         many = dict(GOODS)[one]
         price = self.shop[one]
         question, expression = rng.choice(QUESTIONS)
-        n = rng.randint(2, 9) if "*" in expression else rng.randint(price + 1, 99)
-        if "+" in expression:
+        if "*" in expression:
+            n = rng.randint(2, 9)
+        elif "-" in expression:
+            n = rng.randint(price + 1, 99)
+        else:
             n = rng.randint(3, 30)
         self.expression = expression.format(n=n, price=price)
         answer = evaluate_expression(self.expression)
@@ -104,6 +107,18 @@ class ShopEnv(ToolEnv):
 def _question(text: str) -> str | None:
     m = re.search(r"Question: (.*)", text)
     return m.group(1).strip() if m else None
+
+
+def _named_item(question: str) -> str | None:
+    """The singular name of the good `question` asks about, or None."""
+    return next((one for one, many in GOODS
+                 if re.search(rf"\b({one}|{many})\b", question)), None)
+
+
+def _price(result: str) -> str | None:
+    """The price in a `lookup` result (`lamp: 23 coins`), or None for another result."""
+    m = re.fullmatch(r"\w+: (\d+) coins", result.strip())
+    return m.group(1) if m else None
 
 
 class ShopOracle:
@@ -119,11 +134,11 @@ class ShopOracle:
         results = tool_responses(new_text)
         if not results:
             self.question = _question(new_text) or ""
-            for one, many in GOODS:
-                if re.search(rf"\b({one}|{many})\b", self.question):
-                    return format_tool_call("lookup", {"item": one}, self.call_style)
-            return "<answer>unknown</answer>"
-        price = re.fullmatch(r"\w+: (\d+) coins", results[-1].strip())
+            item = _named_item(self.question)
+            if item is None:
+                return "<answer>unknown</answer>"
+            return format_tool_call("lookup", {"item": item}, self.call_style)
+        price = _price(results[-1])
         if price is None:  # the calculator's result
             return f"<answer>{results[-1].strip()}</answer>"
         for question, expression in QUESTIONS:
@@ -131,7 +146,7 @@ class ShopOracle:
             pattern = re.sub(r"\\\{(one|many)\\\}", r"\\w+", pattern)
             m = re.fullmatch(pattern, self.question)
             if m:
-                expr = expression.format(n=m.group(1), price=price.group(1))
+                expr = expression.format(n=m.group(1), price=price)
                 return format_tool_call("calculate", {"expression": expr}, self.call_style)
         return "<answer>unknown</answer>"
 
@@ -147,14 +162,12 @@ def random_shop_policy(rng: random.Random, call_style: str = "qwen"):
         results = tool_responses(new_text)
         if not results:
             state["question"] = _question(new_text) or ""
-            named = [one for one, many in GOODS
-                     if re.search(rf"\b({one}|{many})\b", state["question"])]
-            item = named[0] if named else rng.choice(GOODS)[0]
+            item = _named_item(state["question"]) or rng.choice(GOODS)[0]
             return format_tool_call("lookup", {"item": item}, call_style)
-        price = re.fullmatch(r"\w+: (\d+) coins", results[-1].strip())
+        price = _price(results[-1])
         if price is None:
             return f"<answer>{results[-1].strip()}</answer>"
-        numbers = [price.group(1)] + (re.findall(r"\d+", state["question"]) or ["1"])[:1]
+        numbers = [price] + (re.findall(r"\d+", state["question"]) or ["1"])[:1]
         rng.shuffle(numbers)
         expression = f"{numbers[0]} {rng.choice('+-*')} {numbers[1]}"
         return format_tool_call("calculate", {"expression": expression}, call_style)

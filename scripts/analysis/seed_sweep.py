@@ -70,10 +70,11 @@ def summarize(evals: list[tuple[int, float, float]], budget_s: float,
     """One seed's curve summary (module docstring), from `read_evals`'s list. With `gain`
     the target is the run's own first eval + `gain` (`--gain`)."""
     within = [e for e in evals if e[1] <= budget_s]
-    if gain is not None:
+    candidates = within
+    if gain is not None:  # the first eval is the baseline, never its own gain
         target = within[0][2] + gain if within else float("inf")
-    reached = next((e for e in within[1:] if e[2] >= target), None) if gain is not None \
-        else next((e for e in within if e[2] >= target), None)
+        candidates = within[1:]
+    reached = next((e for e in candidates if e[2] >= target), None)
     values = [e[2] for e in within]
     return {
         "first_eval": values[0] if values else None,
