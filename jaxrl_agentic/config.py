@@ -198,6 +198,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.remat = "none"
     # optimizer and schedule
     c.learning_rate = 1e-5
+    # the output head's own peak LR on the same schedule (0 = learning_rate); it needs a head
+    # that trains: untied, and under LoRA trained beside the adapters (lora_train_head)
+    c.head_learning_rate = 0.0
     c.lr_scheduler_type = "constant"
     c.warmup_steps = 0
     c.min_lr_ratio = 0.0
@@ -351,7 +354,7 @@ def validate(c) -> None:
     _positive(c, "micro_batch_max_loss_tokens", allow_zero=True)
     _positive(c, "row_len_buckets")
     for field in ("pg_clip", "init_kl_coef", "target_kl", "entropy_loss_coef", "advantage_clip",
-                  "warmup_steps", "weight_decay", "estimated_chunks_per_traj",
+                  "warmup_steps", "weight_decay", "estimated_chunks_per_traj", "head_learning_rate",
                   "gamma", "lambd", "step_reward_gamma", "generation.top_k", "pg_clip_high",
                   "critic_learning_rate", "value_clip", "rows_bucket", "format_warmup.steps",
                   "eval_temperature"):

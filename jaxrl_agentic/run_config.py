@@ -114,6 +114,7 @@ def learner_config(c, pad_token_id: int = 0) -> LearnerConfig:
     # 0 means "off" / "same as pg_clip" in the run config, None in the typed one.
     return LearnerConfig(
         learning_rate=c.learning_rate,
+        head_learning_rate=c.head_learning_rate or None,
         loss_reduction=c.loss_reduction,
         pg_clip=c.pg_clip,
         pg_clip_high=c.pg_clip_high or None,

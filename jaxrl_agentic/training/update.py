@@ -75,7 +75,9 @@ class UpdateConfig:
     ``algos/schedules.py``); ``max_grad_norm`` None = no clipping;
     ``relative_grad_clip`` (None = off) also clips to that multiple of the typical recent
     gradient norm (:func:`clip_by_relative_global_norm`); AdamW's decoupled
-    ``weight_decay`` applies to matrices only. Each pipeline step makes
+    ``weight_decay`` applies to matrices only. ``head_learning_rate`` (None = the same): the
+    output head's peak LR, following the same schedule (:func:`scale_head_updates`). Each
+    pipeline step makes
     ``ppo_epochs · ceil(n / mini_batch_size)`` updates. ``seed`` seeds the mini-batch
     shuffle. Defaults equal the run defaults (``config.default_config``).
 
@@ -94,6 +96,7 @@ class UpdateConfig:
     ppo_epochs: int = 1
     seed: int = 0
     packing: PackingConfig = PackingConfig()
+    head_learning_rate: float | None = None
 
     def __post_init__(self):
         checks = [
@@ -103,6 +106,8 @@ class UpdateConfig:
             (self.relative_grad_clip is None or self.relative_grad_clip > 0,
              "relative_grad_clip", "must be > 0 (0 or None: off)"),
             (self.weight_decay >= 0, "weight_decay", "must be >= 0"),
+            (self.head_learning_rate is None or self.head_learning_rate >= 0,
+             "head_learning_rate", "must be >= 0 (0 or None: learning_rate)"),
             (self.mini_batch_size >= 1, "mini_batch_size", "must be >= 1"),
             (self.ppo_epochs >= 1, "ppo_epochs", "must be >= 1"),
         ]
@@ -195,10 +200,36 @@ def clip_by_relative_global_norm(factor: float, decay: float = 0.95
     return clip_gradients(relative=factor, decay=decay)
 
 
+def is_head(path) -> bool:
+    """Whether a parameter path is the output head's (``lm_head``; a tied head is the
+    embedding and has no path of its own)."""
+    return any(getattr(key, "key", getattr(key, "name", None)) == "lm_head" for key in path)
+
+
+def scale_head_updates(ratio: float) -> optax.GradientTransformation:
+    """Multiplies the output head's updates by ``ratio`` = head LR / LR.
+
+    After AdamW the update of a leaf is −η·(m̂/(√v̂ + ε) + λ·w), linear in η, so scaling it is
+    training that leaf at η·ratio on the same schedule. LoRA with a trained head
+    (``models/lora.py``) is the case: the adapters need a larger LR than full training's, the
+    head, trained in full, does not (docs/benchmarks.md, "LoRA rank 16").
+    """
+
+    def update(updates, state, params=None):
+        del params
+        return jax.tree_util.tree_map_with_path(
+            lambda path, u: u * jnp.asarray(ratio, u.dtype) if is_head(path) else u,
+            updates), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
 def make_optimizer(config: UpdateConfig) -> optax.GradientTransformationExtraArgs:
     """``clip ∘ AdamW`` with an injectable learning rate; ``clip`` is
     :func:`clip_gradients` (``max_grad_norm``, ``relative_grad_clip``; either may be off),
-    whose ``update`` takes ``global_norm=`` (the norm of the gradient it is given).
+    whose ``update`` takes ``global_norm=`` (the norm of the gradient it is given); with a
+    ``head_learning_rate`` of its own, the head's updates are then rescaled
+    (:func:`scale_head_updates`).
 
     ``inject_hyperparams`` keeps the LR in the optimizer state, so the host sets it per
     update (:func:`set_learning_rate`) without recompiling.
@@ -212,21 +243,28 @@ def make_optimizer(config: UpdateConfig) -> optax.GradientTransformationExtraArg
         weight_decay=config.weight_decay,
         mask=_decay_mask,
     )
-    return optax.chain(clip, adamw)
+    head_lr = config.head_learning_rate
+    if head_lr is None or head_lr == config.learning_rate or config.learning_rate == 0:
+        return optax.chain(clip, adamw)
+    return optax.chain(clip, adamw, scale_head_updates(head_lr / config.learning_rate))
 
 
 def set_learning_rate(opt_state, lr: jax.Array | float):
     """The optimizer state of :func:`make_optimizer` with its LR replaced by ``lr``."""
-    clip_state, adamw_state = opt_state
+    clip_state, adamw_state, *rest = opt_state
     hyperparams = dict(adamw_state.hyperparams)
     hyperparams["learning_rate"] = jnp.asarray(lr, _F32)
-    return clip_state, adamw_state._replace(hyperparams=hyperparams)
+    return (clip_state, adamw_state._replace(hyperparams=hyperparams), *rest)
 
 
 def init_optimizer_state(params: Any, config: UpdateConfig):
     """The optimizer state for ``params``, its LR set to ``config.learning_rate``, all leaves
     strongly typed: Python-number hyperparameters come out weakly typed and the step returns
     strong ones, so the second call would otherwise miss the first call's compiled program."""
+    if config.head_learning_rate is not None and not any(
+            is_head(path) for path, _ in jax.tree_util.tree_leaves_with_path(params)):
+        raise ValueError("head_learning_rate: the model has no output head that trains (tied "
+                         "to the embedding, or frozen beside LoRA adapters)")
     opt_state = set_learning_rate(make_optimizer(config).init(params), config.learning_rate)
     return jax.tree.map(lambda x: jnp.asarray(x, jnp.result_type(x)), opt_state)
 
