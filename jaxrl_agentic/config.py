@@ -160,6 +160,12 @@ def default_config() -> ml_collections.ConfigDict:
     c.recompute_old_logprobs = False
     # off-policy: rollouts may come from a policy up to this many versions old (0 = sync)
     c.async_generation_ratio = 0
+    # in-flight weight updates (rollout/producer.py): rollouts run while the learner trains
+    # and decode with each new policy from their next chunk on; a step's episodes start only
+    # when they cannot end more than max_policy_lag versions behind the learner (0 = the
+    # synchronous run). Brings continuous batching (rollout_batching is then "continuous").
+    c.in_flight_updates = False
+    c.max_policy_lag = 1
     # rollout schedule: "turn" = every running episode generates in one sampler call per turn;
     # "continuous" = a pool of sampler slots, each episode moving on its own
     # (rollout/continuous.py); same trajectories for the same seeds
@@ -444,6 +450,14 @@ def validate(c) -> None:
         if spec.get("step_timeout_s", 0.0) < 0 or spec.get("env_max_workers", 0) < 0:
             _fail(f"custom_envs.{tag}", "step_timeout_s and env_max_workers must be >= 0")
     _positive(c, "async_generation_ratio", allow_zero=True)
+    if not isinstance(c.max_policy_lag, int) or isinstance(c.max_policy_lag, bool) \
+            or c.max_policy_lag < 0:
+        _fail("max_policy_lag", f"must be an integer >= 0, got {c.max_policy_lag!r}")
+    if not isinstance(c.in_flight_updates, bool):
+        _fail("in_flight_updates", f"must be True or False, got {c.in_flight_updates!r}")
+    if c.in_flight_updates and c.async_generation_ratio:
+        _fail("in_flight_updates", "bounds the policy lag by max_policy_lag; leave "
+              "async_generation_ratio at 0")
     _choice(c, "rollout_batching", ROLLOUT_BATCHING)
     from jaxrl_agentic.sampling.backends import sampler_backend_names
 
@@ -491,9 +505,10 @@ def validate_filters(c) -> None:
         if c.train_env_manager.group_size * c.generation.num_return_sequences < 2:
             _fail("dynamic_sampling", "a group of one has no reward variance; needs "
                   "train_env_manager.group_size >= 2")
-        if c.async_generation_ratio:
+        if c.async_generation_ratio or c.in_flight_updates:
             _fail("dynamic_sampling", "extra rounds are played with the current params and "
-                  "take the seeds the rollout thread plays ahead; use async_generation_ratio=0")
+                  "take the seeds the rollout threads play ahead; use async_generation_ratio=0"
+                  " and in_flight_updates=False")
     _positive(c, "overlong_penalty", allow_zero=True)
     _positive(c, "overlong_penalty_length", allow_zero=True)
     if not isinstance(c.overlong_penalty_length, int):

@@ -283,6 +283,8 @@ class RolloutSettings:
     decode_chunk_tokens: int = 8
     precompile: bool = True
     async_generation_ratio: int = 0
+    in_flight_updates: bool = False
+    max_policy_lag: int = 1
     logprob_under_sampling_filter: bool = False
     eval_temperature: float = 0.0
     dynamic_sampling: bool = False
@@ -441,10 +443,12 @@ def build_run_config(c) -> RunConfig:
         rollout=RolloutSettings(
             max_input_length=c.max_input_length, system_prompt=c.system_prompt,
             reply_prefix=c.reply_prefix, reply_suffix=c.reply_suffix,
-            sampler_backend=c.sampler_backend, batching=c.rollout_batching,
+            sampler_backend=c.sampler_backend,
+            batching="continuous" if c.in_flight_updates else c.rollout_batching,
             slots=c.rollout_slots,
             decode_chunk_tokens=c.decode_chunk_tokens, precompile=c.rollout_precompile,
             async_generation_ratio=c.async_generation_ratio,
+            in_flight_updates=c.in_flight_updates, max_policy_lag=c.max_policy_lag,
             logprob_under_sampling_filter=c.logprob_under_sampling_filter,
             eval_temperature=c.eval_temperature, dynamic_sampling=c.dynamic_sampling,
             dynamic_sampling_max_rounds=c.dynamic_sampling_max_rounds),

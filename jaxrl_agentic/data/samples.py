@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from jaxrl_agentic.data.trajectory import Trajectory
+from jaxrl_agentic.data.trajectory import Trajectory, version_range
 from jaxrl_agentic.data.types import Sample
 
 SAMPLE_MODES = ("trajectory", "step")
@@ -48,6 +48,11 @@ def _per_token(values, end: int, traj: Trajectory, what: str) -> np.ndarray:
         raise ValueError(f"trajectory {traj.traj_id}: {values.shape} per-token {what} for a "
                          f"sample of {end} tokens")
     return values
+
+
+def _versions(turns) -> dict[str, int]:
+    low, high = version_range(turns)
+    return {"min_version": low, "max_version": high}
 
 
 def trajectory_sample(
@@ -85,6 +90,7 @@ def trajectory_sample(
         traj_id=traj.traj_id,
         turn=0,
         prompt_len=traj.turns[0].context_len,
+        **_versions(traj.turns),
     )
 
 
@@ -107,6 +113,7 @@ def step_samples(traj: Trajectory, advantages: Sequence[float] | np.ndarray) -> 
             traj_id=traj.traj_id,
             turn=t,
             prompt_len=turn.context_len,
+            **_versions([turn]),
         ))
     return samples
 
@@ -143,6 +150,9 @@ def _merge_two(head: Sample, nxt: Sample) -> Sample:
         traj_id=head.traj_id,
         turn=head.turn,
         prompt_len=head.prompt_len,
+        # -1 = not recorded: the recorded side's bound, if any
+        min_version=min((v for v in (head.min_version, nxt.min_version) if v >= 0), default=-1),
+        max_version=max(head.max_version, nxt.max_version),
     )
 
 

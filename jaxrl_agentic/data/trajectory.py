@@ -28,6 +28,10 @@ class Turn:
     done: bool  # the environment terminated on this turn
     state_hash: bytes  # hash of the env state the action was chosen in (GiGPO anchor)
     reply: str = ""
+    # The policy version (learner steps finished) that sampled each generated token
+    # [len(generated)] int32; None until recorded (a rollout with one policy throughout is
+    # stamped with its version by the pipeline: `stamp_versions`).
+    versions: np.ndarray | None = None
 
 
 @dataclasses.dataclass
@@ -62,3 +66,28 @@ class Trajectory:
         for turn in self.turns:
             out[turn.context_len : turn.context_len + len(turn.generated)] = turn.logprobs
         return out
+
+    def token_versions(self) -> np.ndarray:
+        """The policy version of every generated token, turn after turn ([n] int32; a turn
+        not stamped yet counts as -1)."""
+        parts = [np.full(len(t.generated), -1, np.int32) if t.versions is None
+                 else np.asarray(t.versions, np.int32) for t in self.turns]
+        return np.concatenate(parts) if parts else np.zeros(0, np.int32)
+
+
+def version_range(turns) -> tuple[int, int]:
+    """(oldest, newest) policy version among the tokens of `turns`; (-1, -1) when none of
+    them has a recorded version."""
+    seen = [np.asarray(t.versions) for t in turns if t.versions is not None and len(t.versions)]
+    if not seen:
+        return -1, -1
+    return int(min(v.min() for v in seen)), int(max(v.max() for v in seen))
+
+
+def stamp_versions(trajs, version: int) -> None:
+    """Records `version` on every generated token that has none: a rollout played with one
+    policy throughout (lockstep, or any rollout without in-flight updates)."""
+    for traj in trajs:
+        for turn in traj.turns:
+            if turn.versions is None:
+                turn.versions = np.full(len(turn.generated), version, np.int32)

@@ -37,6 +37,8 @@ class Sample:
       traj_id: which trajectory (episode) the sample came from.
       turn: turn index of the first generated turn in the sample (0 in trajectory mode).
       prompt_len: number of leading context tokens; the response starts at ``prompt_len``.
+      min_version, max_version: the oldest and newest policy version (learner steps
+        finished) that sampled a token of the sample; -1 when not recorded.
     """
 
     tokens: np.ndarray
@@ -49,6 +51,8 @@ class Sample:
     traj_id: int = 0
     turn: int = 0
     prompt_len: int = 0
+    min_version: int = -1
+    max_version: int = -1
 
     def __post_init__(self) -> None:
         self.tokens = np.asarray(self.tokens, dtype=np.int32)

@@ -33,3 +33,24 @@ def trajectory_metrics(trajs, prefix: str) -> dict[str, float]:
         out.update(tool_metrics([t.metrics for t in group], p))
     out[f"{prefix}truncated_by_length"] = mean_of(t.truncated_by_length for t in trajs)
     return out
+
+
+def version_lag_metrics(trajs, version: int) -> dict[str, float]:
+    """How far behind the learner (at `version`, the steps it has finished) the policies
+    that sampled the tokens are, over every generated token:
+
+        lag(token) = version − version(token)
+
+    ``off_policy/version_lag_mean`` and ``_max``, ``off_policy/stale_token_frac`` (the share
+    with lag > 0), ``off_policy/versions_per_episode`` (distinct versions in one episode,
+    mean: above 1 only when an update reached a live episode)."""
+    per_traj = [t.token_versions() for t in trajs]
+    lags = version - np.concatenate(per_traj) if per_traj else np.zeros(0)
+    if not lags.size:
+        return {"off_policy/version_lag_mean": 0.0, "off_policy/version_lag_max": 0.0,
+                "off_policy/stale_token_frac": 0.0, "off_policy/versions_per_episode": 0.0}
+    return {"off_policy/version_lag_mean": float(lags.mean()),
+            "off_policy/version_lag_max": float(lags.max()),
+            "off_policy/stale_token_frac": float((lags > 0).mean()),
+            "off_policy/versions_per_episode": mean_of(len(np.unique(v)) for v in per_traj
+                                                       if v.size)}

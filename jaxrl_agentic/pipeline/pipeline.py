@@ -31,9 +31,10 @@ from jaxrl_agentic.algos.schedules import ChunkEstimator, LearningRatePlan
 from jaxrl_agentic.config import ConfigError
 from jaxrl_agentic.data import updates_per_step
 from jaxrl_agentic.data.samples import build_samples, trajectory_sample
+from jaxrl_agentic.data.trajectory import stamp_versions
 from jaxrl_agentic.models import load_pretrained, lora
 from jaxrl_agentic.models.hf_io import read_model_config
-from jaxrl_agentic.pipeline.metrics import mean_of, trajectory_metrics
+from jaxrl_agentic.pipeline.metrics import mean_of, trajectory_metrics, version_lag_metrics
 from jaxrl_agentic.pipeline.run_checks import check_same_model_everywhere
 from jaxrl_agentic.pipeline.samples import token_estimator_samples
 from jaxrl_agentic.rollout.conversation import ChatFormatter
@@ -121,9 +122,10 @@ class Pipeline:
         if isinstance(self.sampler, Sampler):  # a group's first prompt: prefilled once
             self.sampler.share_prompt_prefill = cfg.learner.packing.share_group_prefix
         if rollout.batching == "continuous" and not isinstance(self.sampler, Sampler):
-            raise ConfigError(f"config.rollout_batching: 'continuous' decodes through the JAX "
+            field = "in_flight_updates" if rollout.in_flight_updates else "rollout_batching"
+            raise ConfigError(f"config.{field}: continuous rollouts decode through the JAX "
                               f"sampler's slot programs; sampler_backend "
-                              f"{rollout.sampler_backend!r} is not a Sampler; use 'turn'")
+                              f"{rollout.sampler_backend!r} is not a Sampler")
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.config = cfg = cfg.with_pad_token_id(pad_id)
         self.learner_cfg = cfg.learner
@@ -158,11 +160,12 @@ class Pipeline:
                                               cfg.advantages.sample_mode, cfg.max_turns))
         self.step = 0
         self.cursor = 0
-        self.producer = None  # async_generation_ratio ≥ 1: rollouts made ahead in a thread
-        if rollout.async_generation_ratio and jax.process_count() > 1:
-            # Two threads issuing collectives in a different order on each host deadlock.
-            raise ConfigError("config.async_generation_ratio: not supported with several "
-                              "processes (distributed.enabled); use 0")
+        self.producer = None  # rollouts made ahead in threads (async or in-flight)
+        for field in ("async_generation_ratio", "in_flight_updates"):
+            if getattr(rollout, field) and jax.process_count() > 1:
+                # Threads issuing collectives in a different order on each host deadlock.
+                raise ConfigError(f"config.{field}: not supported with several processes "
+                                  "(distributed.enabled)")
 
     def _runner(self, tag: str, env_config: dict):
         """The rollout runner of env tag `tag` with environment parameters `env_config`."""
@@ -474,15 +477,23 @@ class Pipeline:
 
         `async_generation_ratio = 0`: played now with the current params. `n ≥ 1`: taken
         from the producer thread, which plays step j with the newest params published
-        (version ≥ j − n) while the learner trains; older trajectories are dropped.
+        (version ≥ j − n) while the learner trains. `in_flight_updates`: from the producer's
+        threads, whose rollouts take each new version at their next chunk, admitted so that
+        no token lags more than `max_policy_lag` versions (`rollout/producer.py`). Every
+        token's version is recorded (`Turn.versions`); trajectories past the bound are
+        dropped and counted (a safety net: admission keeps them within it).
         """
-        ratio = self.config.rollout.async_generation_ratio
-        if ratio == 0:
+        rollout = self.config.rollout
+        in_flight = rollout.in_flight_updates
+        ratio = rollout.max_policy_lag if in_flight else rollout.async_generation_ratio
+        if ratio == 0 and not in_flight:
             start = time.perf_counter()
             trajs = self.rollout("train")
             seconds = time.perf_counter() - start
+            stamp_versions(trajs, self.step)
             return trajs, seconds, {"off_policy/staleness_mean": 0.0,
                                     "off_policy/staleness_max": 0.0,
+                                    **version_lag_metrics(trajs, self.step),
                                     "off_policy/dropped": 0.0, "time/wait_for_rollout": seconds}
         if self.producer is None:
             # The env-group cursor advances by num_env_groups per step, so the seeds of
@@ -496,7 +507,8 @@ class Pipeline:
                                     cursor=base_cursor + (step - base_step) * groups)
 
             self.producer = RolloutProducer(produce, ratio=ratio, first_step=self.step,
-                                            version=self.step, params=self.published_params())
+                                            version=self.step, params=self.published_params(),
+                                            in_flight=in_flight)
             if self.step > 0:  # resumed: the producer's queue is not in the checkpoint
                 self.log(f"async resume at step {self.step}: steps {self.step}.."
                          f"{self.step + ratio - 1} are played with the restored policy "
@@ -505,19 +517,27 @@ class Pipeline:
                          "exactly")
         produced, waited = self.producer.take(self.step)
         staleness = self.step - produced.version
-        trajs, dropped = produced.trajectories, 0
-        if staleness > ratio:  # cannot happen with the producer's gating; never train on it
-            trajs, dropped = [], len(produced.trajectories)
+        stamp_versions(produced.trajectories, produced.version)
+        # Cannot happen with the producer's admission; never train on it.
+        trajs = [t for t in produced.trajectories
+                 if self.step - t.token_versions().min(initial=self.step) <= ratio]
+        dropped = len(produced.trajectories) - len(trajs)
         return trajs, produced.seconds, {
             "off_policy/staleness_mean": float(staleness) if trajs else 0.0,
             "off_policy/staleness_max": float(staleness) if trajs else 0.0,
+            **version_lag_metrics(trajs, self.step),
             "off_policy/dropped": float(dropped), "time/wait_for_rollout": waited}
 
     def close(self) -> None:
-        """Stops the producer thread (if any)."""
+        """Stops the producer threads (if any) once their rollouts in progress end, and says
+        how many episodes they played that were not trained on (a resumed run plays those
+        steps again: nothing is lost, nothing counted twice)."""
         if self.producer is not None:
-            self.producer.close()
+            unused = self.producer.close()
             self.producer = None
+            if unused:
+                self.log(f"rollouts: {unused} episodes played ahead of step {self.step} were "
+                         "not trained on (a resumed run plays their steps again)")
 
     @timing.spanned("samples")
     def fold_kl_into_rewards(self, trajs) -> dict[str, float]:

@@ -26,6 +26,12 @@ the tokens: a reply's noise is keyed by (sample seed, turn, episode id) only
 (`turns.turn_seed`, `slot_decoder`), so for the same seeds both schedules produce the same
 trajectories token for token, whatever the slot count or chunk size.
 
+In-flight weight updates: `params` may be a live policy (`LivePolicy`: `current()` →
+(version, params), e.g. the `RolloutProducer` the learner publishes to). The loop then reads
+it before each round of starts and chunks, so a learner update reaches every live reply at
+its next chunk boundary, without a pause and without copying weights, and each token
+records the version that sampled it (`Turn.versions`); its logprob is that version's.
+
 The slots' KV cache is allocated for `max_total_len` at the start, as a serving engine's
 slot pool is: attention reads only the slots in use (`CacheExtent`), so a fixed cache
 costs no more per step than a growing one and its programs are compiled once, up front
@@ -35,6 +41,7 @@ costs no more per step than a growing one and its programs are compiled once, up
 from __future__ import annotations
 
 import collections
+from typing import Any, Protocol
 
 from jaxrl_agentic.data.trajectory import Trajectory
 from jaxrl_agentic.rollout.turns import (
@@ -51,11 +58,22 @@ from jaxrl_agentic.sampling import Sampler, SlotDecoder
 POLL_S = 0.002
 
 
+class LivePolicy(Protocol):
+    def current(self) -> tuple[int, Any]:
+        """(version, params) of the newest policy: what the next chunk decodes with."""
+
+
+
 def play_continuous(envs, trajs: list[Trajectory], pending: dict[int, list[int]],
                     sampler: Sampler, formatter, gen: GenerationConfig, *, sample_seed: int,
                     max_turns: int, max_input_length: int, params, slots: int = 0,
                     decode_chunk: int = 8) -> None:
-    """Plays every episode with a first prompt in `pending` to its end (see module doc)."""
+    """Plays every episode with a first prompt in `pending` to its end (see module doc);
+    `params`: the policy's params, or a `LivePolicy` for in-flight updates."""
+    live = params if hasattr(params, "current") else None
+    version = None
+    if live is not None:
+        version, params = live.current()
     waiting = collections.deque(sorted(pending))  # episodes not started, in plan order
     num_slots = min(len(waiting), slots or len(waiting))
     if not num_slots:
@@ -102,18 +120,21 @@ def play_continuous(envs, trajs: list[Trajectory], pending: dict[int, list[int]]
             episodes = [episode_of[slot] for slot in starting]
             decoder.start(starting,
                           [turn_seed(sample_seed, len(trajs[e].turns)) for e in episodes],
-                          [trajs[e].traj_id for e in episodes], params=params)
+                          [trajs[e].traj_id for e in episodes])
+        if live is not None:  # the newest policy, from this round's chunks on
+            version, params = live.current()
         # 2. a chunk on every block with live rows; the replies that ended in the chunks
         #    that are done go to their environments. A block whose rows all wait for their
         #    environment would idle until the others' chunks end: then wait for those only
         #    briefly, and look for answers in between.
-        decoder.launch(params=params)
+        decoder.launch(params=params, version=version or 0)
         if decoder.decoding:
             poll = in_env and not decoder.all_decoding
             for slot, out in decoder.collect(timeout=POLL_S if poll else None).items():
                 episode = episode_of[slot]
                 reply = close_reply(session, slot, trajs[episode], out.tokens, out.logprobs,
-                                    out.stop_reason, formatter)
+                                    out.stop_reason, formatter,
+                                    out.versions if live is not None else None)
                 replies[episode] = reply
                 envs.submit(episode, reply.reply, len(trajs[episode].turns))
                 in_env += 1

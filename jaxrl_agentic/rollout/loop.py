@@ -246,6 +246,8 @@ def play(batching: str, envs, trajs: list[Trajectory], pending: dict[int, list[i
         play_continuous(envs, trajs, pending, sampler, formatter, gen, slots=slots,
                         decode_chunk=decode_chunk, **common)
     else:
+        if hasattr(params, "current"):  # a live policy: lockstep plays one version throughout
+            common["params"] = params.current()[1]
         play_turns(envs, trajs, pending, sampler.new_session(len(trajs)), formatter, gen,
                    **common)
 

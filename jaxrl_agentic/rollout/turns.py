@@ -105,12 +105,13 @@ class Reply(NamedTuple):
     stop_reason: str
     eos_appended: bool  # the code closed the reply with EOS (loss mask 0)
     reply: str  # decoded text, for the environment's parser
+    versions: np.ndarray | None = None  # the policy version of each token (in-flight updates)
 
     def turn(self, **env_fields) -> Turn:
         return Turn(context_len=self.context_len, generated=list(self.ids),
                     logprobs=np.asarray(self.logprobs, np.float32),
                     stop_reason=self.stop_reason, eos_appended=self.eos_appended,
-                    reply=self.reply, **env_fields)
+                    reply=self.reply, versions=self.versions, **env_fields)
 
 
 def append_prompts(trajs: list[Trajectory], session: SamplerSession,
@@ -165,7 +166,8 @@ def generate_replies(session: SamplerSession, rows: list[int], trajs: list[Traje
 
 
 def close_reply(session: SamplerSession, row: int, traj: Trajectory, ids: list[int],
-                logprobs: np.ndarray, reason: str, formatter) -> Reply:
+                logprobs: np.ndarray, reason: str, formatter,
+                versions: np.ndarray | None = None) -> Reply:
     """Appends a generated reply to its episode's stream (the session holds it already);
     one that stopped without EOS is closed with an EOS the model did not generate."""
     context_len = len(traj.tokens)
@@ -176,7 +178,7 @@ def close_reply(session: SamplerSession, row: int, traj: Trajectory, ids: list[i
         traj.tokens.append(formatter.eos_token_id)
     with timing.span("rollout/tokenize"):
         reply = formatter.decode_reply(ids)
-    return Reply(context_len, ids, logprobs, reason, eos_appended, reply)
+    return Reply(context_len, ids, logprobs, reason, eos_appended, reply, versions)
 
 
 @timing.spanned("rollout/env")

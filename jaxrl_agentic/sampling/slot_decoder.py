@@ -1,7 +1,7 @@
 """Continuous batching in the sampler: a session's rows are slots, decoded in chunks.
 
     decoder = SlotDecoder(session, max_new_tokens=64, chunk=8, temperature=1.0)
-    decoder.start(rows, seeds, row_ids, params=params)   # prefill their new prompts
+    decoder.start(rows, seeds, row_ids)        # their new prompts, prefilled by the next chunk
     while decoder.live_rows:
         for row, reply in decoder.decode(params=params).items():  # ≤ `chunk` steps
             ...   # the row's reply is done: step its environment, later `start` it again
@@ -28,6 +28,13 @@ starts a chunk on each block that has live rows and is not decoding already, `co
 returns the replies of the chunks that are done, so a block whose rows ended can hand them
 to their environments and be `start`ed again (only rows of a block that is not decoding
 can be: its chunk owns its cache) while the other blocks keep decoding.
+
+The params are an argument of each chunk, not of the decoder: a caller may pass newer ones
+from one chunk to the next (in-flight weight updates, `rollout/continuous.py`) without
+pausing a reply. A chunk's prefill and its tokens all use the chunk's params, and each
+token records the `version` its chunk was given (`SlotReply.versions`), so a reply that
+spans several policies says exactly which sampled which token (and its logprob is that
+policy's). The KV cache of the earlier context stays as the older params wrote it.
 
 Cost follows the live rows, not the pool: a chunk runs only the live rows' power-of-two
 bucket of its block (on a CPU a step costs in proportion to its rows, and most slots wait
@@ -75,6 +82,7 @@ class SlotReply:
     tokens: list[int]
     logprobs: np.ndarray
     stop_reason: str  # "eos" | "stop" | "length"
+    versions: np.ndarray | None = None  # [len(tokens)] int32: the policy version of each
 
 
 class _BlockState:
@@ -93,9 +101,9 @@ class _BlockState:
         self.row_ids = np.zeros(rows, np.int32)
         self.logits = None  # the last prefill's logits [rows, V] (fresh rows read theirs)
         self.to_prefill: list[int] = []  # rows `start`ed, their prompts not prefilled yet
-        self.prefill_params = None
         self.tokens: dict[int, list[int]] = {}
         self.logprobs: dict[int, list[np.ndarray]] = {}
+        self.versions: dict[int, list[np.ndarray]] = {}
 
 
 class SlotDecoder:
@@ -151,19 +159,19 @@ class SlotDecoder:
         """Whether every block has a chunk in flight."""
         return len(self._inflight) == len(self._blocks)
 
-    def launch(self, *, params=None) -> None:
+    def launch(self, *, params=None, version: int = 0) -> None:
         """Starts a chunk (≤ `chunk` tokens, after the prefill of the rows `start`ed since the
         last) on every block with live rows that has none in flight: on the sampler's pool
-        when there are several blocks, at once when one."""
+        when there are several blocks, at once when one. Its tokens record `version`."""
         params = self.sampler.params if params is None else params
         for index, block in enumerate(self._blocks):
             if index in self._inflight or not (block.live.any() or block.to_prefill):
                 continue
             if len(self._blocks) > 1:
-                self._inflight[index] = self.sampler.submit(self._work, params, block)
+                self._inflight[index] = self.sampler.submit(self._work, params, block, version)
             else:  # nothing to run beside it: no thread hop
                 done = concurrent.futures.Future()
-                done.set_result(self._work(params, block))
+                done.set_result(self._work(params, block, version))
                 self._inflight[index] = done
 
     def collect(self, *, timeout: float | None = None) -> dict[int, SlotReply]:
@@ -185,14 +193,12 @@ class SlotDecoder:
         block, _ = self._locate(row)
         return self._blocks.index(block)
 
-    def start(self, rows: Sequence[int], seeds: Sequence[int], row_ids: Sequence[int], *,
-              params=None) -> None:
+    def start(self, rows: Sequence[int], seeds: Sequence[int], row_ids: Sequence[int]) -> None:
         """Starts a reply in each of `rows` (not live, of blocks not decoding) from the end
         of its stream: what is not cached yet is prefilled by the next `launch` / `decode`,
-        on the block's thread before its chunk. Row r draws its noise from
-        ``fold_in(PRNGKey(seeds[r]), row_ids[r])``, as ``Session.generate(seed=…,
+        on the block's thread before its chunk and with its params. Row r draws its noise
+        from ``fold_in(PRNGKey(seeds[r]), row_ids[r])``, as ``Session.generate(seed=…,
         row_seeds=…)`` does."""
-        params = self.sampler.params if params is None else params
         keys = {seed: np.asarray(jax.random.PRNGKey(seed)) for seed in set(seeds)}
         for row, seed, row_id in zip(rows, seeds, row_ids, strict=True):
             block, r = self._locate(row)
@@ -205,31 +211,30 @@ class SlotDecoder:
             budget = min(self.max_new_tokens, self.sampler.max_total_len - length)
             block.pos[r], block.budget[r], block.n_gen[r] = length, budget, 0
             block.live[r] = block.fresh[r] = budget > 0
-            block.tokens[r], block.logprobs[r] = [], []
+            block.tokens[r], block.logprobs[r], block.versions[r] = [], [], []
             # The prefill runs with the block's next chunk, on the block's own thread.
             block.to_prefill.append(r)
-            block.prefill_params = params
 
-    def _prefill(self, block: _BlockState) -> None:
+    def _prefill(self, params, block: _BlockState) -> None:
         """Prefills the prompts of the rows `start`ed since the block's last chunk."""
         rows, block.to_prefill = block.to_prefill, []
         session = block.session
-        block.logits = session.prefill(rows, block.prefill_params, compact=True)
+        block.logits = session.prefill(rows, params, compact=True)
         # Fed tokens land below len(stream) + budget − 1 (the last one is not fed).
         session.reserve(max(int(block.pos[r] + block.budget[r]) for r in rows))
 
-    def _work(self, params, block: _BlockState) -> dict[int, SlotReply]:
+    def _work(self, params, block: _BlockState, version: int) -> dict[int, SlotReply]:
         """A block's turn: the prefill of its new prompts, then a chunk of its live rows."""
         if block.to_prefill:
-            self._prefill(block)
-        return self._chunk(params, block) if block.live.any() else {}
+            self._prefill(params, block)
+        return self._chunk(params, block, version) if block.live.any() else {}
 
-    def decode(self, *, params=None) -> dict[int, SlotReply]:
+    def decode(self, *, params=None, version: int = 0) -> dict[int, SlotReply]:
         """Advances every live row by ≤ `chunk` tokens (the blocks side by side, waiting for
         all); → {row: reply} of those that ended."""
         if self._inflight:
             raise ValueError("chunks are in flight: collect them before decode")
-        self.launch(params=params)
+        self.launch(params=params, version=version)
         finished: dict[int, SlotReply] = {}
         while self._inflight:
             finished.update(self.collect())
@@ -313,7 +318,7 @@ class SlotDecoder:
         return out, at
 
     @timing.spanned("rollout/decode")
-    def _chunk(self, params, block: _BlockState) -> dict[int, SlotReply]:
+    def _chunk(self, params, block: _BlockState, version: int) -> dict[int, SlotReply]:
         session = block.session
         live = np.flatnonzero(block.live)
         width = self._width(len(live), session.capacity)
@@ -325,6 +330,7 @@ class SlotDecoder:
             drawn = int(n_gen[i] - block.n_gen[r])
             block.tokens[r].extend(toks[i, :drawn].tolist())
             block.logprobs[r].append(np.asarray(lps[i, :drawn], np.float32))
+            block.versions[r].append(np.full(drawn, version, np.int32))
             block.token[r], block.pos[r], block.n_gen[r] = token[i], pos[i], n_gen[i]
             block.fresh[r] = False
             if reasons[i] == 0:
@@ -335,7 +341,8 @@ class SlotDecoder:
             session.cached[r] += max(0, len(ids) - 1)
             session.streams[r].extend(ids)
             reason = STOP_REASONS[max(int(reasons[i]), REASON_LENGTH * (not ids))]
-            finished[int(r)] = SlotReply(ids, np.concatenate(block.logprobs.pop(r)), reason)
+            finished[int(r)] = SlotReply(ids, np.concatenate(block.logprobs.pop(r)), reason,
+                                         np.concatenate(block.versions.pop(r)))
         return finished
 
 

@@ -64,6 +64,7 @@ from jaxrl_agentic.training.accumulation import accumulate_gradients
 from jaxrl_agentic.training.learner_config import LearnerConfig
 from jaxrl_agentic.training.off_policy import (
     logprob_mismatch,
+    mismatch_kl,
     out_of_support_tokens,
     sample_importance_weights,
 )
@@ -442,7 +443,8 @@ class Learner(EngineDriver):
         cut = cfg.packing.sequence_length
         checked = samples if cfg.recompute_old_logprobs else samples[:MISMATCH_SAMPLES]
         recomputed = self.sample_logprobs(checked)
-        extra = {"rollout/logprob_mismatch": logprob_mismatch(checked, recomputed, cut)}
+        extra = {"rollout/logprob_mismatch": logprob_mismatch(checked, recomputed, cut),
+                 "off_policy/mismatch_kl": mismatch_kl(checked, recomputed, cut)}
         if cfg.restricts_support:
             extra["rollout/out_of_support_tokens"] = float(
                 out_of_support_tokens(checked, recomputed, cut))

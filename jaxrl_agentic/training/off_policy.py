@@ -36,6 +36,23 @@ def logprob_mismatch(samples: Sequence[Sample], recomputed: Sequence[np.ndarray]
     return gap / max(sum(int(m.sum()) for m in masks), 1)
 
 
+def mismatch_kl(samples: Sequence[Sample], recomputed: Sequence[np.ndarray],
+                sequence_length: int | None = None) -> float:
+    """Mean k3 estimate of KL(π_sampler ‖ π_learner) over the comparable loss tokens: with
+    x = log π_sampler(y) − log π_learner(y) at the tokens y the sampler drew,
+
+        k3 = e^(−x) + x − 1  ≥ 0,        E_{y∼π_sampler}[k3] = KL(π_sampler ‖ π_learner)
+
+    (−x clamped to ±20 as ``algos/kl.py`` does). Numerics alone keep it near 0; tokens
+    sampled by older policies (asynchronous or in-flight rollouts) raise it."""
+    masks = comparable_masks(samples, recomputed, sequence_length)
+    total = 0.0
+    for s, r, m in zip(samples, recomputed, masks, strict=True):
+        neg = np.clip(np.asarray(r, np.float64) - s.old_logprobs, -20.0, 20.0)[m]
+        total += float((np.exp(neg) - neg - 1.0).sum())
+    return total / max(sum(int(m.sum()) for m in masks), 1)
+
+
 def out_of_support_tokens(samples: Sequence[Sample], recomputed: Sequence[np.ndarray],
                           sequence_length: int | None = None) -> int:
     """Trained loss tokens that one side's logprob puts outside its top-k/top-p support."""

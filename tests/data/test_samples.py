@@ -168,3 +168,22 @@ def test_misaligned_advantages_raise_one_line_errors():
     # A 0-d scalar is the documented "same value on every turn".
     sample = trajectory_sample(traj, 0.5)
     assert set(sample.advantages[sample.loss_mask > 0]) == {0.5}
+
+
+def test_samples_carry_the_versions_of_their_own_tokens():
+    """Each sample's (min_version, max_version) is over the tokens it trains on: per turn
+    for step samples, over the episode for a trajectory sample, combined by a merge; a
+    turn without recorded versions is stamped by `stamp_versions`."""
+    from jaxrl_agentic.data.trajectory import stamp_versions
+
+    traj = make_traj([([10, 11], False), ([12, 13], False), ([14], False)])
+    for turn, versions in zip(traj.turns, ([3, 3], [3, 4], None), strict=True):
+        turn.versions = None if versions is None else np.asarray(versions, np.int32)
+    stamp_versions([traj], 5)  # fills the third turn only
+    assert traj.token_versions().tolist() == [3, 3, 3, 4, 5]
+    steps = step_samples(traj, [0.0, 0.0, 0.0])
+    assert [(s.min_version, s.max_version) for s in steps] == [(3, 3), (3, 4), (5, 5)]
+    whole = trajectory_sample(traj, 1.0)
+    assert (whole.min_version, whole.max_version) == (3, 5)
+    merged = merge_prefix_samples(steps[1:])
+    assert len(merged) == 1 and (merged[0].min_version, merged[0].max_version) == (3, 5)

@@ -5,6 +5,7 @@ overlap decoding."""
 import collections
 import threading
 
+import numpy as np
 import pytest
 
 from jaxrl_agentic.envs.python_env import PyStep, PythonTextEnv, make_python_env, text_state_hash
@@ -145,3 +146,49 @@ def test_without_precompile_the_same_trajectories_compile_on_first_use(setup, ge
     # one only those this rollout used.
     grid = {key for key in sampler.warmed if key[1] == 4}  # capacity of 3 slots
     assert 0 < lazy.compilation_count() < len(grid)
+
+
+class _Switching:
+    """A live policy (`continuous.LivePolicy`): version 0 = `first` for `reads` reads of
+    `current()`, then version 1 = `then` (a learner update landing mid-rollout)."""
+
+    def __init__(self, first, then, reads):
+        self.first, self.then, self.reads, self.count = first, then, reads, 0
+
+    def current(self):
+        self.count += 1
+        return (0, self.first) if self.count <= self.reads else (1, self.then)
+
+
+def test_in_flight_updates_reach_live_replies_at_chunk_boundaries(setup, generation):  # noqa: F811
+    """A version change between chunks: (1) with the same params under both versions the
+    trajectories are the lockstep run's token for token, and every token records the version
+    of the chunk that drew it, some replies spanning both; (2) when the update is there
+    before the first chunk, the whole rollout, prefills included, is the lockstep run of
+    the new params: the chunks decode with the live policy, not the one the rollout began
+    with."""
+    import jax
+
+    sampler = setup[2]
+    plan = episodes(2)
+    live = runner(setup, "jax", generation, batching="continuous", slots=3, decode_chunk=2)
+    lockstep = runner(setup, "jax", generation)
+    same = _Switching(sampler.params, sampler.params, reads=4)
+    got = live.run(plan, sample_seed=7, params=same)
+    for a, b in zip(lockstep.run(plan, sample_seed=7), got, strict=True):
+        assert_same_trajectory(a, b, exact=False)
+    versions = [np.asarray(u.versions) for t in got for u in t.turns]
+    assert all(len(v) == len(u.generated) for v, u in
+               zip(versions, [u for t in got for u in t.turns], strict=True))
+    for t in got:
+        per_token = t.token_versions()
+        assert np.all(np.diff(per_token) >= 0) and set(per_token) <= {0, 1}
+    assert any(set(v) == {0, 1} for v in versions)  # a reply that spans the update
+    assert same.count > 5
+
+    flipped = jax.tree.map(lambda x: -x if x.ndim >= 2 else x, sampler.params)
+    new = live.run(plan, sample_seed=7, params=_Switching(sampler.params, flipped, reads=0))
+    for a, b in zip(lockstep.run(plan, sample_seed=7, params=flipped), new, strict=True):
+        assert_same_trajectory(a, b, exact=False)
+    assert all(set(t.token_versions()) == {1} for t in new)
+    assert [t.tokens for t in got] != [t.tokens for t in new]  # the update mattered

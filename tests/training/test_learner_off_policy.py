@@ -162,3 +162,19 @@ def test_the_reference_logprobs_are_the_full_softmax_under_the_sampling_filter()
     np.testing.assert_allclose(ref[4:], full[3:], atol=2e-5)
     # Random tokens mostly lie outside a top-2 set: the policy's own logprobs say so.
     assert (restricted[4:] == OUT_OF_SUPPORT_LOGPROB).sum() > 5
+
+
+def test_mismatch_kl_by_hand():
+    """k3 = e^(−x) + x − 1 with x = sampler − learner logprob, over comparable loss tokens:
+    x = 0.5 and −0.2 on the two loss tokens (the prompt token and the one past
+    `sequence_length` do not count)."""
+    from jaxrl_agentic.data import Sample
+    from jaxrl_agentic.training.off_policy import mismatch_kl
+
+    sample = Sample(tokens=[1, 2, 3, 4], loss_mask=[0, 1, 1, 1],
+                    old_logprobs=[0.0, -1.0, -2.0, -0.5], advantages=[0, 1, 1, 1])
+    learner = np.asarray([0.0, -1.5, -1.8, -3.0], np.float32)
+    expected = ((np.exp(-0.5) + 0.5 - 1) + (np.exp(0.2) - 0.2 - 1)) / 2
+    assert mismatch_kl([sample], [learner], sequence_length=3) == pytest.approx(expected,
+                                                                                rel=1e-6)
+    assert mismatch_kl([sample], [np.asarray(sample.old_logprobs)], 3) == 0.0
