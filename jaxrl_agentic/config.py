@@ -433,8 +433,12 @@ def validate(c) -> None:
         if declared_backend_or_none(spec.env_type) == "jax":
             from jaxrl_agentic.envs.registry import make
 
+            env_config = dict(spec.get("env_config", {}))
+            if backend == "python":  # the adapter's own (`python_env.jax_env_factory`)
+                for key in ("step_delay_s", "hang_on_step"):
+                    env_config.pop(key, None)
             try:  # the params a JAX environment takes (`env_id` may name another one)
-                make(spec.env_type, **dict(spec.get("env_config", {})))
+                make(spec.env_type, **env_config)
             except (ValueError, TypeError) as e:
                 _fail(f"custom_envs.{tag}.env_config", str(e))
         if registered_prefix(spec.env_type) is not None:

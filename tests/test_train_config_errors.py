@@ -31,6 +31,11 @@ CASES = [
     (["--config.align_when_free=maybe"], "align_when_free"),
     (["--config.train_env_manager.tags=('lake',)"], "'lake' is not in custom_envs"),
     (["--config.learning_rate=-1"], "config.learning_rate: must be > 0"),
+    (["--config.head_learning_rate=-1"], "config.head_learning_rate: must be >= 0"),
+    (["--config.max_policy_lag=-1"], "config.max_policy_lag: must be an integer >= 0"),
+    (["--config.in_flight_updates=True", "--config.async_generation_ratio=1"],
+     "config.in_flight_updates: bounds the policy lag by max_policy_lag"),
+
     (["--config.dual_clip=0.5"], "config.dual_clip"),
     (["--config.init_kl_coef=0", "--config.target_kl=0.1"],
      "config.target_kl: an adaptive KL coefficient needs"),
@@ -101,3 +106,21 @@ def test_missing_recipe_file(capsys):
     assert train.main(["train", "--config=configs/nope.py"]) == train.EXIT_BAD_INPUT
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "nope.py" in err, err
+
+
+@pytest.mark.parametrize("backend", ["python", "jax"])
+def test_the_python_adapters_own_settings_are_not_the_environments(backend):
+    """`step_delay_s` (a slow tool stand-in) is a setting of the Python adapter of a JAX
+    environment (`python_env.jax_env_factory`), not a parameter of the environment: valid
+    with the Python backend, the environment's own unknown-parameter error with the JAX one."""
+    from jaxrl_agentic.config import ConfigError, validate
+
+    c = train.parse_config(["train", f"--config={RECIPE}",
+                            f"--config.custom_envs.frozen_lake.env_backend={backend}"])
+    with c.unlocked():
+        c.custom_envs.frozen_lake.env_config.step_delay_s = 0.1
+    if backend == "python":
+        validate(c)
+    else:
+        with pytest.raises(ConfigError, match="unknown parameter 'step_delay_s'"):
+            validate(c)

@@ -153,7 +153,7 @@ class Sampler:
         dst[:len(copies)], src[:len(copies)] = list(copies), list(copies.values())
         program = self.program("copy_rows",
                                lambda _: jax.jit(_copy_rows, donate_argnums=(0,)))
-        return program(cache, logits, jnp.asarray(dst), jnp.asarray(src))
+        return program(cache, logits, *jax.device_put((dst, src)))
 
     def empty_cache(self, rows: int, reserve: int = 0) -> KVCache:
         """A zeroed cache of `rows` rows holding slots below `reserve` (`cache_bucket`)."""

@@ -62,7 +62,7 @@ class Session:
     def row_input(self, array: np.ndarray) -> jax.Array:
         """A per-row input, placed like the cache's rows."""
         if self.sampler.mesh is None:
-            return jnp.asarray(array)
+            return jax.device_put(array)  # jnp.asarray would compile a copy per shape
         return jax.device_put(array, rows_sharding(self.sampler.mesh, self.capacity))
 
     def length(self, row: int) -> int:
@@ -164,8 +164,8 @@ class Session:
             # a slot pool's fixed cache; see `key_extents`).
             extents = self.sampler.key_extents(self.cache.max_len)
             self.cache, logits = self.sampler.prefill_program(
-                params, self.cache, jnp.asarray(tokens), jnp.asarray(positions),
-                jnp.asarray(valid), jnp.asarray(index), extent_index(extents, end),
+                params, self.cache, *jax.device_put((tokens, positions, valid, index)),
+                extent_index(extents, end),
                 extents=extents)
         else:
             self.cache, logits = self.sampler.prefill_program(

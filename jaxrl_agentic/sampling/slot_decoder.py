@@ -302,11 +302,11 @@ class SlotDecoder:
             def rows(array: np.ndarray) -> jax.Array:
                 out = np.zeros((width, *array.shape[1:]), array.dtype)
                 out[: len(live)] = array[live]
-                return jnp.asarray(out)
+                return jax.device_put(out)
 
             cache_rows = np.full(width, session.capacity, np.int32)
             cache_rows[: len(live)] = live
-            cache_rows, at = jnp.asarray(cache_rows), {int(r): i for i, r in enumerate(live)}
+            cache_rows, at = jax.device_put(cache_rows), {int(r): i for i, r in enumerate(live)}
         else:
             rows, cache_rows, at = session.row_input, None, {int(r): int(r) for r in live}
         session.cache, *out = self._program(

@@ -1,4 +1,5 @@
-"""Pipeline steps/s, synchronous (`async_generation_ratio=0`) vs asynchronous (`=--ratio`).
+"""Pipeline steps/s, synchronous (`async_generation_ratio=0`) vs asynchronous (`=--ratio`),
+and with ``--in-flight`` vs in-flight weight updates (`in_flight_updates`, `max_policy_lag=--lag`).
 
 Both pipelines are built in one process from the same config: the default recipe
 (``configs/frozen_lake.py``, parsed by ``train.parse_config``, so any
@@ -23,14 +24,25 @@ two overlap as in a long run), the timed steps, then ``Pipeline.close()`` (joins
 producer after its in-flight rollout, so no rollout runs in the background while the
 synchronous pipeline is timed; the next round restarts it from the pipeline's step, as a
 resumed run does). ``ideal_ratio`` = (rollout + train) / max(rollout, train) from the
-synchronous steps' own times: what perfect overlap would give (the producer's sampler and
-the learner share the same CPU cores, so their compute does not overlap for free).
+synchronous steps' own times: what perfect overlap of one rollout with one update would
+give (the producer's sampler and the learner share the same CPU cores, so their compute does
+not overlap for free).
+
+``--in-flight`` adds a third pipeline, timed the same way (ABBA order over the three: sync,
+async, in-flight, then reversed; lead-ins of ``bound + 1`` steps, so that the rollouts a
+producer made ahead before the timed steps are those of its steady state): rollouts that
+take each new policy at their next decode chunk, with up to ``--lag`` + 1 steps' rollouts
+playing at once, so a sleeping environment's waits overlap each other as well as the
+learner's work (its ideal is therefore not ``ideal_ratio``). Each mode reports trained
+samples per second (samples the learner trained on / wall time), and ``in_flight_vs_sync``
+is the ratio of the medians.
 
 Prints ONE JSON line (progress on stderr).
 
     python scripts/bench/bench_async.py                        # step delay 0.3 s, 6 steps, 2 rounds
     python scripts/bench/bench_async.py --step-delay 1.0 --ratio 2
     python scripts/bench/bench_async.py --step-delay 0 --steps 4   # no slow env: CPU-bound only
+    python scripts/bench/bench_async.py --in-flight --lag 2         # + in-flight updates
 """
 
 from __future__ import annotations
@@ -60,7 +72,6 @@ from jaxrl_agentic.pipeline import Pipeline  # noqa: E402
 from jaxrl_agentic.train import parse_config  # noqa: E402
 
 BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
-MODES = ("sync", "async")
 MEAN_KEYS = ("time/step", "time/rollout", "time/train", "time/wait_for_rollout",
              "off_policy/staleness_mean", "env/num_turns", "env/timeouts",
              "env/truncated_by_length", "tokens/real")
@@ -74,6 +85,10 @@ def _parse_args(argv):
                         help="env_config.step_delay_s: seconds each env step sleeps")
     parser.add_argument("--ratio", type=int, default=1,
                         help="async_generation_ratio of the asynchronous pipeline (>= 1)")
+    parser.add_argument("--in-flight", action="store_true",
+                        help="also time in-flight weight updates (in_flight_updates=True)")
+    parser.add_argument("--lag", type=int, default=2,
+                        help="max_policy_lag of the in-flight pipeline (>= 0)")
     parser.add_argument("--steps", type=int, default=6, help="timed steps per mode per round")
     parser.add_argument("--rounds", type=int, default=2, help="timed rounds per mode")
     parser.add_argument("--warmup", type=int, default=2,
@@ -89,12 +104,14 @@ def _parse_args(argv):
         parser.error(f"unrecognised arguments: {' '.join(bad)}")
     if args.ratio < 1:
         parser.error("--ratio must be >= 1 (0 is the synchronous side)")
+    if args.lag < 0:
+        parser.error("--lag must be >= 0")
     if args.steps < 1 or args.rounds < 1 or args.warmup < 1:
         parser.error("--steps, --rounds and --warmup must be >= 1")
     return args, overrides
 
 
-def _config(args, overrides, out: str, ratio: int):
+def _config(args, overrides, out: str, ratio: int, in_flight: bool = False):
     episodes = args.groups * args.group_size
     c = parse_config([
         "bench", f"--config={args.config}", f"--config.output_dir={out}",
@@ -109,6 +126,8 @@ def _config(args, overrides, out: str, ratio: int):
         f"--config.custom_envs.frozen_lake.max_tokens_per_step={args.max_tokens}",
         "--config.custom_envs.frozen_lake.env_backend=python",
         f"--config.async_generation_ratio={ratio}",
+        *(["--config.in_flight_updates=True", f"--config.max_policy_lag={args.lag}"]
+          if in_flight else []),
         *overrides,
     ])
     with c.unlocked():
@@ -143,7 +162,10 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench_async_") as tmp:
         configs = {"sync": _config(args, overrides, os.path.join(tmp, "sync"), 0),
                    "async": _config(args, overrides, os.path.join(tmp, "async"), args.ratio)}
-        pipes = {mode: Pipeline(c) for mode, c in configs.items()}
+        if args.in_flight:
+            configs["in_flight"] = _config(args, overrides, os.path.join(tmp, "in_flight"), 0,
+                                           in_flight=True)
+        pipes = {mode: Pipeline(c, log=_log) for mode, c in configs.items()}
         try:
             result = _run(args, pipes, compiles)
         finally:
@@ -154,6 +176,7 @@ def main(argv=None) -> dict:
     result.update({
         "step_delay_s": args.step_delay,
         "async_generation_ratio": args.ratio,
+        **({"max_policy_lag": args.lag} if args.in_flight else {}),
         "config": {
             "recipe": os.path.relpath(args.config, ROOT),
             "model": c.pretrain, "env": spec.env_type, "env_backend": spec.env_backend,
@@ -175,8 +198,9 @@ def main(argv=None) -> dict:
         "total_s": round(time.perf_counter() - started, 1),
         "timing": f"steps/s = {args.steps} consecutive train_step calls / their wall time; "
                   f"median over {args.rounds} rounds in ABBA order after {args.warmup} "
-                  "warm-up steps per pipeline; async rounds: 1 untimed lead-in step, then "
-                  "the timed steps, then close() (untimed)",
+                  "warm-up steps per pipeline; async and in-flight rounds: bound + 1 "
+                  "untimed lead-in steps, then the timed steps, then close() (untimed); "
+                  "samples/s = samples trained in the timed steps / their wall time",
         "versions": _versions(),
     })
     print(json.dumps(result))
@@ -184,6 +208,8 @@ def main(argv=None) -> dict:
 
 
 def _run(args, pipes, compiles) -> dict:
+    modes = tuple(pipes)
+
     def steps(mode, n):
         out = []
         for _ in range(n):
@@ -191,23 +217,27 @@ def _run(args, pipes, compiles) -> dict:
             out.append(metrics)
         return out
 
-    for mode in MODES:
+    for mode in modes:
         start = time.perf_counter()
         steps(mode, args.warmup)
         pipes[mode].close()
         _log(f"{mode}: {args.warmup} warm-up steps in {time.perf_counter() - start:.1f} s")
     compiles_before = compiles[0]
-    rates = {mode: [] for mode in MODES}
-    timed = {mode: [] for mode in MODES}
+    rates = {mode: [] for mode in modes}
+    sample_rates = {mode: [] for mode in modes}
+    timed = {mode: [] for mode in modes}
     for r in range(args.rounds):
-        for mode in MODES if r % 2 == 0 else MODES[::-1]:
-            if mode == "async":
-                steps(mode, 1)  # lead-in: starts the producer (untimed)
+        for mode in modes if r % 2 == 0 else modes[::-1]:
+            if mode != "sync":  # lead-in (untimed): starts the producer, whose queue of
+                # up to `bound` rollouts made ahead is then at its steady state
+                steps(mode, 1 + (args.lag if mode == "in_flight" else args.ratio))
             start = time.perf_counter()
             got = steps(mode, args.steps)
             seconds = time.perf_counter() - start
-            pipes[mode].close()  # async: joins the producer (untimed)
+            pipes[mode].close()  # async, in-flight: joins the producer (untimed)
             rates[mode].append(args.steps / seconds)
+            sample_rates[mode].append(sum(m["batch/sequences_after_merge"] for m in got)
+                                      / seconds)
             timed[mode].extend(got)
             _log(f"round {r + 1} {mode}: {args.steps} steps in {seconds:.2f} s "
                  f"({args.steps / seconds:.3f} steps/s)")
@@ -218,24 +248,38 @@ def _run(args, pipes, compiles) -> dict:
         return round(statistics.fmean(m.get(key, 0.0) for m in timed[mode]), 4)
 
     per_mode = {}
-    for mode in MODES:
+    for mode in modes:
         per_mode[mode] = {key: mean(mode, key) for key in MEAN_KEYS}
         per_mode[mode]["off_policy/staleness_max"] = max(
             m["off_policy/staleness_max"] for m in timed[mode])
         per_mode[mode]["off_policy/dropped"] = sum(m["off_policy/dropped"] for m in timed[mode])
         per_mode[mode]["round_steps_per_s"] = [round(x, 4) for x in rates[mode]]
+        per_mode[mode]["samples_per_s"] = round(statistics.median(sample_rates[mode]), 4)
+        per_mode[mode]["off_policy/version_lag_max"] = max(
+            m["off_policy/version_lag_max"] for m in timed[mode])
+        per_mode[mode]["off_policy/version_lag_mean"] = mean(mode, "off_policy/version_lag_mean")
+        per_mode[mode]["off_policy/versions_per_episode"] = mean(
+            mode, "off_policy/versions_per_episode")
     rollout, train = per_mode["sync"]["time/rollout"], per_mode["sync"]["time/train"]
     staleness_max = per_mode["async"]["off_policy/staleness_max"]
-    return {
+    result = {
         "sync_steps_per_s": round(sync_rate, 4),
         "async_steps_per_s": round(async_rate, 4),
         "ratio": round(async_rate / sync_rate, 3),
         "ideal_ratio": round((rollout + train) / max(rollout, train, 1e-9), 3),
         "staleness_within_bound": staleness_max <= args.ratio,
-        "sync": per_mode["sync"],
-        "async": per_mode["async"],
+        **per_mode,
         "new_compilations_after_warmup": compiles[0] - compiles_before,
     }
+    if "in_flight" in pipes:
+        result["samples_per_s"] = {mode: per_mode[mode]["samples_per_s"] for mode in modes}
+        result["in_flight_vs_sync"] = round(per_mode["in_flight"]["samples_per_s"]
+                                            / per_mode["sync"]["samples_per_s"], 3)
+        result["in_flight_vs_async"] = round(per_mode["in_flight"]["samples_per_s"]
+                                             / per_mode["async"]["samples_per_s"], 3)
+        result["lag_within_bound"] = (per_mode["in_flight"]["off_policy/version_lag_max"]
+                                      <= args.lag)
+    return result
 
 
 if __name__ == "__main__":

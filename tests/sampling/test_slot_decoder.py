@@ -216,3 +216,12 @@ def test_chunks_compute_only_the_live_rows_and_compile_nothing_after_precompile(
     staggered(sampler, prompts[::-1], 24, slots=session_rows, chunk=3, fixed=True,
               precompile=True)
     assert sampler.compilation_count() == again
+    # Nor does anything else compile: three prompts started at once make a compact prefill
+    # of 4 rows, a shape the runs above did not feed; its inputs go to the device without a
+    # program (`jnp.asarray` of a NumPy array compiled a copy per new shape).
+    from jaxrl_agentic.runtime.compile_events import CompileEvents
+
+    with CompileEvents() as events:
+        staggered(sampler, prompts[:3], 24, slots=session_rows, chunk=3, fixed=True,
+                  precompile=True)
+    assert events.programs == [], events.programs
