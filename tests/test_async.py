@@ -27,22 +27,40 @@ def comparable(metrics):
             if not k.startswith(("time/", "perf/"))}
 
 
+def run_steps(c, n: int, log=print):
+    """`n` train steps of a pipeline built from `c` → (their outputs, the (train states,
+    host state) before the last step, to resume from)."""
+    pipe = Pipeline(c, log=log)
+    steps, snapshot = [], None
+    try:
+        for i in range(n):
+            if i == n - 1:  # copies: the train step donates the learner's buffers
+                snapshot = (jax.tree.map(lambda x: x.copy(), pipe.train_states()),
+                            pipe.host_state())
+            steps.append(pipe.train_step())
+    finally:
+        pipe.close()
+    return steps, snapshot
+
+
+def resumed_step(c, snapshot, log=print):
+    """One train step of a pipeline built from `c` and restored from `snapshot`."""
+    states, host = snapshot
+    resumed = Pipeline(c, log=log)
+    try:
+        resumed.load_train_states(states)
+        resumed.load_host_state(host)
+        return resumed.train_step()
+    finally:
+        resumed.close()
+
+
 @pytest.fixture(scope="module")
 def async_run(tmp_path_factory):
     """Three steps with ratio 1, plus the state after step 2 (to resume from)."""
     c = make_config(tmp_path_factory.mktemp("async"), "--config.async_generation_ratio=1")
-    pipe = Pipeline(c)
-    steps, snapshot = [], None
-    try:
-        for i in range(3):
-            if i == 2:  # copies: the train step donates the learner's buffers
-                snapshot = (jax.tree.map(lambda x: x.copy(), pipe.train_states()),
-                            pipe.host_state())
-            metrics, trajs, _ = pipe.train_step()
-            steps.append((metrics, seeds(trajs)))
-    finally:
-        pipe.close()
-    return c, steps, snapshot
+    steps, snapshot = run_steps(c, 3)
+    return c, [(metrics, seeds(trajs)) for metrics, trajs, _ in steps], snapshot
 
 
 def test_staleness_is_bounded_and_reached(async_run):
@@ -66,17 +84,11 @@ def test_first_async_step_equals_the_synchronous_step(async_run, tmp_path):
 
 
 def test_resume_neither_loses_nor_duplicates_groups(async_run):
-    c, steps, (states, host) = async_run
+    c, steps, snapshot = async_run
     all_seeds = [s for _, step_seeds in steps for s in step_seeds]
     assert len(all_seeds) == len(set(all_seeds))  # no group played twice
     lines = []
-    resumed = Pipeline(c, log=lines.append)
-    try:
-        resumed.load_train_states(states)
-        resumed.load_host_state(host)
-        metrics, trajs, _ = resumed.train_step()
-    finally:
-        resumed.close()
+    metrics, trajs, _ = resumed_step(c, snapshot, log=lines.append)
     # The in-flight rollout of step 3 was lost with the process; the resumed run plays
     # exactly those groups again (with fresher params: staleness 0). That is all an async
     # resume promises, and the run says so rather than claiming an exact continuation.

@@ -6,31 +6,20 @@ which episodes the stop left untrained.
 (The bound under random latencies, and an update reaching a live rollout at its next
 chunk: tests/rollout/test_producer.py and tests/rollout/test_continuous.py.)"""
 
-import jax
 import numpy as np
 import pytest
 
-from jaxrl_agentic.pipeline import Pipeline
-from tests.test_async import comparable, make_config, seeds
+from tests.test_async import comparable, make_config, resumed_step, run_steps, seeds
 
 IN_FLIGHT = ("--config.in_flight_updates=True", "--config.decode_chunk_tokens=2")
 
 
 @pytest.fixture(scope="module")
 def in_flight_run(tmp_path_factory):
-    """Three steps with lag bound 1, the state after step 2, and the close log."""
+    """Two steps with lag bound 1, the state after step 1, and the close log."""
     c = make_config(tmp_path_factory.mktemp("in_flight"), *IN_FLIGHT)
     lines = []
-    pipe = Pipeline(c, log=lines.append)
-    steps, snapshot = [], None
-    try:
-        for i in range(3):
-            if i == 2:  # copies: the train step donates the learner's buffers
-                snapshot = (jax.tree.map(lambda x: x.copy(), pipe.train_states()),
-                            pipe.host_state())
-            steps.append(pipe.train_step())
-    finally:
-        pipe.close()
+    steps, snapshot = run_steps(c, 2, log=lines.append)
     return c, steps, snapshot, lines
 
 
@@ -50,7 +39,7 @@ def test_every_token_is_within_the_lag_bound_and_samples_carry_their_versions(in
             assert (s.min_version, s.max_version) == (by_traj[s.traj_id].min(),
                                                       by_traj[s.traj_id].max())
     assert steps[0][0]["off_policy/version_lag_max"] == 0  # nothing older than version 0
-    # The producer ran ahead: the steps after the third were played and never trained on,
+    # The producer ran ahead: the steps after the second were played and never trained on,
     # and the close says so (a resumed run plays them again).
     episodes = len(steps[0][1])
     closing = [line for line in lines if line.startswith("rollouts: ")]
@@ -62,13 +51,8 @@ def test_every_token_is_within_the_lag_bound_and_samples_carry_their_versions(in
 def test_lag_zero_is_synchronous_training(tmp_path):
     """Step j's episodes start only after the learner finished step j − 1, and the learner
     waits for them: the same trajectories and the same metrics as the synchronous run."""
-    runs = []
-    for name, extra in (("sync", ()), ("lag0", (*IN_FLIGHT, "--config.max_policy_lag=0"))):
-        pipe = Pipeline(make_config(tmp_path / name, "--config.max_steps=2", *extra))
-        try:
-            runs.append([pipe.train_step() for _ in range(2)])
-        finally:
-            pipe.close()
+    runs = [run_steps(make_config(tmp_path / name, *extra), 2)[0] for name, extra in
+            (("sync", ()), ("lag0", (*IN_FLIGHT, "--config.max_policy_lag=0")))]
     for (sync, sync_trajs, _), (lag0, lag0_trajs, _) in zip(*runs, strict=True):
         assert [t.tokens for t in sync_trajs] == [t.tokens for t in lag0_trajs]
         assert comparable(lag0) == pytest.approx(comparable(sync), abs=1e-6)
@@ -76,14 +60,8 @@ def test_lag_zero_is_synchronous_training(tmp_path):
 
 
 def test_resumed_run_keeps_the_bound_and_plays_the_unused_steps_again(in_flight_run):
-    c, steps, (states, host), _ = in_flight_run
-    resumed = Pipeline(c, log=lambda line: None)
-    try:
-        resumed.load_train_states(states)
-        resumed.load_host_state(host)
-        metrics, trajs, _ = resumed.train_step()
-    finally:
-        resumed.close()
-    assert seeds(trajs) == seeds(steps[2][1])  # the same groups: none lost, none twice
-    assert metrics["step"] == 3 and metrics["off_policy/version_lag_max"] == 0
-    assert np.all(np.concatenate([t.token_versions() for t in trajs]) == 2)
+    c, steps, snapshot, _ = in_flight_run
+    metrics, trajs, _ = resumed_step(c, snapshot, log=lambda line: None)
+    assert seeds(trajs) == seeds(steps[1][1])  # the same groups: none lost, none twice
+    assert metrics["step"] == 2 and metrics["off_policy/version_lag_max"] == 0
+    assert np.all(np.concatenate([t.token_versions() for t in trajs]) == 1)

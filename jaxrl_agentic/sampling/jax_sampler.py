@@ -96,6 +96,10 @@ class Sampler:
         # (`SlotDecoder.precompile`), or each program on first use when False.
         self.precompile_slots = precompile_slots
         self.warmed: set[tuple] = set()  # shapes `SlotDecoder.precompile` has compiled
+        # Rollouts on several threads (in-flight updates) share one program per name and
+        # compile the shape grid once: the first precompiles, the others wait for it.
+        self._programs_lock = threading.Lock()
+        self.precompile_lock = threading.Lock()
         # jit once per Sampler; the graphdef is static, everything else is an argument.
         # In bf16 on CPU, compiled so that their bits are the learner's (`_same_bits`).
         self.compiler_options = compiler_options(model.cfg.dtype)
@@ -140,9 +144,10 @@ class Sampler:
     def program(self, name: str, build):
         """This sampler's jitted program `name`, made by `build(self)` on first use and kept,
         so its compile cache lives as long as the sampler (`slot_decoder`'s chunk program)."""
-        if name not in self._added_programs:
-            self._added_programs[name] = build(self)
-        return self._added_programs[name]
+        with self._programs_lock:
+            if name not in self._added_programs:
+                self._added_programs[name] = build(self)
+            return self._added_programs[name]
 
     def copy_rows(self, cache: KVCache, logits, copies: dict[int, int]):
         """(cache, logits) with row ``r``'s cache slots and logits those of row

@@ -248,7 +248,11 @@ class SlotDecoder:
         whose read length attention picks at run time (`CacheExtent`), no stream length
         compiles anything later. The calls run on no row (nothing is live, every prefill row
         is padding) and change no state. → programs compiled."""
-        params = self.sampler.params if params is None else params
+        with self.sampler.precompile_lock:  # once, whichever rollout thread comes first
+            return self._precompile(max_prompt, self.sampler.params if params is None
+                                    else params)
+
+    def _precompile(self, max_prompt: int | None, params) -> int:
         sampler, done = self.sampler, 0
         lengths = sorted({compact_length(n, sampler.min_prefill_bucket)
                           for n in range(1, (max_prompt or sampler.max_total_len) + 1)})
