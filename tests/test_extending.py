@@ -157,7 +157,9 @@ class _Delegating:
         self.inner.set_params(params)
 
 
-def test_continuous_batching_needs_a_jax_sampler_backend(tmp_path):
+@pytest.mark.parametrize("field, setting", [("rollout_batching", "continuous"),
+                                            ("in_flight_updates", "True")])
+def test_continuous_batching_needs_a_jax_sampler_backend(tmp_path, field, setting):
     from jaxrl_agentic.config import ConfigError
     from jaxrl_agentic.sampling import make_sampler_backend, register_sampler_backend
 
@@ -165,8 +167,7 @@ def test_continuous_batching_needs_a_jax_sampler_backend(tmp_path):
         "delegating", lambda model, tok, **options: _Delegating(
             make_sampler_backend("jax", model, tok, **options)), replace=True)
     c = example_config("custom_policy_loss.py", str(tmp_path),
-                       "--config.sampler_backend=delegating",
-                       "--config.rollout_batching=continuous")
-    with pytest.raises(ConfigError, match="^config.rollout_batching: 'continuous' decodes "
+                       "--config.sampler_backend=delegating", f"--config.{field}={setting}")
+    with pytest.raises(ConfigError, match=f"^config.{field}: 'continuous' decodes "
                                           "through the JAX sampler's slot programs"):
         Pipeline(c, log=lambda line: None)

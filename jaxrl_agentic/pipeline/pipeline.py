@@ -122,10 +122,11 @@ class Pipeline:
         if isinstance(self.sampler, Sampler):  # a group's first prompt: prefilled once
             self.sampler.share_prompt_prefill = cfg.learner.packing.share_group_prefix
         if rollout.batching == "continuous" and not isinstance(self.sampler, Sampler):
-            field = "in_flight_updates" if rollout.in_flight_updates else "rollout_batching"
-            raise ConfigError(f"config.{field}: continuous rollouts decode through the JAX "
+            field, fix = (("in_flight_updates", "leave it False") if rollout.in_flight_updates
+                          else ("rollout_batching", "use 'turn'"))
+            raise ConfigError(f"config.{field}: 'continuous' decodes through the JAX "
                               f"sampler's slot programs; sampler_backend "
-                              f"{rollout.sampler_backend!r} is not a Sampler")
+                              f"{rollout.sampler_backend!r} is not a Sampler; {fix}")
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.config = cfg = cfg.with_pad_token_id(pad_id)
         self.learner_cfg = cfg.learner
