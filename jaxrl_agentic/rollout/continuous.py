@@ -63,7 +63,6 @@ class LivePolicy(Protocol):
         """(version, params) of the newest policy: what the next chunk decodes with."""
 
 
-
 def play_continuous(envs, trajs: list[Trajectory], pending: dict[int, list[int]],
                     sampler: Sampler, formatter, gen: GenerationConfig, *, sample_seed: int,
                     max_turns: int, max_input_length: int, params, slots: int = 0,
@@ -71,9 +70,7 @@ def play_continuous(envs, trajs: list[Trajectory], pending: dict[int, list[int]]
     """Plays every episode with a first prompt in `pending` to its end (see module doc);
     `params`: the policy's params, or a `LivePolicy` for in-flight updates."""
     live = params if hasattr(params, "current") else None
-    version = None
-    if live is not None:
-        version, params = live.current()
+    version, params = live.current() if live is not None else (0, params)
     waiting = collections.deque(sorted(pending))  # episodes not started, in plan order
     num_slots = min(len(waiting), slots or len(waiting))
     if not num_slots:
@@ -127,7 +124,7 @@ def play_continuous(envs, trajs: list[Trajectory], pending: dict[int, list[int]]
         #    that are done go to their environments. A block whose rows all wait for their
         #    environment would idle until the others' chunks end: then wait for those only
         #    briefly, and look for answers in between.
-        decoder.launch(params=params, version=version or 0)
+        decoder.launch(params=params, version=version)
         if decoder.decoding:
             poll = in_env and not decoder.all_decoding
             for slot, out in decoder.collect(timeout=POLL_S if poll else None).items():

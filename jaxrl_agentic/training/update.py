@@ -214,14 +214,8 @@ def scale_head_updates(ratio: float) -> optax.GradientTransformation:
     (``models/lora.py``) is the case: the adapters need a larger LR than full training's, the
     head, trained in full, does not (docs/benchmarks.md, "LoRA rank 16").
     """
-
-    def update(updates, state, params=None):
-        del params
-        return jax.tree_util.tree_map_with_path(
-            lambda path, u: u * jnp.asarray(ratio, u.dtype) if is_head(path) else u,
-            updates), state
-
-    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+    return optax.masked(optax.scale(ratio), lambda params: jax.tree_util.tree_map_with_path(
+        lambda path, _: is_head(path), params))
 
 
 def make_optimizer(config: UpdateConfig) -> optax.GradientTransformationExtraArgs:
