@@ -107,6 +107,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.save_steps = 20
     c.logging_steps = 1
     c.eval_steps = 10
+    # Also evaluate before the first update (step 0): the format warm-up's success alone,
+    # the baseline that RL's gain is measured from.
+    c.eval_before_training = False
     c.eval_temperature = 0.0  # 0 = greedy; > 0 samples the eval replies at this temperature
     # Held-out episodes written out turn by turn at every eval (TensorBoard text
     # episodes/eval_transcripts and <output_dir>/transcripts/eval_step_N.txt); 0 = none.

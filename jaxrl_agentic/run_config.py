@@ -212,6 +212,7 @@ class RunSettings:
     save_steps: int = 20
     logging_steps: int = 1
     eval_steps: int = 10
+    eval_before_training: bool = False
     eval_transcripts: int = 3
     resume_from_checkpoint: str = ""
     debug_dump_dir: str = ""
@@ -425,7 +426,8 @@ def build_run_config(c) -> RunConfig:
         logging_dir=c.logging_dir or os.path.join(out, "tensorboard"),
         render_save_dir=c.render_save_dir or os.path.join(out, "renders"),
         max_steps=c.max_steps, save_steps=c.save_steps, logging_steps=c.logging_steps,
-        eval_steps=c.eval_steps, eval_transcripts=c.eval_transcripts,
+        eval_steps=c.eval_steps, eval_before_training=c.eval_before_training,
+        eval_transcripts=c.eval_transcripts,
         resume_from_checkpoint=c.resume_from_checkpoint,
         debug_dump_dir=c.debug.dump_dir)
     splits = {}

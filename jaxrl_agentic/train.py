@@ -163,11 +163,26 @@ def run(c, *, log=print) -> dict[str, float]:
               if main_process else None)
     bar = tqdm(total=r.max_steps, initial=pipeline.step, desc=r.exp_name, file=sys.stderr,
                disable=not (main_process and sys.stderr.isatty()))
+    def evaluate(step: int):
+        eval_metrics, eval_trajs = pipeline.evaluate()
+        if writer and r.eval_transcripts:
+            text = eval_transcripts(pipeline.tokenizer, eval_trajs, r.eval_transcripts)
+            if text:
+                writer.write_text(step, "episodes/eval_transcripts", text)
+                write_transcripts(os.path.join(r.output_dir, "transcripts"), step, text)
+        return eval_metrics, eval_trajs
+
     nonfinite_streak = 0
     unrendered: set[str] = set()  # env tags whose episodes cannot be drawn
     render_skipped = 0
     metrics: dict[str, float] = {}
     try:
+        if r.eval_before_training and pipeline.step == 0:
+            eval_metrics, _ = evaluate(0)
+            eval_metrics["time/elapsed"] = time.perf_counter() - started
+            if writer:
+                writer.write(0, eval_metrics)
+                log(console_line(0, eval_metrics))
         while pipeline.step < r.max_steps:
             metrics, trajs, samples = pipeline.train_step()
             step = pipeline.step
@@ -188,13 +203,8 @@ def run(c, *, log=print) -> dict[str, float]:
                 dump_batch(r.debug_dump_dir, step, pipeline.learner_cfg.packing.pack(samples))
             eval_trajs = []
             if step % r.eval_steps == 0 or step == r.max_steps:
-                eval_metrics, eval_trajs = pipeline.evaluate()
+                eval_metrics, eval_trajs = evaluate(step)
                 metrics.update(eval_metrics)
-                if writer and r.eval_transcripts:
-                    text = eval_transcripts(pipeline.tokenizer, eval_trajs, r.eval_transcripts)
-                    if text:
-                        writer.write_text(step, "episodes/eval_transcripts", text)
-                        write_transcripts(os.path.join(r.output_dir, "transcripts"), step, text)
             # Wall seconds since this process started the run (a resumed run counts again from
             # 0): "success by minute N" is read from here (scripts/analysis/seed_sweep.py).
             metrics["time/elapsed"] = time.perf_counter() - started

@@ -133,7 +133,8 @@ def warmup_cache_key(base_model_dir: str, cfg: RunConfig) -> str:
         "reply_prefix": rollout.reply_prefix,
         "reply_suffix": rollout.reply_suffix,
         "untie_word_embeddings": cfg.model.untie_word_embeddings,
-        "version": 1,
+        # 2: the calculator's warm-up keeps the problem's order of numbers.
+        "version": 2,
     }, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 

@@ -283,18 +283,17 @@ class CalculatorOracle:
 
 
 def random_calculator_policy(rng: random.Random, call_style: str = "qwen"):
-    """A format-only policy: a well-formed call (in `call_style`) combining the problem's
-    numbers in a random order with random operators, then the result as the answer. It
-    teaches the call and answer format and copying numbers, not which operation a problem
-    needs."""
+    """A format-only policy: a well-formed call (in `call_style`) joining the problem's
+    numbers, in the order the problem gives them, with random operators; then the result
+    as the answer. It teaches the call and answer format and copying the numbers, not which
+    operation a problem needs: a one-operation problem gets its operator right one time in
+    four."""
 
     def reply(new_text: str) -> str:
         results = tool_responses(new_text)
         if results:
             return f"<answer>{results[-1].strip()}</answer>"
         numbers = re.findall(r"\d+", _problem(new_text) or "") or ["1", "1"]
-        rng.shuffle(numbers)
-        numbers = numbers[:rng.randint(2, max(2, len(numbers)))]
         expression = numbers[0]
         for n in numbers[1:]:
             expression += f" {rng.choice('+-*/')} {n}"
