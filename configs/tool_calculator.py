@@ -21,32 +21,39 @@ from jaxrl_agentic.config import default_config, env_manager, env_spec
 def get_config():
     c = default_config()
     c.exp_name = "tool_calculator"
-    c.pretrain = "tiny"
+    # The tool tokenizer: one token per digit and the call JSON as five added tokens, so a
+    # call is ~13 tokens and the first prompt (tools block + problem) ~240.
+    c.pretrain = "tiny-tools"
     c.adv_estimator = "grpo"
     c.sample_mode = "trajectory"
-    c.max_steps = 40
-    c.save_steps = 20
-    c.eval_steps = 5
-    c.learning_rate = 5e-4
+    c.max_steps = 600
+    c.save_steps = 100
+    c.eval_steps = 10
+    c.eval_before_training = True  # step 0: what the format warm-up alone reaches
+    c.learning_rate = 5e-4  # 1e-3 with KL 0.01 collapsed onto one operator (docs)
     c.lr_scheduler_type = "cosine"
     c.warmup_steps = 3
     c.min_lr_ratio = 0.1
     c.mini_batch_size = 16
     c.init_kl_coef = 0.05  # stay near the warmed model's well-formed calls
-    # The first prompt (tools in the system turn + problem) is ~510 tiny tokens (JSON is
-    # not in the tiny tokenizer's corpus); a call is ~60 generated tokens, a result ~25.
-    c.max_input_length = 640
-    c.sequence_length = 768
-    c.micro_batch_max_tokens = 768
+    c.max_input_length = 400
+    c.sequence_length = 512
+    # Every episode starts with the same ~230-token instructions and a group's 8 with the
+    # same problem: tree packing computes them once per row (2.5x faster warm-up steps).
+    c.share_group_prefix = True
+    c.micro_batch_max_tokens = 2048
     c.generation.temperature = 1.0
-    c.format_warmup.steps = 100
+    # The warm-up teaches the call format and copying the numbers (600 steps: copying two
+    # digits is reliable by then; four-digit numbers were not copied after 1,200).
+    c.format_warmup.steps = 600
     c.format_warmup.learning_rate = 2e-3
     c.format_warmup.episodes_per_step = 16
     c.format_warmup.max_turns = 2
     c.custom_envs = {"calculator": env_spec(
-        "calculator", env_backend="python", max_turns=3, max_tokens_per_step=64,
-        format_penalty=0.1, step_timeout_s=30.0, operations=1, tool_error_penalty=0.1,
-        max_calls_per_turn=2, call_timeout_s=1.0, max_steps_in_episode=3,
+        "calculator", env_backend="python", max_turns=3, max_tokens_per_step=32,
+        format_penalty=0.1, step_timeout_s=30.0, operations=1, number_size="two_digit",
+        tool_error_penalty=0.1, max_calls_per_turn=2, call_timeout_s=1.0,
+        max_steps_in_episode=3,
         call_style="compact")}  # the tiny template shows one-line calls; Qwen's use newlines
     c.train_env_manager = env_manager(num_env_groups=4, group_size=8, tags=("calculator",))
     c.val_env_manager = env_manager(num_env_groups=32, group_size=1, tags=("calculator",))

@@ -176,7 +176,10 @@ def format_warmup(base_model_dir: str, cfg: RunConfig, out_dir: str, *,
         # Exact row counts: one step's batch varies, and fixed rows would mean 10**9 rows.
         packing=PackingConfig(micro_batch_max_tokens=packing.micro_batch_max_tokens,
                               sequence_length=packing.sequence_length, rows_bucket=0,
-                              fixed_rows=False, pad_token_id=tokenizer.pad_token_id or 0),
+                              fixed_rows=False, pad_token_id=tokenizer.pad_token_id or 0,
+                              # The episodes share the instructions (with tools, ~230
+                              # tokens): tree packing computes them once per row.
+                              share_group_prefix=packing.share_group_prefix),
         max_grad_norm=1.0,
         seed=seed,
     ), make_mesh(devices=jax.local_devices()))  # per process: others wait on the cache lock

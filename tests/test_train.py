@@ -387,11 +387,15 @@ def test_python_env_without_a_picture_skips_gifs_with_one_logged_reason(tmp_path
     c = train.parse_config(["train", *tiny_overrides("frozen_lake", out, steps=2),
                             "--config.custom_envs.frozen_lake.env_backend=python",
                             "--config.custom_envs.frozen_lake.env_type=blind_for_test",
-                            "--config.eval_steps=1"])
+                            "--config.eval_steps=1", "--config.eval_before_training=True"])
     lines = []
     train.run(c, log=lines.append)
     records = read_metrics(out)
+    # eval_before_training: step 0 is the untrained policy's eval, before any update.
+    assert records[0]["step"] == 0 and "eval/success" in records[0]
+    assert not any(k.startswith(("actor/", "env/")) for k in records[0])
+    assert os.path.exists(os.path.join(out, "transcripts", "eval_step_0.txt"))
     # Per step a train and an eval episode were not drawn: 2, then 4 in all.
-    assert [r["render/skipped"] for r in records] == [2.0, 4.0]
+    assert [r["render/skipped"] for r in records[1:]] == [2.0, 4.0]
     assert sum("no episode GIFs" in line for line in lines) == 1
     assert not glob.glob(os.path.join(out, "renders", "*.gif"))

@@ -196,13 +196,37 @@ def _draw_numbers(rng: random.Random, expression: str) -> dict[str, int]:
     raise ValueError(f"no number ranges for {expression!r}")
 
 
-def make_problem(rng: random.Random, operations: int = 0) -> tuple[str, str, int]:
-    """(problem text, expression, answer) for `operations` 1, 2 or 0 (either)."""
+def _draw_two_digit_numbers(rng: random.Random, expression: str) -> dict[str, int]:
+    """Every given number 10-99; intermediates and the answer positive integers."""
+    if "/" in expression:  # "{a} / {b}" and "{a} * {b} / {c}": the divisor divides a
+        divisor = rng.randint(2, 9)
+        a = divisor * rng.randint(-(-10 // divisor), 99 // divisor)
+        numbers = {"a": a, "b": divisor} if expression == "{a} / {b}" else {
+            "a": a, "b": rng.randint(10, 99), "c": divisor}
+        return numbers
+    numbers = {k: rng.randint(10, 99) for k in "abc"}
+    if expression == "{a} - {b}":
+        numbers["a"] = rng.randint(21, 99)
+        numbers["b"] = rng.randint(10, numbers["a"] - 1)
+    return numbers
+
+
+NUMBER_SIZES = ("large", "two_digit")
+
+
+def make_problem(rng: random.Random, operations: int = 0,
+                 number_size: str = "large") -> tuple[str, str, int]:
+    """(problem text, expression, answer) for `operations` 1, 2 or 0 (either).
+    `number_size`: "large" (two- to four-digit numbers, by operation) or "two_digit" (every
+    given number 10-99, except a divisor, 2-9: fewer digits to copy into a call)."""
     if operations not in (0, 1, 2):
         raise ValueError(f"operations must be 0 (mixed), 1 or 2, got {operations}")
+    if number_size not in NUMBER_SIZES:
+        raise ValueError(f"number_size must be one of {NUMBER_SIZES}, got {number_size!r}")
     pool = {1: ONE_OP, 2: TWO_OP, 0: ONE_OP + TWO_OP}[operations]
     text, expression = rng.choice(pool)
-    numbers = _draw_numbers(rng, expression)
+    draw = _draw_numbers if number_size == "large" else _draw_two_digit_numbers
+    numbers = draw(rng, expression)
     expr = expression.format(**numbers)
     answer = evaluate_expression(expr)
     assert answer.denominator == 1 and answer > 0, expr  # the ranges guarantee it
@@ -215,17 +239,18 @@ class CalculatorEnv(ToolEnv):
     instructions = ("Solve the arithmetic word problem. Use the calculate tool for the "
                     "arithmetic, then reply <answer>NUMBER</answer>.")
 
-    def __init__(self, *, run_seed: int = 0, operations: int = 0, **tool_env_options: Any):
+    def __init__(self, *, run_seed: int = 0, operations: int = 0, number_size: str = "large",
+                 **tool_env_options: Any):
         super().__init__([CALCULATE], **tool_env_options)
-        if operations not in (0, 1, 2):
-            raise ValueError(f"operations must be 0 (mixed), 1 or 2, got {operations}")
+        make_problem(random.Random(0), operations, number_size)  # bad values fail here
         self.run_seed, self.operations = int(run_seed), int(operations)
+        self.number_size = number_size
         self.expression: str | None = None
 
     def new_task(self, seed: int) -> tuple[str, int]:
         # A str seed is hashed with sha512 by `random`: the same task in every process.
         rng = random.Random(f"calculator:{self.run_seed}:{int(seed)}")
-        text, self.expression, answer = make_problem(rng, self.operations)
+        text, self.expression, answer = make_problem(rng, self.operations, self.number_size)
         return f"Problem: {text}", answer
 
     def is_correct(self, given: str, answer: int) -> bool:
@@ -302,13 +327,15 @@ def random_calculator_policy(rng: random.Random, call_style: str = "qwen"):
     return reply
 
 
-def calculator_factory(*, operations: int = 0, format_penalty: float = 0.1,
+def calculator_factory(*, operations: int = 0, number_size: str = "large",
+                       format_penalty: float = 0.1,
                        tool_error_penalty: float = 0.1, max_calls_per_turn: int = 3,
                        call_timeout_s: float = 1.0, max_steps_in_episode: int = 4,
                        max_tool_error_penalty: float = 0.5, call_style: str = "qwen",
                    extra_tools: tuple[str, ...] = (), mcp_servers: tuple[str, ...] = ()):
     """`make_python_env("calculator", **config)`: the episode factory."""
-    options = dict(operations=operations, format_penalty=format_penalty,
+    options = dict(operations=operations, number_size=number_size,
+                   format_penalty=format_penalty,
                    tool_error_penalty=tool_error_penalty,
                    max_calls_per_turn=max_calls_per_turn, call_timeout_s=call_timeout_s,
                    max_steps_in_episode=max_steps_in_episode,

@@ -128,6 +128,23 @@ def test_the_warmup_policy_writes_only_well_formed_calls():
     assert 0 < solved < 64  # random operators: sometimes right, not always
 
 
+def test_the_warmup_policy_copies_the_numbers_in_order_and_guesses_only_the_operator():
+    # One-operation problems: the expression is "a op b" in the problem's order, so the
+    # policy is right exactly when its random operator is (1 in 4), never by number order.
+    factory = make_python_env("calculator", operations=1)
+    policy_rng, solved, episodes = random.Random(1), 0, 400
+    for seed in range(episodes):
+        env = factory(EpisodeSpec(seed, 0, 0), 0)
+        text = env.reset(seed)
+        call = random_calculator_policy(policy_rng)(text)
+        expression = re.search(r'"expression": "([^"]*)"', call).group(1)
+        problem = re.search(r"Problem: (.*)", text).group(1)
+        assert re.findall(r"\d+", expression) == re.findall(r"\d+", problem)
+        right = evaluate_expression(expression) == evaluate_expression(env.expression)
+        solved += right
+    assert abs(solved / episodes - 0.25) < 0.07  # binomial sd ~0.022
+
+
 @pytest.mark.parametrize("call_style", ["qwen", "compact"])
 def test_oracle_and_warmup_policy_write_the_call_style_asked_for(call_style):
     # Qwen2.5's template asks for "<tool_call>\n{…}\n</tool_call>"; the hint, the oracle and
