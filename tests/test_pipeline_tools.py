@@ -3,9 +3,11 @@ counts (`envs.tools.tool_metrics` over the episodes' `tool/*`), overall and per 
 
 import os
 
+import pytest
+
 from jaxrl_agentic.config import validate
 from jaxrl_agentic.data.trajectory import Trajectory
-from jaxrl_agentic.envs.calculator import CalculatorOracle
+from jaxrl_agentic.envs.calculator import CalculatorOracle, random_calculator_policy
 from jaxrl_agentic.envs.tools import CALL_CLOSE, CALL_OPEN
 from jaxrl_agentic.pipeline import Pipeline, trajectory_metrics
 from jaxrl_agentic.train import parse_config
@@ -29,34 +31,54 @@ def garbled_then_oracle(rng):
     return reply
 
 
-def test_a_train_step_logs_the_tool_calls_of_its_episodes(tmp_path):
+@pytest.fixture(scope="module")
+def recipe_pipeline(tmp_path_factory):
+    """The tool recipe as it is (tool tokenizer, two-digit problems), 4 groups of 4, no
+    warm-up: its replies are scripted per test."""
     c = parse_config([
         "train", f"--config={os.path.join(ROOT, 'configs', 'tool_calculator.py')}",
-        f"--config.output_dir={tmp_path}", "--config.pretrain=tiny",
-        "--config.format_warmup.steps=0", "--config.max_steps=1",
-        "--config.train_env_manager.num_env_groups=2",
-        "--config.train_env_manager.group_size=2",
-        "--config.val_env_manager.num_env_groups=2", "--config.mini_batch_size=4",
-        "--config.max_input_length=1024", "--config.sequence_length=1280",
-        "--config.micro_batch_max_tokens=1280"])
+        f"--config.output_dir={tmp_path_factory.mktemp('tools')}",
+        "--config.format_warmup.steps=0", "--config.max_steps=2",
+        "--config.train_env_manager.num_env_groups=4",
+        "--config.train_env_manager.group_size=4", "--config.mini_batch_size=16"])
     validate(c)
     pipe = Pipeline(c)
-    try:
-        # The tiny random policy would not call the tool: script the replies, played
-        # through the pipeline's own runner (prompts, tool messages, metrics as in RL).
-        runner = pipe.runners["calculator"]
-        runner.sampler = ScriptedSampler(
-            text_policy_replies(pipe.formatter, garbled_then_oracle, seed=0),
-            max_total_len=pipe.sampler.max_total_len)
-        metrics, trajs, _ = pipe.train_step()
-    finally:
-        pipe.close()
-    assert len(trajs) == 4 and all(t.metrics["success"] == 1.0 for t in trajs)
-    assert metrics["env/tool/calls"] == 8.0  # 2 per episode, the garbled one included
-    assert metrics["env/tool/errors"] == 4.0
+    yield pipe
+    pipe.close()
+
+
+def scripted_step(pipe, make_policy, seed=0):
+    """One train step whose replies `make_policy(rng)(new_text)` writes, played through the
+    pipeline's own runner (prompts, tool messages, metrics as in RL)."""
+    runner = pipe.runners["calculator"]
+    runner.sampler = ScriptedSampler(text_policy_replies(pipe.formatter, make_policy, seed),
+                                     max_total_len=pipe.sampler.max_total_len)
+    return pipe.train_step()
+
+
+def test_a_train_step_logs_the_tool_calls_of_its_episodes(recipe_pipeline):
+    # The tiny random policy would not call the tool: the replies are scripted.
+    metrics, trajs, _ = scripted_step(recipe_pipeline, garbled_then_oracle)
+    assert len(trajs) == 16 and all(t.metrics["success"] == 1.0 for t in trajs)
+    assert metrics["env/tool/calls"] == 32.0  # 2 per episode, the garbled one included
+    assert metrics["env/tool/errors"] == 16.0
     assert metrics["env/tool/timeouts"] == 0.0
     assert metrics["env/tool/calls_per_episode"] == 2.0
     assert metrics["env/tool/valid_fraction"] == 0.5
+
+
+def test_the_tool_recipe_has_a_learning_signal_from_the_warmup_policy(recipe_pipeline):
+    # What RL starts from: the format warm-up's policy (well-formed calls on the problem's
+    # numbers, a random operator). A quarter of its calls pick the right operator, so
+    # groups of one problem mix successes and failures: non-zero advantages.
+    metrics, trajs, samples = scripted_step(
+        recipe_pipeline, lambda rng: random_calculator_policy(rng, call_style="compact"),
+        seed=3)
+    assert metrics["env/tool/valid_fraction"] == 1.0 and metrics["env/tool/errors"] == 0.0
+    assert 0 < sum(t.metrics["success"] for t in trajs) < len(trajs)
+    assert metrics["batch/zero_variance_groups"] < 4
+    assert any(abs(float(a)) > 0.1 for s in samples for a in s.advantages[s.loss_mask > 0])
+    assert metrics["actor/grad_norm"] > 0
 
 
 def _traj(tag, calls=None):
@@ -75,3 +97,4 @@ def test_tool_metrics_are_per_tag_and_absent_for_envs_without_tools():
     assert m["eval/calc/tool/calls"] == 4.0 and m["eval/calc/tool/errors"] == 2.0
     assert not any(k.startswith("eval/lake/tool/") for k in m)
     assert not any("tool/" in k for k in trajectory_metrics([_traj("lake")], "env/"))
+

@@ -163,3 +163,23 @@ def test_oracle_and_warmup_policy_write_the_call_style_asked_for(call_style):
 def test_bad_config_fails_when_the_factory_is_made():
     with pytest.raises(ValueError, match="operations"):
         make_python_env("calculator", operations=3)
+
+
+@pytest.mark.parametrize("operations", [1, 2])
+def test_two_digit_problems_give_two_digit_numbers_and_whole_answers(operations):
+    from jaxrl_agentic.envs.calculator import make_problem
+
+    rng = random.Random(0)
+    for _ in range(500):
+        text, expression, answer = make_problem(rng, operations, "two_digit")
+        given = [int(n) for n in re.findall(r"\d+", text)]
+        assert given == [int(n) for n in re.findall(r"\d+", expression)]
+        divisor = re.search(r"/ (\d+)", expression)
+        for n in given:
+            assert 10 <= n <= 99 or (divisor and n == int(divisor.group(1)) and 2 <= n <= 9)
+        assert evaluate_expression(expression) == answer > 0
+
+
+def test_an_unknown_number_size_fails_when_the_factory_is_made():
+    with pytest.raises(ValueError, match="number_size"):
+        make_python_env("calculator", number_size="huge")
