@@ -29,6 +29,8 @@ class ConfigError(ValueError):
 # "auto": the backend the environment was registered on (envs/registry.py).
 ENV_BACKENDS = ("auto", "jax", "python")
 
+WARMUP_LR_SCHEDULES = ("constant", "cosine")
+
 
 def env_spec(env_type: str, max_turns: int = 10, max_tokens_per_step: int = 64,
              format_penalty: float = 0.1, env_backend: str = "auto", step_timeout_s: float = 60.0,
@@ -273,8 +275,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.train_env_manager = env_manager(8, 8)
     c.val_env_manager = env_manager(16, 1)
     # format warm-up: supervised replies with random valid actions, before RL (0 steps = off)
+    # lr_schedule: "constant", or "cosine" (learning_rate down to a tenth of it)
     c.format_warmup = ml_collections.ConfigDict(dict(
-        steps=0, learning_rate=2e-3, episodes_per_step=16, max_turns=2,
+        steps=0, learning_rate=2e-3, episodes_per_step=16, max_turns=2, lr_schedule="constant",
     ))
     # distribution and debugging
     # mesh.sampler_devices: 0 = the sampler shares the learner's devices and params;
@@ -371,6 +374,7 @@ def validate(c) -> None:
     _positive(c, "format_warmup.learning_rate")
     _positive(c, "format_warmup.episodes_per_step")
     _positive(c, "format_warmup.max_turns")
+    _choice(c, "format_warmup.lr_schedule", WARMUP_LR_SCHEDULES)
     if not isinstance(c.generation.num_return_sequences, int) or \
             c.generation.num_return_sequences < 1:
         _fail("generation.num_return_sequences", "must be an integer >= 1")

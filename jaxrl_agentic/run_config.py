@@ -330,6 +330,8 @@ class FormatWarmupConfig:
     learning_rate: float = 2e-3
     episodes_per_step: int = 16
     max_turns: int = 2
+    # "constant", or "cosine": from learning_rate down to a tenth of it at the last step
+    lr_schedule: str = "constant"
 
 
 @dataclasses.dataclass(frozen=True)

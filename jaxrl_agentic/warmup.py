@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import os
 import random
 import sys
@@ -128,6 +129,7 @@ def warmup_cache_key(base_model_dir: str, cfg: RunConfig) -> str:
         "lr": w.learning_rate,
         "episodes": w.episodes_per_step,
         "max_turns": w.max_turns,
+        "lr_schedule": w.lr_schedule,
         "max_input_length": rollout.max_input_length,
         "seed": cfg.run.seed,
         "reply_prefix": rollout.reply_prefix,
@@ -137,6 +139,17 @@ def warmup_cache_key(base_model_dir: str, cfg: RunConfig) -> str:
         "version": 2,
     }, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def warmup_learning_rate(w, step: int) -> float:
+    """The warm-up's LR at `step` (0-based) of `w.steps`: `w.learning_rate` throughout
+    ("constant"), or ("cosine") η_t = η·(0.1 + 0.9·½(1 + cos(π·t/(T − 1)))), from η at the
+    first step to η/10 at the last: a high rate to learn the format, a low one to settle it
+    (copying numbers sharpens as the rate falls)."""
+    if w.lr_schedule == "constant" or w.steps <= 1:
+        return w.learning_rate
+    progress = step / (w.steps - 1)
+    return w.learning_rate * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def format_warmup(base_model_dir: str, cfg: RunConfig, out_dir: str, *,
@@ -216,7 +229,7 @@ def format_warmup(base_model_dir: str, cfg: RunConfig, out_dir: str, *,
                                     member=0) for k in range(w.episodes_per_step)]
             trajs = runner.run(episodes, sample_seed=step)
             samples += [trajectory_sample(t, 1.0) for t in trajs if t.turns]
-        metrics = learner.step(samples, [w.learning_rate])
+        metrics = learner.step(samples, [warmup_learning_rate(w, step)])
         # The scripted replies carry logprob 0, so the recomputation gap is exactly the mean
         # negative log-likelihood of the reply tokens under the current parameters.
         metrics["warmup/nll"] = metrics["rollout/logprob_mismatch"]

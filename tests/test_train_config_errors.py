@@ -18,6 +18,7 @@ CASES = [
     (["--config.sample_mode=turn"], "config.sample_mode: 'turn' is not allowed"),
     (["--config.loss_reduction=mean"], "config.loss_reduction"),
     (["--config.lr_scheduler_type=step"], "config.lr_scheduler_type"),
+    (["--config.format_warmup.lr_schedule=linear"], "config.format_warmup.lr_schedule"),
     (["--config.sample_mode=step", "--config.adv_estimator=gae"], "cannot be broadcast"),
     (["--config.sample_mode=step", "--config.adv_estimator=reinforce_plus_plus"],
      "cannot be broadcast"),

@@ -2,6 +2,8 @@
 
 import os
 
+import pytest
+
 from jaxrl_agentic import warmup
 from jaxrl_agentic.config import default_config, env_spec
 from jaxrl_agentic.envs import make
@@ -67,7 +69,12 @@ def test_scripted_replies_with_prefix_suffix_and_one_new_token(tiny_model_dir):
 
 
 def test_warmup_lowers_reply_nll(tiny_model_dir, tmp_path):
-    metrics = warmup.format_warmup(tiny_model_dir, small_config(steps=6), str(tmp_path / "m"))
+    # Tree-packed: every warm-up episode starts with the same instructions, written once
+    # per row (the layout's equality with the flat one: tests/data/test_tree_packing.py).
+    c = small_config(steps=6)
+    c.share_group_prefix = True
+    metrics = warmup.format_warmup(tiny_model_dir, c, str(tmp_path / "m"))
+    assert metrics["tokens/shared_saved"] > 0
     assert metrics["warmup/nll"] < 0.8 * metrics["warmup/nll_first"]
     model, _ = load_pretrained(str(tmp_path / "m"))  # a loadable HF directory
     assert model.cfg.vocab_size > 0
@@ -104,3 +111,15 @@ def test_warmup_of_an_untied_model_trains_its_own_head(tiny_model_dir, tmp_path)
     head, embedding = np.asarray(model.lm_head.kernel[...]), np.asarray(model.embed.embedding[...])
     assert np.abs(head - embedding.T).max() > 1e-4  # both moved, each its own way
     assert np.abs(embedding - np.asarray(base.embed.embedding[...])).max() > 1e-4
+
+
+def test_warmup_learning_rate_schedules_by_hand():
+    from jaxrl_agentic.run_config import FormatWarmupConfig
+
+    cosine = FormatWarmupConfig(steps=5, learning_rate=2e-3, lr_schedule="cosine")
+    # η·(0.1 + 0.45·(1 + cos(π·t/4))): t = 0, 2, 4 → η, 0.55·η, 0.1·η
+    assert warmup.warmup_learning_rate(cosine, 0) == pytest.approx(2e-3)
+    assert warmup.warmup_learning_rate(cosine, 2) == pytest.approx(1.1e-3)
+    assert warmup.warmup_learning_rate(cosine, 4) == pytest.approx(2e-4)
+    constant = FormatWarmupConfig(steps=5, learning_rate=2e-3)
+    assert {warmup.warmup_learning_rate(constant, t) for t in range(5)} == {2e-3}
