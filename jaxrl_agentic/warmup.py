@@ -129,7 +129,6 @@ def warmup_cache_key(base_model_dir: str, cfg: RunConfig) -> str:
         "lr": w.learning_rate,
         "episodes": w.episodes_per_step,
         "max_turns": w.max_turns,
-        "lr_schedule": w.lr_schedule,
         "max_input_length": rollout.max_input_length,
         "seed": cfg.run.seed,
         "reply_prefix": rollout.reply_prefix,
@@ -137,6 +136,8 @@ def warmup_cache_key(base_model_dir: str, cfg: RunConfig) -> str:
         "untie_word_embeddings": cfg.model.untie_word_embeddings,
         # 2: the calculator's warm-up keeps the problem's order of numbers.
         "version": 2,
+        # Only a non-default schedule enters the key: constant-rate warm-ups keep theirs.
+        **({"lr_schedule": w.lr_schedule} if w.lr_schedule != "constant" else {}),
     }, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 

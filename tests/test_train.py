@@ -25,14 +25,18 @@ def recipe_env_tag(recipe: str) -> str:
 
 def tiny_overrides(recipe: str, out: str, steps: int = 2) -> list[str]:
     env_tag = recipe_env_tag(recipe)
-    # A tool env's first prompt lists its tools (~510 tiny tokens for the calculator);
-    # TextArena's FrozenLake draws a boxed board (~600, then ~330 a turn).
-    long_prompts = "tool" in recipe or recipe == "textarena"
+    path = os.path.join(ROOT, "configs", recipe + ".py")
+    # The tool recipes' own model (tiny-tools) writes their prompts compactly; others run on
+    # the tiny model, whose tokenizer spells a tool env's first prompt in ~510 tokens (the
+    # tools block); TextArena's FrozenLake draws a boxed board (~600, then ~330 a turn).
+    pretrain = train.parse_config(["train", f"--config={path}"]).pretrain
+    pretrain = pretrain if pretrain == "tiny-tools" else "tiny"
+    long_prompts = ("tool" in recipe and pretrain == "tiny") or recipe == "textarena"
     input_length, sequence_length = (1024, 1280) if long_prompts else (512, 640)
     return [
-        f"--config={os.path.join(ROOT, 'configs', recipe + '.py')}",
+        f"--config={path}",
         f"--config.output_dir={out}",
-        "--config.pretrain=tiny",
+        f"--config.pretrain={pretrain}",
         "--config.format_warmup.steps=0",
         f"--config.max_steps={steps}",
         "--config.save_steps=1",
