@@ -21,35 +21,21 @@ it teaches both calls, their order and the copying, not which operation a questi
 RL must learn that from the words (lamps cost → ×, coins left → −, delivery → +).
 """
 
-from jaxrl_agentic.config import default_config, env_manager, env_spec
+import os
+
+from jaxrl_agentic.config import env_manager, env_spec, recipe_config
 
 
 def get_config():
-    c = default_config()
+    # The calculator recipe's tokenizer, warm-up, GRPO and eval settings; another env.
+    c = recipe_config(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                   "tool_calculator.py"))
     c.exp_name = "tool_multistep"
-    c.pretrain = "tiny-tools"  # one token per digit; the call JSON as five added tokens
-    c.adv_estimator = "grpo"
-    c.sample_mode = "trajectory"
-    c.max_steps = 600
-    c.save_steps = 100
-    c.eval_steps = 10
-    c.eval_before_training = True  # step 0: what the format warm-up alone reaches
-    c.learning_rate = 5e-4
-    c.lr_scheduler_type = "cosine"
-    c.warmup_steps = 3
-    c.min_lr_ratio = 0.1
-    c.mini_batch_size = 16
-    c.init_kl_coef = 0.05
     # The first prompt (two tools' schemas + question) is ~300 tokens; three replies and two
     # tool results follow it.
     c.max_input_length = 640
     c.sequence_length = 768
-    c.share_group_prefix = True  # the instructions and a group's question computed once
-    c.micro_batch_max_tokens = 2048
-    c.generation.temperature = 1.0
     c.format_warmup.steps = 600
-    c.format_warmup.learning_rate = 2e-3
-    c.format_warmup.episodes_per_step = 16
     c.format_warmup.max_turns = 3  # lookup, calculate, answer: every turn's format
     c.custom_envs = {"shop": env_spec(
         "shop", env_backend="python", max_turns=4, max_tokens_per_step=32,
