@@ -33,14 +33,16 @@ def garbled_then_oracle(rng):
 
 @pytest.fixture(scope="module")
 def recipe_pipeline(tmp_path_factory):
-    """The tool recipe as it is (tool tokenizer, two-digit problems), 4 groups of 4, no
+    """The tool recipe (tool tokenizer, two-digit problems), 4 groups of 4, flat rows, no
     warm-up: its replies are scripted per test."""
     c = parse_config([
         "train", f"--config={os.path.join(ROOT, 'configs', 'tool_calculator.py')}",
         f"--config.output_dir={tmp_path_factory.mktemp('tools')}",
         "--config.format_warmup.steps=0", "--config.max_steps=2",
         "--config.train_env_manager.num_env_groups=4",
-        "--config.train_env_manager.group_size=4", "--config.mini_batch_size=16"])
+        "--config.train_env_manager.group_size=4", "--config.mini_batch_size=16",
+        # Flat rows: what is checked does not depend on the layout, and they compile less.
+        "--config.share_group_prefix=False", "--config.micro_batch_max_tokens=1024"])
     validate(c)
     pipe = Pipeline(c)
     yield pipe

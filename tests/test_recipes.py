@@ -6,8 +6,28 @@ import pytest
 from jaxrl_agentic import train
 from tests.test_train import RECIPES, check_outputs, tiny_overrides
 
+# tool_multistep is the calculator recipe (its settings, by recipe_config) on the shop env,
+# whose episodes, oracle and warm-up policy tests/envs/test_shop.py plays: its config is
+# validated below instead of a third tool run at tiny size.
+TINY_RUNS = [r for r in RECIPES if r not in ("frozen_lake", "tool_multistep")]
 
-@pytest.mark.parametrize("recipe", [r for r in RECIPES if r != "frozen_lake"])
+
+def test_the_multistep_tool_recipe_is_the_calculator_recipe_on_the_shop():
+    import os
+
+    from jaxrl_agentic.config import validate
+    from tests.test_train import ROOT
+
+    shop, calc = (train.parse_config(["train", f"--config={os.path.join(ROOT, 'configs', r)}"])
+                  for r in ("tool_multistep.py", "tool_calculator.py"))
+    validate(shop)
+    assert list(shop.custom_envs) == ["shop"] and shop.format_warmup.max_turns == 3
+    for key in ("pretrain", "learning_rate", "init_kl_coef", "share_group_prefix",
+                "eval_before_training", "adv_estimator"):
+        assert shop[key] == calc[key], key
+
+
+@pytest.mark.parametrize("recipe", TINY_RUNS)
 def test_recipe_runs_at_tiny_size(recipe, tmp_path):
     out = str(tmp_path / recipe)
     assert train.main(["train", *tiny_overrides(recipe, out)]) == 0

@@ -150,6 +150,7 @@ OTHER_STRINGS = {
     "system_prompt": "be brief", "reply_prefix": "<a>", "reply_suffix": "</a>",
     "debug.dump_dir": "/tmp/d", "distributed.coordinator_address": "h:1",
     "sampler_backend": "other", "lora_train_head": "never", "env_id": "gymnax:CartPole-v1",
+    "format_warmup.lr_schedule": "cosine",
 }
 
 
