@@ -22,7 +22,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import math
 import os
 import random
 import sys
@@ -144,13 +143,15 @@ def warmup_cache_key(base_model_dir: str, cfg: RunConfig) -> str:
 
 def warmup_learning_rate(w, step: int) -> float:
     """The warm-up's LR at `step` (0-based) of `w.steps`: `w.learning_rate` throughout
-    ("constant"), or ("cosine") η_t = η·(0.1 + 0.9·½(1 + cos(π·t/(T − 1)))), from η at the
-    first step to η/10 at the last: a high rate to learn the format, a low one to settle it
-    (copying numbers sharpens as the rate falls)."""
+    ("constant"), or ("cosine", the run schedules' own `make_lr_schedule` with no warmup)
+    η_t = η·(0.1 + 0.9·½(1 + cos(π·t/(T − 1)))), from η at the first step to η/10 at the
+    last: a high rate to learn the format, a low one to settle it."""
     if w.lr_schedule == "constant" or w.steps <= 1:
         return w.learning_rate
-    progress = step / (w.steps - 1)
-    return w.learning_rate * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+    from jaxrl_agentic.algos.schedules import make_lr_schedule
+
+    schedule = make_lr_schedule(w.learning_rate, "cosine", 0, w.steps - 1, min_lr_ratio=0.1)
+    return float(schedule(step))
 
 
 def format_warmup(base_model_dir: str, cfg: RunConfig, out_dir: str, *,

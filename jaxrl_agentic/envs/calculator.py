@@ -201,9 +201,8 @@ def _draw_two_digit_numbers(rng: random.Random, expression: str) -> dict[str, in
     if "/" in expression:  # "{a} / {b}" and "{a} * {b} / {c}": the divisor divides a
         divisor = rng.randint(2, 9)
         a = divisor * rng.randint(-(-10 // divisor), 99 // divisor)
-        numbers = {"a": a, "b": divisor} if expression == "{a} / {b}" else {
+        return {"a": a, "b": divisor} if expression == "{a} / {b}" else {
             "a": a, "b": rng.randint(10, 99), "c": divisor}
-        return numbers
     numbers = {k: rng.randint(10, 99) for k in "abc"}
     if expression == "{a} - {b}":
         numbers["a"] = rng.randint(21, 99)
