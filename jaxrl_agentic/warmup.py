@@ -133,8 +133,9 @@ def warmup_cache_key(base_model_dir: str, cfg: RunConfig) -> str:
         "reply_prefix": rollout.reply_prefix,
         "reply_suffix": rollout.reply_suffix,
         "untie_word_embeddings": cfg.model.untie_word_embeddings,
-        # 2: the calculator's warm-up keeps the problem's order of numbers.
-        "version": 2,
+        # 2: the calculator's warm-up keeps the problem's order of numbers; 3: its
+        # "two_digit" products have a one-digit last factor.
+        "version": 3,
         # Only a non-default schedule enters the key: constant-rate warm-ups keep theirs.
         **({"lr_schedule": w.lr_schedule} if w.lr_schedule != "constant" else {}),
     }, sort_keys=True, default=str)

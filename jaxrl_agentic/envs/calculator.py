@@ -197,16 +197,25 @@ def _draw_numbers(rng: random.Random, expression: str) -> dict[str, int]:
 
 
 def _draw_two_digit_numbers(rng: random.Random, expression: str) -> dict[str, int]:
-    """Every given number 10-99; intermediates and the answer positive integers."""
+    """Every given number 10-99 except a divisor and the last factor of a product, 2-9, so
+    that a one-operation answer has at most three digits (a four-digit product is the
+    number a small model most often miscopies from the tool's result into its answer);
+    intermediates and the answer are positive integers."""
+    small = rng.randint(2, 9)
     if "/" in expression:  # "{a} / {b}" and "{a} * {b} / {c}": the divisor divides a
-        divisor = rng.randint(2, 9)
-        a = divisor * rng.randint(-(-10 // divisor), 99 // divisor)
-        return {"a": a, "b": divisor} if expression == "{a} / {b}" else {
-            "a": a, "b": rng.randint(10, 99), "c": divisor}
+        a = small * rng.randint(-(-10 // small), 99 // small)
+        return {"a": a, "b": small} if expression == "{a} / {b}" else {
+            "a": a, "b": rng.randint(2, 9), "c": small}
     numbers = {k: rng.randint(10, 99) for k in "abc"}
     if expression == "{a} - {b}":
         numbers["a"] = rng.randint(21, 99)
         numbers["b"] = rng.randint(10, numbers["a"] - 1)
+    elif expression == "({a} + {b}) * {c}":
+        numbers["c"] = small
+    elif "*" in expression:  # "{a} * {b}", "{a} * {b} + {c}", "{a} * {b} - {c}"
+        numbers["b"] = small
+        if expression == "{a} * {b} - {c}":  # a·b ≥ 20
+            numbers["c"] = rng.randint(10, min(99, numbers["a"] * small - 1))
     return numbers
 
 
@@ -217,7 +226,8 @@ def make_problem(rng: random.Random, operations: int = 0,
                  number_size: str = "large") -> tuple[str, str, int]:
     """(problem text, expression, answer) for `operations` 1, 2 or 0 (either).
     `number_size`: "large" (two- to four-digit numbers, by operation) or "two_digit" (every
-    given number 10-99, except a divisor, 2-9: fewer digits to copy into a call)."""
+    given number 10-99 except a divisor and a product's last factor, 2-9: fewer digits to
+    copy into a call and out of its result)."""
     if operations not in (0, 1, 2):
         raise ValueError(f"operations must be 0 (mixed), 1 or 2, got {operations}")
     if number_size not in NUMBER_SIZES:
