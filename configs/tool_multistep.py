@@ -42,6 +42,9 @@ def get_config():
         format_penalty=0.1, step_timeout_s=30.0, tool_error_penalty=0.1,
         max_calls_per_turn=2, call_timeout_s=1.0, max_steps_in_episode=4,
         call_style="compact")}
-    c.train_env_manager = env_manager(num_env_groups=4, group_size=8, tags=("shop",))
+    # The calculator recipe's 8 questions of 4 episodes a step, on the shop.
+    train = c.train_env_manager
+    c.train_env_manager = env_manager(num_env_groups=train.num_env_groups,
+                                      group_size=train.group_size, tags=("shop",))
     c.val_env_manager = env_manager(num_env_groups=32, group_size=1, tags=("shop",))
     return c
