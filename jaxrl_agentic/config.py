@@ -275,9 +275,11 @@ def default_config() -> ml_collections.ConfigDict:
     c.train_env_manager = env_manager(8, 8)
     c.val_env_manager = env_manager(16, 1)
     # format warm-up: supervised replies with random valid actions, before RL (0 steps = off)
-    # lr_schedule: "constant", or "cosine" (learning_rate down to a tenth of it)
+    # lr_schedule: "constant", or "cosine" (learning_rate down to a tenth of it); replies: the
+    # replies to draw from at random instead of the environment's own policy (() = its own)
     c.format_warmup = ml_collections.ConfigDict(dict(
         steps=0, learning_rate=2e-3, episodes_per_step=16, max_turns=2, lr_schedule="constant",
+        replies=(),
     ))
     # distribution and debugging
     # mesh.sampler_devices: 0 = the sampler shares the learner's devices and params;
@@ -375,6 +377,10 @@ def validate(c) -> None:
     _positive(c, "format_warmup.episodes_per_step")
     _positive(c, "format_warmup.max_turns")
     _choice(c, "format_warmup.lr_schedule", WARMUP_LR_SCHEDULES)
+    replies = c.format_warmup.replies
+    if isinstance(replies, str) or not all(isinstance(r, str) and r for r in replies):
+        _fail("format_warmup.replies", f"must be a list of non-empty reply strings, got "
+                                       f"{replies!r}")
     if not isinstance(c.generation.num_return_sequences, int) or \
             c.generation.num_return_sequences < 1:
         _fail("generation.num_return_sequences", "must be an integer >= 1")

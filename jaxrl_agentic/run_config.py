@@ -332,6 +332,8 @@ class FormatWarmupConfig:
     max_turns: int = 2
     # "constant", or "cosine": from learning_rate down to a tenth of it at the last step
     lr_schedule: str = "constant"
+    # Replies drawn at random instead of the environment's own warm-up policy (empty: its own)
+    replies: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -474,7 +476,8 @@ def build_run_config(c) -> RunConfig:
             learning_rate=c.learning_rate, lr_scheduler_type=c.lr_scheduler_type,
             warmup_steps=c.warmup_steps, min_lr_ratio=c.min_lr_ratio,
             estimated_chunks_per_traj=c.estimated_chunks_per_traj),
-        format_warmup=FormatWarmupConfig(**dict(c.format_warmup)),
+        format_warmup=FormatWarmupConfig(**{**dict(c.format_warmup),
+                                            "replies": tuple(c.format_warmup.replies)}),
         mesh=mesh_settings(c),
         distributed=distributed_settings(c),
         source_json=c.to_json_best_effort(indent=2))

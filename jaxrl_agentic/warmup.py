@@ -82,7 +82,8 @@ def text_policy(env_type: str, env_config: dict):
     well-formed calls then an answer, the shop's lookup then a random calculation, a
     TextArena game's example actions
     (`textarena_env.random_example_policy`), a reasoning-gym dataset's answers to other
-    items (`reasoning_gym_env.another_items_answer_policy`)."""
+    items (`reasoning_gym_env.another_items_answer_policy`), with the calculator as its one
+    tool sometimes a call instead (`reasoning_gym_env.call_or_guess_policy`)."""
     if env_type in ("calculator", "shop"):  # tool envs: calls written in the env's style
         from jaxrl_agentic.envs.calculator import random_calculator_policy
         from jaxrl_agentic.envs.shop import random_shop_policy
@@ -94,12 +95,29 @@ def text_policy(env_type: str, env_config: dict):
         from jaxrl_agentic.envs.textarena_env import random_example_policy
 
         return random_example_policy
-    if env_type.startswith("reasoning_gym:") and not env_config.get("tools"):
-        from jaxrl_agentic.envs.reasoning_gym_env import another_items_answer_policy
+    tools = env_config.get("tools") or ()
+    tools = (tools,) if isinstance(tools, str) else tuple(tools)
+    if env_type.startswith("reasoning_gym:") and tools in ((), ("calculate",)):
+        from jaxrl_agentic.envs import reasoning_gym_env
 
-        return another_items_answer_policy(env_type.split(":", 1)[1],
-                                           env_config.get("dataset_config"))
+        dataset, dataset_config = env_type.split(":", 1)[1], env_config.get("dataset_config")
+        if tools:
+            return reasoning_gym_env.call_or_guess_policy(
+                dataset, dataset_config, call_style=env_config.get("call_style", "qwen"))
+        return reasoning_gym_env.another_items_answer_policy(dataset, dataset_config)
     return None
+
+
+def given_replies_policy(replies):
+    """The text policy of `format_warmup.replies`: `make(rng)` → a reply that is one of
+    `replies` at random, whatever the messages (a game whose first message shows a single
+    example action would otherwise teach that one action: `configs/textarena.py`)."""
+    replies = tuple(replies)
+
+    def make(rng, **_unused):
+        return lambda text: rng.choice(replies)
+
+    return make
 
 
 def text_policy_replies(formatter, make_policy, seed: int):
@@ -136,8 +154,9 @@ def warmup_cache_key(base_model_dir: str, cfg: RunConfig) -> str:
         # 2: the calculator's warm-up keeps the problem's order of numbers; 3: its
         # "two_digit" products have a one-digit last factor.
         "version": 3,
-        # Only a non-default schedule enters the key: constant-rate warm-ups keep theirs.
+        # Only non-default settings enter the key: earlier warm-ups keep theirs.
         **({"lr_schedule": w.lr_schedule} if w.lr_schedule != "constant" else {}),
+        **({"replies": list(w.replies)} if w.replies else {}),
     }, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
@@ -162,16 +181,11 @@ def format_warmup(base_model_dir: str, cfg: RunConfig, out_dir: str, *,
     import jax
     from flax import nnx
 
-    from jaxrl_agentic.config import ConfigError
     from jaxrl_agentic.data import PackingConfig
     from jaxrl_agentic.data.samples import trajectory_sample
-    from jaxrl_agentic.envs import make
-    from jaxrl_agentic.envs.registry import resolve_backend
     from jaxrl_agentic.models import load_pretrained, save_pretrained
     from jaxrl_agentic.rollout.conversation import ChatFormatter
     from jaxrl_agentic.rollout.groups import EpisodeSpec
-    from jaxrl_agentic.rollout.loop import RolloutRunner
-    from jaxrl_agentic.rollout.turns import GenerationConfig
     from jaxrl_agentic.runtime.parallel import make_mesh
     from jaxrl_agentic.training.learner import Learner
     from jaxrl_agentic.training.learner_config import LearnerConfig
@@ -199,30 +213,7 @@ def format_warmup(base_model_dir: str, cfg: RunConfig, out_dir: str, *,
         max_grad_norm=1.0,
         seed=seed,
     ), make_mesh(devices=jax.local_devices()))  # per process: others wait on the cache lock
-    runners = []
-    for i, (tag, env_config) in enumerate(warmup_envs(cfg)):
-        spec = cfg.envs[tag]
-        try:
-            if resolve_backend(spec.env_type, spec.backend) == "python":
-                runners.append(_python_warmup_runner(cfg, i, spec, env_config, formatter))
-                continue
-            env, env_params = make(spec.env_type, format_penalty=spec.format_penalty,
-                                   **env_config)
-        except ValueError as e:  # past the tags: the train manager's overrides (warmup_envs)
-            if i < len(cfg.envs):
-                raise
-            raise ConfigError(f"config.train_env_manager.env_config: {e}") from None
-        scripted = ScriptedSampler(random_action_replies(formatter, env.action_names,
-                                                         seed + 7919 * i),
-                                   max_total_len=rollout.max_input_length
-                                   + spec.max_tokens_per_step + 1)
-        # Short episodes: the format is the same on every turn, and long contexts would
-        # spend most of the compute on prompt tokens that carry no loss.
-        runners.append(RolloutRunner(env, env_params, scripted, formatter, tag=tag,
-                                     max_turns=min(spec.max_turns, w.max_turns),
-                                     max_input_length=rollout.max_input_length,
-                                     generation=GenerationConfig(spec.max_tokens_per_step),
-                                     run_seed=seed + 1))
+    runners = warmup_runners(cfg, formatter)
     metrics, first_nll = {}, None
     for step in range(w.steps):
         samples = []
@@ -254,6 +245,46 @@ def warmup_envs(cfg: RunConfig) -> list[tuple[str, dict]]:
     return envs
 
 
+def warmup_runners(cfg: RunConfig, formatter) -> list:
+    """One rollout runner per warm-up environment (`warmup_envs`), each played by its
+    scripted policy: `format_warmup.replies` when given, else a JAX environment's random
+    valid actions or a Python environment's own text policy (`text_policy`)."""
+    from jaxrl_agentic.config import ConfigError
+    from jaxrl_agentic.envs import make
+    from jaxrl_agentic.envs.registry import resolve_backend
+    from jaxrl_agentic.rollout.loop import RolloutRunner
+    from jaxrl_agentic.rollout.turns import GenerationConfig
+
+    rollout, seed, w = cfg.rollout, cfg.run.seed, cfg.format_warmup
+    runners = []
+    for i, (tag, env_config) in enumerate(warmup_envs(cfg)):
+        spec = cfg.envs[tag]
+        try:
+            if resolve_backend(spec.env_type, spec.backend) == "python":
+                runners.append(_python_warmup_runner(cfg, i, spec, env_config, formatter))
+                continue
+            env, env_params = make(spec.env_type, format_penalty=spec.format_penalty,
+                                   **env_config)
+        except ValueError as e:  # past the tags: the train manager's overrides (warmup_envs)
+            if i < len(cfg.envs):
+                raise
+            raise ConfigError(f"config.train_env_manager.env_config: {e}") from None
+        replies = (text_policy_replies(formatter, given_replies_policy(w.replies),
+                                       seed + 7919 * i) if w.replies else
+                   random_action_replies(formatter, env.action_names, seed + 7919 * i))
+        scripted = ScriptedSampler(replies,
+                                   max_total_len=rollout.max_input_length
+                                   + spec.max_tokens_per_step + 1)
+        # Short episodes: the format is the same on every turn, and long contexts would
+        # spend most of the compute on prompt tokens that carry no loss.
+        runners.append(RolloutRunner(env, env_params, scripted, formatter, tag=tag,
+                                     max_turns=min(spec.max_turns, w.max_turns),
+                                     max_input_length=rollout.max_input_length,
+                                     generation=GenerationConfig(spec.max_tokens_per_step),
+                                     run_seed=seed + 1))
+    return runners
+
+
 def _python_warmup_runner(cfg: RunConfig, i: int, spec, env_config: dict, formatter):
     """The warm-up runner of a Python environment: its format-only text policy, played
     through the real `PythonRolloutRunner` (same token streams as in RL)."""
@@ -262,11 +293,13 @@ def _python_warmup_runner(cfg: RunConfig, i: int, spec, env_config: dict, format
     from jaxrl_agentic.rollout.python_runner import PythonRolloutRunner
     from jaxrl_agentic.rollout.turns import GenerationConfig
 
-    policy = text_policy(spec.env_type, env_config)
+    policy = (given_replies_policy(cfg.format_warmup.replies) if cfg.format_warmup.replies
+              else text_policy(spec.env_type, env_config))
     if policy is None:
         raise ConfigError(f"config.format_warmup.steps: no format warm-up policy for the python "
                           f"environment {spec.env_type!r} (have: calculator, shop, textarena:<id>, "
-                          "reasoning_gym:<dataset> without tools); set format_warmup.steps=0")
+                          "reasoning_gym:<dataset> without tools or with the calculator "
+                          "alone); set format_warmup.steps=0")
     factory = make_python_env(spec.env_type, format_penalty=spec.format_penalty, **env_config)
     scripted = ScriptedSampler(
         text_policy_replies(formatter, policy, cfg.run.seed + 7919 * i),

@@ -171,6 +171,8 @@ def _other(path: str, value):
         return value * 0.5 + 0.125
     if path == "lora_targets":
         return ("q_proj",)
+    if path == "format_warmup.replies":
+        return ("[1]",)
     if isinstance(value, tuple):
         return (*value, 3)
     raise AssertionError(f"no other value for {path}={value!r}")

@@ -19,6 +19,8 @@ CASES = [
     (["--config.loss_reduction=mean"], "config.loss_reduction"),
     (["--config.lr_scheduler_type=step"], "config.lr_scheduler_type"),
     (["--config.format_warmup.lr_schedule=linear"], "config.format_warmup.lr_schedule"),
+    (["--config.format_warmup.replies=('<answer>Up</answer>', '')"],
+     "config.format_warmup.replies: must be a list of non-empty reply strings"),
     (["--config.sample_mode=step", "--config.adv_estimator=gae"], "cannot be broadcast"),
     (["--config.sample_mode=step", "--config.adv_estimator=reinforce_plus_plus"],
      "cannot be broadcast"),

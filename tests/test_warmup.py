@@ -97,6 +97,27 @@ def test_warmed_model_is_built_once_and_cached(tiny_model_dir, tmp_path, monkeyp
     assert warmup.warmed_model_dir(tiny_model_dir, c) != first and len(calls) == 2
     c.untie_word_embeddings = True
     assert warmup.warmed_model_dir(tiny_model_dir, c) not in calls[:2] and len(calls) == 3
+    c.format_warmup.replies = ("<answer>Up</answer>",)
+    assert warmup.warmed_model_dir(tiny_model_dir, c) not in calls[:3] and len(calls) == 4
+
+
+@pytest.mark.parametrize("env_type", ["frozen_lake", "calculator"])
+def test_given_warmup_replies_replace_the_environments_own(env_type, tiny_model_dir):
+    # format_warmup.replies: the warm-up plays exactly those replies, at random, on a JAX
+    # environment (instead of random valid actions) and on a Python one (instead of its own
+    # text policy), through the runners format_warmup builds.
+    from jaxrl_agentic.run_config import build_run_config
+
+    replies = ("<answer>Up</answer>", "<answer>Left</answer>", "<answer>7</answer>")
+    c = small_config(steps=1)
+    c.custom_envs = {"frozen_lake": env_spec(env_type, max_turns=2, max_tokens_per_step=8)}
+    c.format_warmup.replies = replies
+    _, tok = load_pretrained(tiny_model_dir)
+    [runner] = warmup.warmup_runners(build_run_config(c), ChatFormatter(tok))
+    trajs = runner.run([EpisodeSpec(seed=s, group_id=s, member=0) for s in range(6)],
+                       sample_seed=0)
+    written = [tok.decode(u.generated, skip_special_tokens=True) for t in trajs for u in t.turns]
+    assert set(written) <= set(replies) and len(set(written)) > 1, written
 
 
 def test_warmup_of_an_untied_model_trains_its_own_head(tiny_model_dir, tmp_path):

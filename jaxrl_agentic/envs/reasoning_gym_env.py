@@ -45,6 +45,7 @@ import copy
 import dataclasses
 import difflib
 import math
+import re
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -53,7 +54,7 @@ from jaxrl_agentic.envs.base import INVALID_ACTION
 from jaxrl_agentic.envs.mcp_tools import server_tools
 from jaxrl_agentic.envs.python_env import EpisodeKey, PyStep, PythonTextEnv, text_state_hash
 from jaxrl_agentic.envs.registry import register_prefix
-from jaxrl_agentic.envs.tools import ToolEnv, parse_answer
+from jaxrl_agentic.envs.tools import ToolEnv, format_tool_call, parse_answer, tool_responses
 
 PREFIX = "reasoning_gym:"
 FULL_SCORE = 1.0  # reasoning-gym scores lie in [0, 1]; 1.0 is a right answer
@@ -142,6 +143,63 @@ def another_items_answer_policy(dataset: str, dataset_config: Mapping[str, Any] 
         return reply
 
     return make
+
+
+# A run of numbers and + − × ÷ with at least one operator between two numbers.
+_EXPRESSION = re.compile(r"[\d(][\d\s.()+\-*/]*[\d)]")
+_OPERATION = re.compile(r"[\d)]\s*[-+*/]\s*[\d(]")
+
+
+def question_expression(question: str) -> str | None:
+    """The longest arithmetic expression written in a question ("Calculate 13 - 92." →
+    "13 - 92"), or None when it has none."""
+    found = [m.group().strip() for m in _EXPRESSION.finditer(question)]
+    found = [e for e in found if _OPERATION.search(e)]
+    return max(found, key=len) if found else None
+
+
+def call_or_guess_policy(dataset: str, dataset_config: Mapping[str, Any] | None = None, *,
+                         call_style: str = "qwen", call_share: float = 1 / 3):
+    """The format warm-up's text policy (`warmup.py`) of a dataset with the calculator as
+    its tool: `make(rng)` → `reply(text)`. The first reply of an episode is, a `call_share`
+    of the time, a call of `calculate` on the expression the question writes
+    (`question_expression`), otherwise another item's answer
+    (`another_items_answer_policy`); after a tool result, the answer is that result.
+
+    It shows both ways to reply and how to call; greedy decoding then answers without
+    calling (the likelier first token), so what the warmed model scores is the guesses'.
+    Which way pays is for RL to learn. A question without an expression is always guessed.
+    """
+    guesses = another_items_answer_policy(dataset, dataset_config)
+
+    def make(rng, **_unused):
+        guess = guesses(rng)
+
+        def reply(text: str) -> str:
+            results = tool_responses(text)
+            if results:
+                return f"<answer>{results[-1].strip()}</answer>"
+            expression = question_expression(tool_question(text) or "")
+            if expression and rng.random() < call_share:
+                return format_tool_call("calculate", {"expression": expression}, call_style)
+            return guess(text)
+
+        return reply
+
+    return make
+
+
+def tool_question(text: str) -> str | None:
+    """The question of a tool episode's first message, found in the rendered chat around it:
+    the paragraph just above the instructions, after the last line of chat markup (``<|…``);
+    None when the text has no instructions. The tool warm-up's policy reads its numbers
+    (`calculator.random_calculator_policy`)."""
+    head, found, _ = text.partition("\n\n" + ReasoningGymToolEnv.instructions)
+    if not found:
+        return None
+    lines = head.rsplit("\n\n", 1)[-1].split("\n")
+    markup = [i for i, line in enumerate(lines) if "<|" in line]
+    return "\n".join(lines[markup[-1] + 1:] if markup else lines)
 
 
 def _first_message(question: str, instruction: str) -> str:

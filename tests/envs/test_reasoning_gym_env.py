@@ -202,3 +202,46 @@ class _FixedRng:
 
     def randrange(self, n):
         return self.value
+
+
+@pytest.mark.parametrize("model", ["tiny_tools_dir", "qwen_fixture_dir"])
+def test_the_tool_warm_up_policy_calls_on_the_questions_expression_or_guesses(model, request):
+    # With the calculator, the warm-up reads the question out of the rendered chat (tools
+    # block and markup around it). About a third of its first replies call `calculate` on
+    # the question's own expression, and then answer the result (right); the rest answer
+    # another item's answer (right only by chance).
+    import random
+
+    import transformers
+
+    from jaxrl_agentic.warmup import text_policy
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(request.getfixturevalue(model))
+    config = {"tools": ("calculate",), "call_style": "compact",
+              "dataset_config": SMALL_ARITHMETIC | {"max_terms": 2}}
+    make_policy = text_policy("reasoning_gym:basic_arithmetic", config)
+    rng, calls, solved_by_calls, episodes = random.Random(0), 0, 0, 150
+    for seed in range(episodes):
+        env, text = episode("basic_arithmetic", seed, **config)
+        chat = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], tools=env.tool_schemas, tokenize=False,
+            add_generation_prompt=True)
+        assert rg_env.tool_question(chat) == env.question
+        policy = make_policy(rng)
+        step = env.step(policy(chat))
+        if step.tool_calls:
+            calls += 1
+            expression = re.search(r"Calculate (.*)\.", env.question).group(1)
+            assert step.tool_messages == (format_number(evaluate_expression(expression)),)
+            step = env.step(policy(tool_response_text(step.tool_messages)))
+            solved_by_calls += step.success
+        assert step.terminated
+    assert solved_by_calls == calls and abs(calls / episodes - 1 / 3) < 0.12  # sd ~0.04
+
+
+def test_the_expression_of_a_question_is_its_longest_arithmetic_run():
+    expression = rg_env.question_expression
+    assert expression("Calculate 13 - 92.") == "13 - 92"
+    assert expression("What is 4 + 3 - 1 =") == "4 + 3 - 1"
+    assert expression("Compute (3 + 4) * 2.") == "(3 + 4) * 2"
+    assert expression("How many legs do 3 cats and 2 birds have?") is None
