@@ -323,6 +323,8 @@ def warmed_model_dir(base_model_dir: str, cfg, *, log=None) -> str:
         return out
     with file_lock(out + ".lock"):
         if not os.path.exists(os.path.join(out, "model.safetensors")):
-            log(f"[jaxrl_agentic] format warm-up ({cfg.format_warmup.steps} steps) → {out}")
+            replies = cfg.format_warmup.replies  # the recipe's, shown: another env needs its own
+            given = f", replies {' '.join(replies)} (format_warmup.replies)" if replies else ""
+            log(f"[jaxrl_agentic] format warm-up ({cfg.format_warmup.steps} steps{given}) → {out}")
             format_warmup(base_model_dir, cfg, out, log=log)
     return out

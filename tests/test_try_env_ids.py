@@ -12,7 +12,7 @@ def test_an_id_that_needs_the_network_is_a_row_with_its_error(tmp_path):
     script = load_script("scripts/analysis/try_env_ids.py")
     config = os.path.join(ROOT, "configs", "textarena.py")
     tag, env_config = script.recipe_tag(config)
-    assert tag == "game" and env_config["game_kwargs"] == {"size": 3, "num_holes": 2}
+    assert tag == "game" and env_config["game_kwargs"] == {"steps": 0}
     row = script.try_id(config, "textarena:Wordle-v0", 1, [], str(tmp_path))
     assert row["exit"] == 2 and "needs the network" in row["error"]
     assert row["error"].startswith("error:") and "eval/success" not in row
