@@ -192,8 +192,8 @@ def call_or_guess_policy(dataset: str, dataset_config: Mapping[str, Any] | None 
 def tool_question(text: str) -> str | None:
     """The question of a tool episode's first message, found in the rendered chat around it:
     the paragraph just above the instructions, after the last line of chat markup (``<|…``);
-    None when the text has no instructions. The tool warm-up's policy reads its numbers
-    (`calculator.random_calculator_policy`)."""
+    None when the text has no instructions. The tool warm-up's policy calls on its expression
+    (`call_or_guess_policy`)."""
     head, found, _ = text.partition("\n\n" + ReasoningGymToolEnv.instructions)
     if not found:
         return None
