@@ -8,11 +8,20 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The suite's programs are tiny and mostly run once or twice, so XLA's compile time dominates
-# a run on an empty cache: LLVM's level-0 code generation halves it (a tiny recipe's two
-# steps: 70 s → 39 s cold) and runs the tests no slower. The flag only changes how XLA's CPU
-# backend generates machine code, not the programs the tests check; training keeps XLA's
-# default. Subprocesses inherit it through the environment.
-TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
+# a run on an empty cache. Three code-generation settings cut it and run the tests no slower:
+# LLVM at level 0 without its expensive passes, and XLA CPU's classic elemental emitters
+# instead of the MLIR fusion emitters (a tiny recipe's two steps: 70 s → 39 s cold with the
+# first; two such tests on one core, 2026-11-29, AMD EPYC: 113 s → 63–70 s cold with all
+# three, 46 s → 48 s warm). They change how XLA's CPU backend generates machine code, not the
+# programs the tests check; training keeps XLA's defaults. Subprocesses inherit them through
+# the environment.
+#
+# The tests that compare whole runs on other device layouts with a one-device run to float
+# rounding (tests/test_pipeline_sharded.py) keep the fusion emitters, as training has them:
+# with the classic ones their parameters after two steps differed by up to 2.3e-5 (mesh) and
+# 3e-4 (two processes), against ≤ 1e-5 with XLA's emitters; those runs use LAYOUT_XLA_FLAGS.
+LAYOUT_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+TEST_XLA_FLAGS = f"{LAYOUT_XLA_FLAGS} --xla_cpu_use_fusion_emitters=false"
 if TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 
