@@ -4,9 +4,49 @@ The compilation cache lives in the user cache dir so repeated CI runs on one mac
 skip most XLA compile time (the suite must stay under 15 minutes on 2 cores).
 """
 
+import json
 import os
+import subprocess
+import sys
+import warnings
+from importlib.metadata import version
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+_CACHE_HOME = os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache"))
+
+
+def accepted_xla_flags(flags: tuple[str, ...]) -> tuple[str, ...]:
+    """The `flags` this jaxlib's XLA knows. XLA aborts the process on a flag it does not
+    know, and code-generation flags come and go between the jaxlib releases pyproject.toml
+    allows, so they are tried in a subprocess once per jaxlib version (all together, then one
+    by one if that fails) and the answer is kept in the user cache. A dropped flag warns."""
+    path = os.path.join(_CACHE_HOME, "jaxrl_agentic", f"xla_flags-jaxlib-{version('jaxlib')}.json")
+    try:
+        with open(path) as f:
+            known = json.load(f)
+    except (OSError, ValueError):
+        known = {}
+
+    def starts(given: tuple[str, ...]) -> bool:
+        env = {**os.environ, "XLA_FLAGS": " ".join(given), "JAX_PLATFORMS": "cpu"}
+        return subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], env=env,
+                              capture_output=True).returncode == 0
+
+    missing = tuple(f for f in flags if f not in known)
+    if missing:
+        together = starts(missing)
+        known.update({f: together or starts((f,)) for f in missing})
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(f"{path}.{os.getpid()}", "w") as f:
+            json.dump(known, f)
+        os.replace(f"{path}.{os.getpid()}", path)
+    for flag in flags:
+        if not known[flag]:
+            warnings.warn(f"jaxlib {version('jaxlib')} does not know XLA flag {flag}: the "
+                          f"tests compile without it (slower on an empty cache)", stacklevel=1)
+    return tuple(f for f in flags if known[f])
+
+
 # The suite's programs are tiny and mostly run once or twice, so XLA's compile time dominates
 # a run on an empty cache. Three code-generation settings cut it and run the tests no slower:
 # LLVM at level 0 without its expensive passes, and XLA CPU's classic elemental emitters
@@ -20,14 +60,16 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # rounding (tests/test_pipeline_sharded.py) keep the fusion emitters, as training has them:
 # with the classic ones their parameters after two steps differed by up to 2.3e-5 (mesh) and
 # 3e-4 (two processes), against ≤ 1e-5 with XLA's emitters; those runs use LAYOUT_XLA_FLAGS.
-LAYOUT_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-TEST_XLA_FLAGS = f"{LAYOUT_XLA_FLAGS} --xla_cpu_use_fusion_emitters=false"
+_LAYOUT = ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true")
+_CLASSIC_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
+_FLAGS = accepted_xla_flags((*_LAYOUT, _CLASSIC_EMITTERS))
+LAYOUT_XLA_FLAGS = " ".join(f for f in _FLAGS if f in _LAYOUT)
+TEST_XLA_FLAGS = " ".join(_FLAGS)
 if TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 
 import jax  # noqa: E402
 
-_CACHE_HOME = os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache"))
 _CACHE = os.path.join(_CACHE_HOME, "jaxrl_agentic", "jax_test_cache")
 jax.config.update("jax_compilation_cache_dir", _CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
