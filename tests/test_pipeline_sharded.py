@@ -120,7 +120,7 @@ MESH_SCRIPT = textwrap.dedent("""
     c = parse_config(["train", *json.loads(sys.argv[1])])
     b2 = 0.999  # LearnerConfig.adam_b2
     report, reference, decided = {}, None, None
-    # fsdp alone is the split run's learner (2, 2, 1); tests/runtime/test_parallel.py
+    # fsdp without tensor is the split run's learner (2, 2, 1); tests/runtime/test_parallel.py
     # checks train steps on (2, 4, 1).
     runs = [("(1, 1, 1)", (1, 1, 1), 0), ("(8, 1, 1)", (8, 1, 1), 0), ("(2, 2, 2)", (2, 2, 2), 0),
             ("split", (2, 2, 1), 4),  # 4 learner devices, 4 sampler devices
