@@ -133,6 +133,8 @@ def default_config() -> ml_collections.ConfigDict:
     # the output head trains in full beside the adapters: "auto" (when untie_word_embeddings
     # made it a copy of a tied embedding), "always" (an untied head), "never"
     c.lora_train_head = "auto"
+    # LoRA+: the B adapters' LR as a multiple of learning_rate (1 = off; training/update.py)
+    c.loraplus_lr_ratio = 1.0
     # algorithm
     c.adv_estimator = "grpo"
     c.sample_mode = "trajectory"
@@ -366,6 +368,9 @@ def validate(c) -> None:
                   "generation.temperature", "save_steps", "logging_steps", "eval_steps"):
         _positive(c, field)
     _positive(c, "micro_batch_max_loss_tokens", allow_zero=True)
+    _positive(c, "loraplus_lr_ratio")
+    if c.loraplus_lr_ratio != 1.0 and not c.lora_rank:
+        _fail("loraplus_lr_ratio", "scales the LoRA B adapters' LR: set lora_rank too")
     _positive(c, "row_len_buckets")
     for field in ("pg_clip", "init_kl_coef", "target_kl", "entropy_loss_coef", "advantage_clip",
                   "warmup_steps", "weight_decay", "estimated_chunks_per_traj", "head_learning_rate",

@@ -115,6 +115,7 @@ def learner_config(c, pad_token_id: int = 0) -> LearnerConfig:
     return LearnerConfig(
         learning_rate=c.learning_rate,
         head_learning_rate=c.head_learning_rate or None,
+        loraplus_lr_ratio=c.loraplus_lr_ratio,
         loss_reduction=c.loss_reduction,
         pg_clip=c.pg_clip,
         pg_clip_high=c.pg_clip_high or None,

@@ -76,8 +76,9 @@ class UpdateConfig:
     ``relative_grad_clip`` (None = off) also clips to that multiple of the typical recent
     gradient norm (:func:`clip_by_relative_global_norm`); AdamW's decoupled
     ``weight_decay`` applies to matrices only. ``head_learning_rate`` (None = the same): the
-    output head's peak LR, following the same schedule (:func:`scale_head_updates`). Each
-    pipeline step makes
+    output head's peak LR, following the same schedule (:func:`scale_head_updates`);
+    ``loraplus_lr_ratio`` (1 = off): LoRA+'s η_B / η_A, the B adapters' LR as a multiple of
+    ``learning_rate`` (:func:`scale_lora_b_updates`). Each pipeline step makes
     ``ppo_epochs · ceil(n / mini_batch_size)`` updates. ``seed`` seeds the mini-batch
     shuffle. Defaults equal the run defaults (``config.default_config``).
 
@@ -97,6 +98,7 @@ class UpdateConfig:
     seed: int = 0
     packing: PackingConfig = PackingConfig()
     head_learning_rate: float | None = None
+    loraplus_lr_ratio: float = 1.0
 
     def __post_init__(self):
         checks = [
@@ -108,6 +110,7 @@ class UpdateConfig:
             (self.weight_decay >= 0, "weight_decay", "must be >= 0"),
             (self.head_learning_rate is None or self.head_learning_rate >= 0,
              "head_learning_rate", "must be >= 0 (0 or None: learning_rate)"),
+            (self.loraplus_lr_ratio > 0, "loraplus_lr_ratio", "must be > 0 (1: off)"),
             (self.mini_batch_size >= 1, "mini_batch_size", "must be >= 1"),
             (self.ppo_epochs >= 1, "ppo_epochs", "must be >= 1"),
         ]
@@ -206,16 +209,35 @@ def is_head(path) -> bool:
     return any(getattr(key, "key", getattr(key, "name", None)) == "lm_head" for key in path)
 
 
-def scale_head_updates(ratio: float) -> optax.GradientTransformation:
-    """Multiplies the output head's updates by ``ratio`` = head LR / LR.
+def scale_updates(ratio: float, where) -> optax.GradientTransformation:
+    """Multiplies the updates of the leaves whose path satisfies ``where(path)`` by
+    ``ratio``.
 
     After AdamW the update of a leaf is −η·(m̂/(√v̂ + ε) + λ·w), linear in η, so scaling it is
-    training that leaf at η·ratio on the same schedule. LoRA with a trained head
-    (``models/lora.py``) is the case: the adapters need a larger LR than full training's, the
-    head, trained in full, does not (docs/benchmarks.md, "LoRA rank 16").
+    training that leaf at η·ratio on the same schedule.
     """
     return optax.masked(optax.scale(ratio), lambda params: jax.tree_util.tree_map_with_path(
-        lambda path, _: is_head(path), params))
+        lambda path, _: where(path), params))
+
+
+def scale_head_updates(ratio: float) -> optax.GradientTransformation:
+    """The output head trained at ``ratio`` × the LR (:func:`scale_updates`). LoRA with a
+    trained head (``models/lora.py``) is the case: the adapters need a larger LR than full
+    training's, the head, trained in full, does not (docs/benchmarks.md, "LoRA rank 16")."""
+    return scale_updates(ratio, is_head)
+
+
+def is_lora_b(path) -> bool:
+    """Whether a parameter path is a LoRA B adapter (``…/lora_b``)."""
+    return any(getattr(key, "key", getattr(key, "name", None)) == "lora_b" for key in path)
+
+
+def scale_lora_b_updates(ratio: float) -> optax.GradientTransformation:
+    """LoRA+ (Hayou, Ghosh & Yu, 2024): the B adapters trained at η_B = ``ratio`` · η, the A
+    adapters at η. With B = 0 at the start, s·A·B moves through B first; for features to
+    move at the rate full training moves them at large width, η_B must be much larger than
+    η_A, which one shared LR cannot give (:func:`scale_updates`)."""
+    return scale_updates(ratio, is_lora_b)
 
 
 def make_optimizer(config: UpdateConfig) -> optax.GradientTransformationExtraArgs:
@@ -223,7 +245,8 @@ def make_optimizer(config: UpdateConfig) -> optax.GradientTransformationExtraArg
     :func:`clip_gradients` (``max_grad_norm``, ``relative_grad_clip``; either may be off),
     whose ``update`` takes ``global_norm=`` (the norm of the gradient it is given); with a
     ``head_learning_rate`` of its own, the head's updates are then rescaled
-    (:func:`scale_head_updates`).
+    (:func:`scale_head_updates`), and with a ``loraplus_lr_ratio`` the B adapters'
+    (:func:`scale_lora_b_updates`).
 
     ``inject_hyperparams`` keeps the LR in the optimizer state, so the host sets it per
     update (:func:`set_learning_rate`) without recompiling.
@@ -237,10 +260,13 @@ def make_optimizer(config: UpdateConfig) -> optax.GradientTransformationExtraArg
         weight_decay=config.weight_decay,
         mask=_decay_mask,
     )
+    rescale = []
     head_lr = config.head_learning_rate
-    if head_lr is None or head_lr == config.learning_rate or config.learning_rate == 0:
-        return optax.chain(clip, adamw)
-    return optax.chain(clip, adamw, scale_head_updates(head_lr / config.learning_rate))
+    if head_lr is not None and head_lr != config.learning_rate and config.learning_rate != 0:
+        rescale.append(scale_head_updates(head_lr / config.learning_rate))
+    if config.loraplus_lr_ratio != 1.0:
+        rescale.append(scale_lora_b_updates(config.loraplus_lr_ratio))
+    return optax.chain(clip, adamw, *rescale)
 
 
 def set_learning_rate(opt_state, lr: jax.Array | float):
@@ -259,6 +285,9 @@ def init_optimizer_state(params: Any, config: UpdateConfig):
             is_head(path) for path, _ in jax.tree_util.tree_leaves_with_path(params)):
         raise ValueError("head_learning_rate: the model has no output head that trains (tied "
                          "to the embedding, or frozen beside LoRA adapters)")
+    if config.loraplus_lr_ratio != 1.0 and not any(
+            is_lora_b(path) for path, _ in jax.tree_util.tree_leaves_with_path(params)):
+        raise ValueError("loraplus_lr_ratio: the model has no LoRA adapters (set lora_rank)")
     opt_state = set_learning_rate(make_optimizer(config).init(params), config.learning_rate)
     return jax.tree.map(lambda x: jnp.asarray(x, jnp.result_type(x)), opt_state)
 
