@@ -11,8 +11,9 @@ import orbax.checkpoint as ocp
 from jaxrl_agentic import train
 from tests.test_train import check_outputs, comparable, read_metrics, tiny_overrides
 
+# LoRA+ on too: its per-leaf rescaling is part of the optimizer state a resume restores.
 LORA = ["--config.lora_rank=4", "--config.lora_alpha=8.0", "--config.learning_rate=1e-3",
-        "--config.entropy_loss_coef=0.01"]
+        "--config.loraplus_lr_ratio=4.0", "--config.entropy_loss_coef=0.01"]
 
 
 def checkpoint_arrays(out: str, step: int) -> dict[str, tuple]:
