@@ -133,6 +133,8 @@ def default_config() -> ml_collections.ConfigDict:
     # the output head trains in full beside the adapters: "auto" (when untie_word_embeddings
     # made it a copy of a tied embedding), "always" (an untied head), "never"
     c.lora_train_head = "auto"
+    # the token embedding trains in full beside the adapters (PEFT's modules_to_save)
+    c.lora_train_embedding = False
     # LoRA+: the B adapters' LR as a multiple of learning_rate (1 = off; training/update.py)
     c.loraplus_lr_ratio = 1.0
     # algorithm
@@ -360,7 +362,7 @@ def validate(c) -> None:
     _positive(c, "eval_transcripts", allow_zero=True)
     _choice(c, "param_dtype", DTYPES)
     for field in ("untie_word_embeddings", "align_when_free", "share_group_prefix",
-                  "group_minibatches"):
+                  "group_minibatches", "lora_train_embedding"):
         if not isinstance(c[field], bool):
             _fail(field, f"must be True or False, got {c[field]!r}")
     for field in ("max_steps", "ppo_epochs", "mini_batch_size", "max_input_length",
@@ -371,6 +373,9 @@ def validate(c) -> None:
     _positive(c, "loraplus_lr_ratio")
     if c.loraplus_lr_ratio != 1.0 and not c.lora_rank:
         _fail("loraplus_lr_ratio", "scales the LoRA B adapters' LR: set lora_rank too")
+    if c.lora_train_embedding and not c.lora_rank:
+        _fail("lora_train_embedding", "trains the embedding beside LoRA adapters: set "
+                                      "lora_rank too")
     _positive(c, "row_len_buckets")
     for field in ("pg_clip", "init_kl_coef", "target_kl", "entropy_loss_coef", "advantage_clip",
                   "warmup_steps", "weight_decay", "estimated_chunks_per_traj", "head_learning_rate",

@@ -176,7 +176,8 @@ def generation_config(c, spec) -> GenerationConfig:
 
 def lora_config(c) -> LoRAConfig:
     return LoRAConfig(rank=c.lora_rank, alpha=c.lora_alpha, targets=tuple(c.lora_targets),
-                      train_head=c.lora_train_head, untied_head=c.untie_word_embeddings)
+                      train_head=c.lora_train_head, untied_head=c.untie_word_embeddings,
+                      train_embedding=c.lora_train_embedding)
 
 
 def check_typed_configs(c, fail) -> None:

@@ -1,6 +1,7 @@
 """`lora_rank` alone turns any recipe into LoRA training: the run trains, its checkpoints
-hold the adapters (and the head the recipe unties) with their optimizer state but not the
-base, resume is exact, and the export is the merged dense model."""
+hold the adapters (and the head the recipe unties, and the embedding when it trains) with
+their optimizer state but not the base, resume is exact, and the export is the merged dense
+model."""
 
 import json
 import os
@@ -11,9 +12,11 @@ import orbax.checkpoint as ocp
 from jaxrl_agentic import train
 from tests.test_train import check_outputs, comparable, read_metrics, tiny_overrides
 
-# LoRA+ on too: its per-leaf rescaling is part of the optimizer state a resume restores.
+# LoRA+ and a trained embedding on too: the rescaling is part of the optimizer state a resume
+# restores, and the embedding is trained state beside the adapters.
 LORA = ["--config.lora_rank=4", "--config.lora_alpha=8.0", "--config.learning_rate=1e-3",
-        "--config.loraplus_lr_ratio=4.0", "--config.entropy_loss_coef=0.01"]
+        "--config.loraplus_lr_ratio=4.0", "--config.lora_train_embedding=True",
+        "--config.entropy_loss_coef=0.01"]
 
 
 def checkpoint_arrays(out: str, step: int) -> dict[str, tuple]:
@@ -40,12 +43,14 @@ def test_lora_trains_saves_only_adapters_and_resumes_exactly(tmp_path):
     assert records[-1]["actor/grad_norm"] > 0
     saved = checkpoint_arrays(full, 1)
     params = [k for k in saved if k.startswith("/learner/params/")]
-    # The adapters, and the head the recipe unties (lora_train_head="auto" trains it).
-    assert params and all("lora_" in k or k.startswith("/learner/params/lm_head/kernel")
+    # The adapters, the head the recipe unties (lora_train_head="auto" trains it) and the
+    # embedding (lora_train_embedding).
+    assert params and all("lora_" in k or k.startswith(("/learner/params/lm_head/kernel",
+                                                        "/learner/params/embed/embedding"))
                           for k in params)
-    assert any("lm_head" in k for k in params)
-    assert not any("frozen" in k or "embed" in k or "base_kernel" in k
-                   for k in saved)  # no base
+    assert any("lm_head" in k for k in params) and any("embed" in k for k in params)
+    assert not any("frozen" in k or "base_kernel" in k or "base_embedding" in k
+                   or "proj/kernel" in k for k in saved)  # no base
     assert not any(k.startswith("/learner/ref_params") for k in saved)  # the base is the ref
     with open(os.path.join(full, "config.json")) as f:
         assert json.load(f)["lora_rank"] == 4

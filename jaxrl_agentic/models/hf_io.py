@@ -303,7 +303,8 @@ def save_peft_adapter(model, path: str, base_model_name_or_path: str = "") -> No
     base: per layer ``l`` and projection, ``lora_A.weight`` = A_lᵀ [r, in] and
     ``lora_B.weight`` = B_lᵀ [out, r], with ``lora_alpha`` = s·r; a head trained beside
     them (``lora.trains_head``) as PEFT's ``modules_to_save=["lm_head"]`` (its whole
-    [V, D] weight). Written beside ``path`` and renamed into place, so a crash leaves no
+    [V, D] weight), a trained embedding (``lora.trains_embedding``) as
+    ``"embed_tokens"``. Written beside ``path`` and renamed into place, so a crash leaves no
     half-written directory."""
     import numpy as np
     from safetensors.numpy import save_file
@@ -328,6 +329,10 @@ def save_peft_adapter(model, path: str, base_model_name_or_path: str = "") -> No
         head = np.asarray(jax.device_get(model.lm_head.kernel[...]), np.float32)
         tensors["base_model.model.lm_head.weight"] = np.ascontiguousarray(head.T)
         saved.append("lm_head")
+    if lora.trains_embedding(model):
+        table = np.asarray(jax.device_get(model.embed.embedding[...]), np.float32)
+        tensors["base_model.model.model.embed_tokens.weight"] = np.ascontiguousarray(table)
+        saved.append("embed_tokens")
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": int(rank),
               "lora_alpha": float(scale * rank), "target_modules": targets,
               "modules_to_save": saved or None,

@@ -23,6 +23,16 @@ on FrozenLake where full training reaches 0.8 (docs/benchmarks.md). Only an unti
 (`untie_word_embeddings` unties a tied one as a copy of the embedding); its starting value is
 kept frozen beside it (`BaseHead`, [D, V]: the one weight LoRA then holds twice) so the KL
 reference stays the base.
+
+The token embedding can train in full too (`train_embedding`; PEFT's
+`modules_to_save=["embed_tokens"]`), its start kept frozen beside it (`BaseEmbedding`) for
+the same reason. On the tiny recipes it is what LoRA lacks against full training: a model
+that reads a map or a problem from a few hundred tokens learns new token features through
+its embedding, and the adapters alone (rank 16 at width 128) got there on some seeds only
+(docs/benchmarks.md, "LoRA rank 16").
+
+LoRA+ (the B adapters at a larger LR than the A adapters, ``loraplus_lr_ratio``) is an
+optimizer setting: ``training/update.py``.
 """
 
 from __future__ import annotations
@@ -47,19 +57,27 @@ class BaseHead(nnx.Variable):
     not a `Param`, so no checkpoint or export holds it."""
 
 
+class BaseEmbedding(nnx.Variable):
+    """The token embedding's starting value, frozen, when the embedding trains (module
+    docstring); like `BaseHead`, never checkpointed or exported."""
+
+
 @dataclasses.dataclass(frozen=True)
 class LoRAConfig:
     """``rank`` r (0 = no adapters), ``alpha`` (the update is scaled by alpha / r; 0 = r,
     a scale of 1), ``targets``: projection names from ``TARGETS`` (empty = all),
     ``train_head``: whether the output head trains in full beside the adapters: "always"
     (the head must be untied), "never", or "auto" = when ``untie_word_embeddings`` made
-    the head a copy of a tied embedding (``untied_head``)."""
+    the head a copy of a tied embedding (``untied_head``); ``train_embedding``: whether the
+    token embedding trains in full beside the adapters (a tied head, the same array, then
+    trains with it)."""
 
     rank: int = 0
     alpha: float = 0.0
     targets: tuple[str, ...] = ()
     train_head: str = "auto"
     untied_head: bool = False
+    train_embedding: bool = False
 
     def __post_init__(self):
         if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 0:
@@ -102,7 +120,8 @@ def adapter_count(cfg, config: LoRAConfig) -> int:
     shapes = {"q_proj": (d, q), "k_proj": (d, kv), "v_proj": (d, kv), "o_proj": (q, d),
               "gate_proj": (d, f), "up_proj": (d, f), "down_proj": (f, d)}
     head = cfg.hidden_size * cfg.vocab_size if config.trains_head else 0
-    return head + cfg.num_hidden_layers * config.rank * sum(
+    embedding = cfg.hidden_size * cfg.vocab_size if config.train_embedding else 0
+    return head + embedding + cfg.num_hidden_layers * config.rank * sum(
         sum(shapes[name]) for name in config.target_names)
 
 
@@ -152,11 +171,25 @@ def add_lora(model, config: LoRAConfig, seed: int = 0):
         kernel = head.kernel[...]
         head.base_kernel = BaseHead(jnp.copy(kernel))
         head.kernel = nnx.LoRAParam(kernel)  # trained with the adapters
+    if config.train_embedding:
+        if model.cfg.tie_word_embeddings:
+            # A tied head is this array: a PEFT module_to_save would copy the embedding and
+            # leave the head behind.
+            raise ValueError("lora_train_embedding: the embedding is tied to the head; untie "
+                             "it (untie_word_embeddings=True) to train it with LoRA")
+        embed = model.embed
+        table = embed.embedding[...]
+        embed.base_embedding = BaseEmbedding(jnp.copy(table))
+        embed.embedding = nnx.LoRAParam(table)
     return model
 
 
 def trains_head(model) -> bool:
     return getattr(getattr(model, "lm_head", None), "base_kernel", None) is not None
+
+
+def trains_embedding(model) -> bool:
+    return getattr(getattr(model, "embed", None), "base_embedding", None) is not None
 
 
 def has_lora(model) -> bool:
@@ -175,17 +208,23 @@ def combine(adapters, frozen):
 
 
 def base_only(adapters, frozen):
-    """``adapters`` with every B set to 0 and a trained head back at its start (the frozen
-    ``BaseHead``): combined with ``frozen``, the base model."""
-    head = frozen.get("lm_head", {}) if frozen is not None else {}
-    start = jax.tree.leaves(head["base_kernel"])[0] if "base_kernel" in head else None
+    """``adapters`` with every B set to 0 and a trained head or embedding back at its start
+    (the frozen ``BaseHead`` / ``BaseEmbedding``): combined with ``frozen``, the base
+    model."""
+    def start(module: str, name: str):
+        part = frozen.get(module, {}) if frozen is not None else {}
+        return jax.tree.leaves(part[name])[0] if name in part else None
+
+    starts = {"['lm_head']['kernel']": start("lm_head", "base_kernel"),
+              "['embed']['embedding']": start("embed", "base_embedding")}
 
     def based(path, x):
         name = jax.tree_util.keystr(path)
         if "lora_b" in name:
             return jnp.zeros_like(x)
-        if start is not None and "['lm_head']['kernel']" in name:
-            return start
+        for key, value in starts.items():
+            if value is not None and key in name:
+                return value
         return x
 
     return jax.tree_util.tree_map_with_path(based, adapters)
@@ -207,4 +246,8 @@ def merge_adapters(model):
         head = model.lm_head
         head.kernel = nnx.Param(head.kernel[...])
         del head.base_kernel
+    if trains_embedding(model):  # likewise the trained embedding
+        embed = model.embed
+        embed.embedding = nnx.Param(embed.embedding[...])
+        del embed.base_embedding
     return model

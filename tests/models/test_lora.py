@@ -268,3 +268,54 @@ def test_head_training_settings_are_checked():
     assert lora.LoRAConfig(4, untied_head=True).trains_head  # "auto": a head untied here
     assert not lora.LoRAConfig(4).trains_head and not lora.LoRAConfig(
         4, train_head="never", untied_head=True).trains_head
+
+
+def embedding_trained(seed=1):
+    """An untied model with adapters, a trained head and a trained embedding, all moved off
+    their start."""
+    model = lora.add_lora(Transformer(UNTIED, rngs=nnx.Rngs(0)),
+                          lora.LoRAConfig(rank=4, alpha=8.0, train_head="always",
+                                          train_embedding=True))
+    graphdef, adapters, frozen = with_random_b(model, seed)
+    pure = nnx.to_pure_dict(adapters)
+    for module, name in (("lm_head", "kernel"), ("embed", "embedding")):
+        pure[module][name] = pure[module][name] + 0.2 * jax.random.normal(
+            jax.random.key(seed + len(name)), pure[module][name].shape)
+    nnx.replace_by_pure_dict(adapters, pure)
+    return graphdef, adapters, frozen
+
+
+def test_a_trained_embedding_trains_beside_the_adapters_and_the_reference_keeps_its_start():
+    base = Transformer(UNTIED, rngs=nnx.Rngs(0))
+    config = lora.LoRAConfig(4, train_head="always", train_embedding=True)
+    graphdef, adapters, frozen = embedding_trained()
+    assert "embedding" in nnx.to_pure_dict(adapters)["embed"]  # trained
+    assert lora.adapter_count(UNTIED, config) == sum(x.size for x in jax.tree.leaves(adapters))
+    moved = nnx.merge(graphdef, lora.combine(adapters, frozen))
+    assert lora.trains_embedding(moved)
+    np.testing.assert_array_equal(  # the reference: B = 0, head and embedding at their start
+        nnx.merge(graphdef, lora.combine(lora.base_only(adapters, frozen), frozen))(
+            TOKENS, POSITIONS), base(TOKENS, POSITIONS))
+    learner = Learner(graphdef, adapters, BASE, frozen=frozen)
+    want = Learner(*nnx.split(base), BASE).sample_logprobs(SAMPLES, reference=True)
+    before = np.asarray(nnx.to_pure_dict(adapters)["embed"]["embedding"])
+    learner.step(SAMPLES, [1e-2])
+    after = nnx.to_pure_dict(learner.state.params)["embed"]["embedding"]
+    # The rows of the tokens the samples hold moved; the reference did not.
+    assert not np.allclose(after, before)
+    for r, w in zip(learner.sample_logprobs(SAMPLES, reference=True), want, strict=True):
+        np.testing.assert_allclose(r, w, atol=1e-6)
+    want_logits = np.asarray(moved(TOKENS, POSITIONS))
+    merged = lora.merge_adapters(moved)
+    assert not lora.trains_embedding(merged) and isinstance(merged.embed.embedding, nnx.Param)
+    np.testing.assert_allclose(merged(TOKENS, POSITIONS), want_logits, atol=2e-5)
+
+
+def test_a_trained_embedding_goes_to_peft_as_a_module_to_save(tmp_path):
+    assert_peft_round_trip(UNTIED, embedding_trained(), tmp_path)
+
+
+def test_a_tied_embedding_is_not_trained_beside_adapters():
+    with pytest.raises(ValueError, match="^lora_train_embedding: the embedding is tied"):
+        lora.add_lora(Transformer(MODEL_CFG, rngs=nnx.Rngs(0)),
+                      lora.LoRAConfig(rank=4, train_embedding=True))
