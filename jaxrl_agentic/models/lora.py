@@ -163,25 +163,27 @@ def add_lora(model, config: LoRAConfig, seed: int = 0):
         proj.lora_a = nnx.LoRAParam(a.astype(dtype))
         proj.lora_b = nnx.LoRAParam(jnp.zeros((layers, config.rank, n_out), dtype))
         proj.lora_scale = float(config.scale)
+    # A tied head is the embedding's array: either must be untied to train in full (and a
+    # PEFT module_to_save of the embedding would copy it and leave the head behind).
     if config.trains_head:
-        if model.cfg.tie_word_embeddings:
-            raise ValueError("lora_train_head: the head is tied to the embedding; untie it "
-                             "(untie_word_embeddings=True) to train it with LoRA")
-        head = model.lm_head
-        kernel = head.kernel[...]
-        head.base_kernel = BaseHead(jnp.copy(kernel))
-        head.kernel = nnx.LoRAParam(kernel)  # trained with the adapters
+        _train_in_full(model, "lm_head", "kernel", BaseHead, "lora_train_head")
     if config.train_embedding:
-        if model.cfg.tie_word_embeddings:
-            # A tied head is this array: a PEFT module_to_save would copy the embedding and
-            # leave the head behind.
-            raise ValueError("lora_train_embedding: the embedding is tied to the head; untie "
-                             "it (untie_word_embeddings=True) to train it with LoRA")
-        embed = model.embed
-        table = embed.embedding[...]
-        embed.base_embedding = BaseEmbedding(jnp.copy(table))
-        embed.embedding = nnx.LoRAParam(table)
+        _train_in_full(model, "embed", "embedding", BaseEmbedding, "lora_train_embedding")
     return model
+
+
+def _train_in_full(model, module: str, name: str, base: type, field: str) -> None:
+    """Makes ``model.<module>.<name>`` trained beside the adapters (a `LoRAParam`), its
+    start kept frozen as ``base_<name>`` (the KL reference's value)."""
+    if model.cfg.tie_word_embeddings:
+        what = "head is tied to the embedding" if module == "lm_head" else \
+            "embedding is tied to the head"
+        raise ValueError(f"{field}: the {what}; untie it (untie_word_embeddings=True) to "
+                         f"train it with LoRA")
+    part = getattr(model, module)
+    value = getattr(part, name)[...]
+    setattr(part, f"base_{name}", base(jnp.copy(value)))
+    setattr(part, name, nnx.LoRAParam(value))
 
 
 def trains_head(model) -> bool:
