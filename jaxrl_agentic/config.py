@@ -371,11 +371,12 @@ def validate(c) -> None:
         _positive(c, field)
     _positive(c, "micro_batch_max_loss_tokens", allow_zero=True)
     _positive(c, "loraplus_lr_ratio")
-    if c.loraplus_lr_ratio != 1.0 and not c.lora_rank:
-        _fail("loraplus_lr_ratio", "scales the LoRA B adapters' LR: set lora_rank too")
-    if c.lora_train_embedding and not c.lora_rank:
-        _fail("lora_train_embedding", "trains the embedding beside LoRA adapters: set "
-                                      "lora_rank too")
+    for field, on, what in (("loraplus_lr_ratio", c.loraplus_lr_ratio != 1.0,
+                             "scales the LoRA B adapters' LR"),
+                            ("lora_train_embedding", c.lora_train_embedding,
+                             "trains the embedding beside LoRA adapters")):
+        if on and not c.lora_rank:
+            _fail(field, f"{what}: set lora_rank too")
     _positive(c, "row_len_buckets")
     for field in ("pg_clip", "init_kl_coef", "target_kl", "entropy_loss_coef", "advantage_clip",
                   "warmup_steps", "weight_decay", "estimated_chunks_per_traj", "head_learning_rate",

@@ -302,10 +302,9 @@ def save_peft_adapter(model, path: str, base_model_name_or_path: str = "") -> No
     ``adapter_model.safetensors``) that ``peft.PeftModel.from_pretrained`` loads onto the
     base: per layer ``l`` and projection, ``lora_A.weight`` = A_lᵀ [r, in] and
     ``lora_B.weight`` = B_lᵀ [out, r], with ``lora_alpha`` = s·r; a head trained beside
-    them (``lora.trains_head``) as PEFT's ``modules_to_save=["lm_head"]`` (its whole
-    [V, D] weight), a trained embedding (``lora.trains_embedding``) as
-    ``"embed_tokens"``. Written beside ``path`` and renamed into place, so a crash leaves no
-    half-written directory."""
+    them (``lora.trained_in_full``) as PEFT's ``modules_to_save=["lm_head"]`` (its whole
+    [V, D] weight), a trained embedding as ``"embed_tokens"``. Written beside ``path`` and
+    renamed into place, so a crash leaves no half-written directory."""
     import numpy as np
     from safetensors.numpy import save_file
 
@@ -325,14 +324,13 @@ def save_peft_adapter(model, path: str, base_model_name_or_path: str = "") -> No
     if not targets:
         raise ValueError("the model has no LoRA adapters to save (lora_rank = 0)")
     saved = []
-    if lora.trains_head(model):
-        head = np.asarray(jax.device_get(model.lm_head.kernel[...]), np.float32)
-        tensors["base_model.model.lm_head.weight"] = np.ascontiguousarray(head.T)
-        saved.append("lm_head")
-    if lora.trains_embedding(model):
-        table = np.asarray(jax.device_get(model.embed.embedding[...]), np.float32)
-        tensors["base_model.model.model.embed_tokens.weight"] = np.ascontiguousarray(table)
-        saved.append("embed_tokens")
+    for module, name in lora.trained_in_full(model):  # whole, under their HF names
+        (hf_name,), transposed, _ = _hf_names((module, name), 0)
+        value = np.asarray(jax.device_get(getattr(getattr(model, module), name)[...]),
+                           np.float32)
+        tensors[f"base_model.model.{hf_name}"] = np.ascontiguousarray(
+            value.T if transposed else value)
+        saved.append(hf_name.split(".")[-2])  # lm_head, embed_tokens
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": int(rank),
               "lora_alpha": float(scale * rank), "target_modules": targets,
               "modules_to_save": saved or None,

@@ -62,6 +62,12 @@ class BaseEmbedding(nnx.Variable):
     docstring); like `BaseHead`, never checkpointed or exported."""
 
 
+# What can train in full beside the adapters: module -> (its variable, the class of the frozen
+# start kept as base_<variable>, what a tied model is told).
+IN_FULL = {"lm_head": ("kernel", BaseHead, "head is tied to the embedding"),
+           "embed": ("embedding", BaseEmbedding, "embedding is tied to the head")}
+
+
 @dataclasses.dataclass(frozen=True)
 class LoRAConfig:
     """``rank`` r (0 = no adapters), ``alpha`` (the update is scaled by alpha / r; 0 = r,
@@ -166,19 +172,18 @@ def add_lora(model, config: LoRAConfig, seed: int = 0):
     # A tied head is the embedding's array: either must be untied to train in full (and a
     # PEFT module_to_save of the embedding would copy it and leave the head behind).
     if config.trains_head:
-        _train_in_full(model, "lm_head", "kernel", BaseHead, "lora_train_head")
+        _train_in_full(model, "lm_head", "lora_train_head")
     if config.train_embedding:
-        _train_in_full(model, "embed", "embedding", BaseEmbedding, "lora_train_embedding")
+        _train_in_full(model, "embed", "lora_train_embedding")
     return model
 
 
-def _train_in_full(model, module: str, name: str, base: type, field: str) -> None:
-    """Makes ``model.<module>.<name>`` trained beside the adapters (a `LoRAParam`), its
-    start kept frozen as ``base_<name>`` (the KL reference's value)."""
+def _train_in_full(model, module: str, field: str) -> None:
+    """Makes ``model.<module>``'s variable (``IN_FULL``) trained beside the adapters (a
+    `LoRAParam`), its start kept frozen as ``base_<variable>`` (the KL reference's value)."""
+    name, base, tied = IN_FULL[module]
     if model.cfg.tie_word_embeddings:
-        what = "head is tied to the embedding" if module == "lm_head" else \
-            "embedding is tied to the head"
-        raise ValueError(f"{field}: the {what}; untie it (untie_word_embeddings=True) to "
+        raise ValueError(f"{field}: the {tied}; untie it (untie_word_embeddings=True) to "
                          f"train it with LoRA")
     part = getattr(model, module)
     value = getattr(part, name)[...]
@@ -186,12 +191,11 @@ def _train_in_full(model, module: str, name: str, base: type, field: str) -> Non
     setattr(part, name, nnx.LoRAParam(value))
 
 
-def trains_head(model) -> bool:
-    return getattr(getattr(model, "lm_head", None), "base_kernel", None) is not None
-
-
-def trains_embedding(model) -> bool:
-    return getattr(getattr(model, "embed", None), "base_embedding", None) is not None
+def trained_in_full(model) -> list[tuple[str, str]]:
+    """(module, variable) of each part of ``model`` that trains in full beside the
+    adapters, in ``IN_FULL``'s order."""
+    return [(module, name) for module, (name, _, _) in IN_FULL.items()
+            if getattr(getattr(model, module, None), f"base_{name}", None) is not None]
 
 
 def has_lora(model) -> bool:
@@ -213,19 +217,18 @@ def base_only(adapters, frozen):
     """``adapters`` with every B set to 0 and a trained head or embedding back at its start
     (the frozen ``BaseHead`` / ``BaseEmbedding``): combined with ``frozen``, the base
     model."""
-    def start(module: str, name: str):
+    starts = {}
+    for module, (name, _, _) in IN_FULL.items():
         part = frozen.get(module, {}) if frozen is not None else {}
-        return jax.tree.leaves(part[name])[0] if name in part else None
-
-    starts = {"['lm_head']['kernel']": start("lm_head", "base_kernel"),
-              "['embed']['embedding']": start("embed", "base_embedding")}
+        if f"base_{name}" in part:
+            starts[f"['{module}']['{name}']"] = jax.tree.leaves(part[f"base_{name}"])[0]
 
     def based(path, x):
         name = jax.tree_util.keystr(path)
         if "lora_b" in name:
             return jnp.zeros_like(x)
         for key, value in starts.items():
-            if value is not None and key in name:
+            if key in name:
                 return value
         return x
 
@@ -244,12 +247,9 @@ def merge_adapters(model):
         kernel = proj.kernel[...]
         proj.kernel.set_value((kernel.astype(jnp.float32) + delta).astype(kernel.dtype))
         del proj.lora_a, proj.lora_b, proj.lora_scale
-    if trains_head(model):  # the trained head is the head; its start goes
-        head = model.lm_head
-        head.kernel = nnx.Param(head.kernel[...])
-        del head.base_kernel
-    if trains_embedding(model):  # likewise the trained embedding
-        embed = model.embed
-        embed.embedding = nnx.Param(embed.embedding[...])
-        del embed.base_embedding
+    # A trained head or embedding is the model's; its start goes.
+    for module, name in trained_in_full(model):
+        part = getattr(model, module)
+        setattr(part, name, nnx.Param(getattr(part, name)[...]))
+        delattr(part, f"base_{name}")
     return model

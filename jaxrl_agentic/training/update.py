@@ -206,7 +206,12 @@ def clip_by_relative_global_norm(factor: float, decay: float = 0.95
 def is_head(path) -> bool:
     """Whether a parameter path is the output head's (``lm_head``; a tied head is the
     embedding and has no path of its own)."""
-    return any(getattr(key, "key", getattr(key, "name", None)) == "lm_head" for key in path)
+    return _names(path, "lm_head")
+
+
+def _names(path, name: str) -> bool:
+    """Whether a parameter path has a key or attribute called ``name``."""
+    return any(getattr(key, "key", getattr(key, "name", None)) == name for key in path)
 
 
 def scale_updates(ratio: float, where) -> optax.GradientTransformation:
@@ -229,7 +234,7 @@ def scale_head_updates(ratio: float) -> optax.GradientTransformation:
 
 def is_lora_b(path) -> bool:
     """Whether a parameter path is a LoRA B adapter (``…/lora_b``)."""
-    return any(getattr(key, "key", getattr(key, "name", None)) == "lora_b" for key in path)
+    return _names(path, "lora_b")
 
 
 def scale_lora_b_updates(ratio: float) -> optax.GradientTransformation:
@@ -260,13 +265,33 @@ def make_optimizer(config: UpdateConfig) -> optax.GradientTransformationExtraArg
         weight_decay=config.weight_decay,
         mask=_decay_mask,
     )
-    rescale = []
-    head_lr = config.head_learning_rate
-    if head_lr is not None and head_lr != config.learning_rate and config.learning_rate != 0:
-        rescale.append(scale_head_updates(head_lr / config.learning_rate))
-    if config.loraplus_lr_ratio != 1.0:
-        rescale.append(scale_lora_b_updates(config.loraplus_lr_ratio))
+    rescale = [rate.scale(rate.ratio) for rate in _leaf_rates(config) if rate.ratio != 1.0]
     return optax.chain(clip, adamw, *rescale)
+
+
+class _LeafRate(NamedTuple):
+    field: str
+    scale: Any  # ratio -> the rescaling transformation
+    ratio: float  # to the LR
+    needs: Any  # path -> whether the leaf is one it rescales
+    missing: str  # the error when the model has none of them
+
+
+def _leaf_rates(config: UpdateConfig) -> list[_LeafRate]:
+    """The per-leaf rates the config sets: ``head_learning_rate`` (set even when equal to the
+    LR: it still needs a trained head) and ``loraplus_lr_ratio`` (≠ 1)."""
+    rates = []
+    if config.head_learning_rate is not None:
+        ratio = (config.head_learning_rate / config.learning_rate
+                 if config.learning_rate != 0 else 1.0)
+        rates.append(_LeafRate("head_learning_rate", scale_head_updates, ratio, is_head,
+                               "the model has no output head that trains (tied to the "
+                               "embedding, or frozen beside LoRA adapters)"))
+    if config.loraplus_lr_ratio != 1.0:
+        rates.append(_LeafRate("loraplus_lr_ratio", scale_lora_b_updates,
+                               config.loraplus_lr_ratio, is_lora_b,
+                               "the model has no LoRA adapters (set lora_rank)"))
+    return rates
 
 
 def set_learning_rate(opt_state, lr: jax.Array | float):
@@ -281,13 +306,10 @@ def init_optimizer_state(params: Any, config: UpdateConfig):
     """The optimizer state for ``params``, its LR set to ``config.learning_rate``, all leaves
     strongly typed: Python-number hyperparameters come out weakly typed and the step returns
     strong ones, so the second call would otherwise miss the first call's compiled program."""
-    if config.head_learning_rate is not None and not any(
-            is_head(path) for path, _ in jax.tree_util.tree_leaves_with_path(params)):
-        raise ValueError("head_learning_rate: the model has no output head that trains (tied "
-                         "to the embedding, or frozen beside LoRA adapters)")
-    if config.loraplus_lr_ratio != 1.0 and not any(
-            is_lora_b(path) for path, _ in jax.tree_util.tree_leaves_with_path(params)):
-        raise ValueError("loraplus_lr_ratio: the model has no LoRA adapters (set lora_rank)")
+    paths = [path for path, _ in jax.tree_util.tree_leaves_with_path(params)]
+    for rate in _leaf_rates(config):
+        if not any(rate.needs(path) for path in paths):
+            raise ValueError(f"{rate.field}: {rate.missing}")
     opt_state = set_learning_rate(make_optimizer(config).init(params), config.learning_rate)
     return jax.tree.map(lambda x: jnp.asarray(x, jnp.result_type(x)), opt_state)
 

@@ -215,48 +215,60 @@ def test_the_peft_adapter_loads_onto_the_base_and_gives_the_adapted_logits(tmp_p
 UNTIED = dataclasses.replace(MODEL_CFG, tie_word_embeddings=False)
 
 
-def head_trained(seed=1):
-    """An untied model with adapters and a trained head, both moved off their start."""
-    model = lora.add_lora(Transformer(UNTIED, rngs=nnx.Rngs(0)),
-                          lora.LoRAConfig(rank=4, alpha=8.0, train_head="always"))
+HEAD = (("lm_head", "kernel"),)
+HEAD_AND_EMBEDDING = (("lm_head", "kernel"), ("embed", "embedding"))
+
+
+def trained_in_full(parts=HEAD, seed=1):
+    """An untied model with adapters and the `parts` ((module, variable): the head, and the
+    embedding too) trained in full, all moved off their start."""
+    config = lora.LoRAConfig(rank=4, alpha=8.0, train_head="always",
+                             train_embedding=("embed", "embedding") in parts)
+    model = lora.add_lora(Transformer(UNTIED, rngs=nnx.Rngs(0)), config)
     graphdef, adapters, frozen = with_random_b(model, seed)
     pure = nnx.to_pure_dict(adapters)
-    pure["lm_head"]["kernel"] = pure["lm_head"]["kernel"] + 0.2 * jax.random.normal(
-        jax.random.key(seed + 7), pure["lm_head"]["kernel"].shape)
+    for module, name in parts:
+        pure[module][name] = pure[module][name] + 0.2 * jax.random.normal(
+            jax.random.key(seed + 1 + len(name)), pure[module][name].shape)
     nnx.replace_by_pure_dict(adapters, pure)
-    return graphdef, adapters, frozen
+    return config, (graphdef, adapters, frozen)
 
 
-def test_a_trained_head_trains_beside_the_adapters_and_the_reference_keeps_its_start():
+@pytest.mark.parametrize("parts", [HEAD, HEAD_AND_EMBEDDING], ids=["head", "head+embedding"])
+def test_what_trains_in_full_trains_beside_the_adapters_and_the_reference_keeps_its_start(
+        parts):
     base = Transformer(UNTIED, rngs=nnx.Rngs(0))
-    graphdef, adapters, frozen = head_trained()
-    assert "lm_head" in nnx.to_pure_dict(adapters)  # trained, with optimizer state
-    assert lora.adapter_count(UNTIED, lora.LoRAConfig(4, train_head="always")) == sum(
-        x.size for x in jax.tree.leaves(adapters))
+    config, (graphdef, adapters, frozen) = trained_in_full(parts)
+    for module, name in parts:  # trained, with optimizer state
+        assert name in nnx.to_pure_dict(adapters)[module]
+    assert lora.adapter_count(UNTIED, config) == sum(x.size for x in jax.tree.leaves(adapters))
     moved = nnx.merge(graphdef, lora.combine(adapters, frozen))
+    assert lora.trained_in_full(moved) == list(parts)
     assert not np.allclose(moved(TOKENS, POSITIONS), base(TOKENS, POSITIONS), atol=1e-4)
-    np.testing.assert_array_equal(  # the reference: B = 0 and the head at its start
+    np.testing.assert_array_equal(  # the reference: B = 0, each part at its start
         nnx.merge(graphdef, lora.combine(lora.base_only(adapters, frozen), frozen))(
             TOKENS, POSITIONS), base(TOKENS, POSITIONS))
     learner = Learner(graphdef, adapters, BASE, frozen=frozen)
     want = Learner(*nnx.split(base), BASE).sample_logprobs(SAMPLES, reference=True)
-    head_before = np.asarray(nnx.to_pure_dict(adapters)["lm_head"]["kernel"])
+    before = nnx.to_pure_dict(adapters)
     learner.step(SAMPLES, [1e-2])
-    head_after = nnx.to_pure_dict(learner.state.params)["lm_head"]["kernel"]
-    assert not np.allclose(head_after, head_before)
+    after = nnx.to_pure_dict(learner.state.params)
+    for module, name in parts:  # moved (the embedding's rows of the samples' tokens)
+        assert not np.allclose(after[module][name], np.asarray(before[module][name]))
     for r, w in zip(learner.sample_logprobs(SAMPLES, reference=True), want, strict=True):
         np.testing.assert_allclose(r, w, atol=1e-6)
-    # Merged, the trained head is the model's head and its start is gone.
+    # Merged, each trained part is the model's own and its start is gone.
     want_logits = np.asarray(moved(TOKENS, POSITIONS))
     merged = lora.merge_adapters(moved)
-    assert not lora.trains_head(merged) and isinstance(merged.lm_head.kernel, nnx.Param)
+    assert not lora.trained_in_full(merged)
+    for module, name in parts:
+        assert isinstance(getattr(getattr(merged, module), name), nnx.Param)
     np.testing.assert_allclose(merged(TOKENS, POSITIONS), want_logits, atol=2e-5)
 
 
-def test_a_trained_head_goes_to_peft_as_a_module_to_save(tmp_path):
-
-
-    assert_peft_round_trip(UNTIED, head_trained(), tmp_path)
+@pytest.mark.parametrize("parts", [HEAD, HEAD_AND_EMBEDDING], ids=["head", "head+embedding"])
+def test_what_trains_in_full_goes_to_peft_as_a_module_to_save(parts, tmp_path):
+    assert_peft_round_trip(UNTIED, trained_in_full(parts)[1], tmp_path)
 
 
 def test_head_training_settings_are_checked():
@@ -268,51 +280,6 @@ def test_head_training_settings_are_checked():
     assert lora.LoRAConfig(4, untied_head=True).trains_head  # "auto": a head untied here
     assert not lora.LoRAConfig(4).trains_head and not lora.LoRAConfig(
         4, train_head="never", untied_head=True).trains_head
-
-
-def embedding_trained(seed=1):
-    """An untied model with adapters, a trained head and a trained embedding, all moved off
-    their start."""
-    model = lora.add_lora(Transformer(UNTIED, rngs=nnx.Rngs(0)),
-                          lora.LoRAConfig(rank=4, alpha=8.0, train_head="always",
-                                          train_embedding=True))
-    graphdef, adapters, frozen = with_random_b(model, seed)
-    pure = nnx.to_pure_dict(adapters)
-    for module, name in (("lm_head", "kernel"), ("embed", "embedding")):
-        pure[module][name] = pure[module][name] + 0.2 * jax.random.normal(
-            jax.random.key(seed + len(name)), pure[module][name].shape)
-    nnx.replace_by_pure_dict(adapters, pure)
-    return graphdef, adapters, frozen
-
-
-def test_a_trained_embedding_trains_beside_the_adapters_and_the_reference_keeps_its_start():
-    base = Transformer(UNTIED, rngs=nnx.Rngs(0))
-    config = lora.LoRAConfig(4, train_head="always", train_embedding=True)
-    graphdef, adapters, frozen = embedding_trained()
-    assert "embedding" in nnx.to_pure_dict(adapters)["embed"]  # trained
-    assert lora.adapter_count(UNTIED, config) == sum(x.size for x in jax.tree.leaves(adapters))
-    moved = nnx.merge(graphdef, lora.combine(adapters, frozen))
-    assert lora.trains_embedding(moved)
-    np.testing.assert_array_equal(  # the reference: B = 0, head and embedding at their start
-        nnx.merge(graphdef, lora.combine(lora.base_only(adapters, frozen), frozen))(
-            TOKENS, POSITIONS), base(TOKENS, POSITIONS))
-    learner = Learner(graphdef, adapters, BASE, frozen=frozen)
-    want = Learner(*nnx.split(base), BASE).sample_logprobs(SAMPLES, reference=True)
-    before = np.asarray(nnx.to_pure_dict(adapters)["embed"]["embedding"])
-    learner.step(SAMPLES, [1e-2])
-    after = nnx.to_pure_dict(learner.state.params)["embed"]["embedding"]
-    # The rows of the tokens the samples hold moved; the reference did not.
-    assert not np.allclose(after, before)
-    for r, w in zip(learner.sample_logprobs(SAMPLES, reference=True), want, strict=True):
-        np.testing.assert_allclose(r, w, atol=1e-6)
-    want_logits = np.asarray(moved(TOKENS, POSITIONS))
-    merged = lora.merge_adapters(moved)
-    assert not lora.trains_embedding(merged) and isinstance(merged.embed.embedding, nnx.Param)
-    np.testing.assert_allclose(merged(TOKENS, POSITIONS), want_logits, atol=2e-5)
-
-
-def test_a_trained_embedding_goes_to_peft_as_a_module_to_save(tmp_path):
-    assert_peft_round_trip(UNTIED, embedding_trained(), tmp_path)
 
 
 def test_a_tied_embedding_is_not_trained_beside_adapters():
