@@ -101,14 +101,22 @@ def reference_run(tmp_path_factory):
     return out
 
 
-def test_sigkill_and_resume_reproduces_the_uninterrupted_run(reference_run, tmp_path):
+def test_sigkill_and_resume_reproduces_the_uninterrupted_run(tmp_path):
+    """A run killed after its first checkpoint and resumed logs the uninterrupted run's
+    metrics exactly. All three runs are processes of their own, compiled alike: this
+    process's programs may come from the suite's compilation cache, and those read back
+    from it were seen to round differently from a fresh compile (the pg loss at ~1e-8, the
+    logprob mismatch at ~1e-7), which would say nothing about resuming."""
     steps = STEPS
-    expected = check_outputs(reference_run, steps)
 
-    killed = str(tmp_path / "killed")
-    cmd = [sys.executable, "-m", "jaxrl_agentic.train",
-           *tiny_overrides("frozen_lake", killed, steps)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    def start(out: str, *extra: str) -> subprocess.Popen:
+        cmd = [sys.executable, "-m", "jaxrl_agentic.train",
+               *tiny_overrides("frozen_lake", out, steps), *extra]
+        return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+
+    uninterrupted, killed = str(tmp_path / "uninterrupted"), str(tmp_path / "killed")
+    reference, proc = start(uninterrupted), start(killed)
     marker = os.path.join(killed, "checkpoints", "1", "commit_success.txt")
     deadline = time.monotonic() + 600
     while not os.path.exists(marker) and proc.poll() is None and time.monotonic() < deadline:
@@ -119,11 +127,13 @@ def test_sigkill_and_resume_reproduces_the_uninterrupted_run(reference_run, tmp_
     # The kill must have interrupted the run, or the comparison below would prove nothing.
     assert len(read_metrics(killed)) < steps
 
-    resumed_args = [*tiny_overrides("frozen_lake", killed, steps),
-                    "--config.resume_from_checkpoint=latest"]
-    assert train.main(["train", *resumed_args]) == 0
-    got = check_outputs(killed, steps)
-    assert [comparable(r) for r in got] == [comparable(r) for r in expected]
+    assert start(killed, "--config.resume_from_checkpoint=latest").wait() == 0
+    assert reference.wait() == 0
+    expected, got = check_outputs(uninterrupted, steps), check_outputs(killed, steps)
+    assert [r["step"] for r in got] == [r["step"] for r in expected]
+    for a, b in zip(got, expected, strict=True):
+        differ = {k: (v, b.get(k)) for k, v in comparable(a).items() if v != b.get(k)}
+        assert not differ and comparable(a).keys() == comparable(b).keys(), (a["step"], differ)
 
 
 def test_tree_packing_learns_as_the_flat_layout_does(reference_run, tmp_path):
