@@ -67,9 +67,20 @@ TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_respons
 # with a larger vocabulary, one token per digit, and the JSON between the call tags as a
 # few added tokens, so one call of a one-operation problem is ~17 tokens (~60 with the
 # default tokenizer, which spells JSON byte by byte).
-TOOLS_VERSION = "v1"
+# v2: the tools block is a few tokens. The template's fixed text before and after the
+# schemas (`TOOLS_HEADER`, `TOOLS_FOOTER`) and the JSON schema of each of the project's own
+# tools are added tokens, so the calculator's first prompt is ~50 tokens rather than 240 and
+# the shop's ~60 rather than 303: the tiny model, trained from random weights by the format
+# warm-up, copied numbers far worse the further into its context an episode began
+# (docs/benchmarks.md, "Tool use over several turns"). Another tool's schema is spelled
+# by the BPE as before.
+TOOLS_VERSION = "v2"
 TOOLS_VOCAB_SIZE = 1024
 CALL_TOKENS = ('{"name": "', '", "arguments": {"', '": "', '", "', '"}}')
+TOOLS_HEADER = ("# Tools\n\nYou may call functions. Their signatures are in "
+                "<tools></tools>:\n<tools>")
+TOOLS_FOOTER = ("\n</tools>\n\nCall one with <tool_call>{\"name\": <function-name>, "
+                "\"arguments\": <args-json-object>}</tool_call>.")
 PRETRAINED_NAMES = ("tiny", "tiny-tools")
 
 
@@ -126,6 +137,30 @@ def environment_corpus(seed: int = 0, episodes_per_env: int = 24) -> list[str]:
     return texts
 
 
+# The tool environments the tiny-tools tokenizer is trained on, with their settings.
+TOOL_ENVS = (("calculator", {"operations": 1}), ("calculator", {}), ("lookup", {}),
+             ("shop", {}))
+
+
+def tool_schema_texts() -> tuple[str, ...]:
+    """Each JSON schema of `TOOL_ENVS`' tools as the chat template writes it (transformers'
+    `tojson`: `json.dumps` with `ensure_ascii=False`), in a fixed order."""
+    import json
+
+    from jaxrl_agentic.envs.python_env import make_python_env
+
+    texts: dict[str, None] = {}
+    for name, config in TOOL_ENVS:
+        env = make_python_env(name, **config)(_Episode(0), 0)
+        texts.update((json.dumps(t, ensure_ascii=False), None) for t in env.tool_schemas)
+    return tuple(texts)
+
+
+class _Episode:  # an `EpisodeKey`
+    def __init__(self, seed: int):
+        self.seed, self.group_id, self.member = seed, 0, 0
+
+
 def tool_corpus(seed: int = 0, episodes_per_env: int = 150) -> list[str]:
     """Text of the tool environments: first messages (with the tools' schemas as the chat
     template lists them), the oracles' calls in both call styles, results and answers."""
@@ -137,18 +172,14 @@ def tool_corpus(seed: int = 0, episodes_per_env: int = 150) -> list[str]:
     from jaxrl_agentic.envs.shop import ShopOracle
     from jaxrl_agentic.envs.tools import CALL_STYLES, tool_response_text
 
-    class Episode:  # an `EpisodeKey`
-        def __init__(self, s):
-            self.seed, self.group_id, self.member = s, 0, 0
-
+    oracles = {"calculator": CalculatorOracle, "lookup": LookupOracle, "shop": ShopOracle}
     texts = []
-    for name, oracle, config in (("calculator", CalculatorOracle, {"operations": 1}),
-                                 ("calculator", CalculatorOracle, {}),
-                                 ("lookup", LookupOracle, {}), ("shop", ShopOracle, {})):
+    for name, config in TOOL_ENVS:
+        oracle = oracles[name]
         for style in CALL_STYLES:
             factory = make_python_env(name, call_style=style, **config)
             for s in range(episodes_per_env):
-                env = factory(Episode(s), seed)
+                env = factory(_Episode(s), seed)
                 text = env.reset(s)
                 if s == 0:
                     texts += [json.dumps(t) for t in env.tool_schemas]
@@ -215,7 +246,9 @@ def build_tiny_model(out: str, seed: int = 0, vocab_size: int | None = None, *,
     if tools:
         tokenizer = build_tokenizer(environment_corpus(seed) + tool_corpus(seed),
                                     vocab_size=vocab_size or TOOLS_VOCAB_SIZE,
-                                    extra_tokens=CALL_TOKENS, single_digits=True)
+                                    extra_tokens=(*CALL_TOKENS, TOOLS_HEADER, TOOLS_FOOTER,
+                                                  *tool_schema_texts()),
+                                    single_digits=True)
     else:
         tokenizer = build_tokenizer(environment_corpus(seed), vocab_size=vocab_size or 512)
     # Round the embedding table up to a multiple of 64 (matmul-friendly, like real checkpoints).
