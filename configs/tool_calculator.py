@@ -21,8 +21,9 @@ from jaxrl_agentic.config import default_config, env_manager, env_spec
 def get_config():
     c = default_config()
     c.exp_name = "tool_calculator"
-    # The tool tokenizer: one token per digit and the call JSON as five added tokens, so a
-    # call is ~13 tokens and the first prompt (tools block + problem) ~240.
+    # The tool tokenizer: one token per digit, the call JSON as five added tokens and the
+    # tools block as three (template text, schema), so a call is ~13 tokens and the first
+    # prompt (tools block + problem) ~73.
     c.pretrain = "tiny-tools"
     c.adv_estimator = "grpo"
     c.sample_mode = "trajectory"
@@ -38,8 +39,8 @@ def get_config():
     c.init_kl_coef = 0.05  # stay near the warmed model's well-formed calls
     c.max_input_length = 400
     c.sequence_length = 512
-    # Every episode starts with the same ~230-token instructions and a group's 8 with the
-    # same problem: tree packing computes them once per row (2.5x faster warm-up steps).
+    # Every episode starts with the same ~70-token instructions and a group's 4 with the
+    # same problem: tree packing computes them once per row.
     c.share_group_prefix = True
     c.micro_batch_max_tokens = 2048
     c.generation.temperature = 1.0

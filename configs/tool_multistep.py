@@ -31,7 +31,7 @@ def get_config():
     c = recipe_config(os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                    "tool_calculator.py"))
     c.exp_name = "tool_multistep"
-    # The first prompt (two tools' schemas + question) is ~300 tokens; three replies and two
+    # The first prompt (two tools' schemas + question) is ~75 tokens; three replies and two
     # tool results follow it.
     c.max_input_length = 640
     c.sequence_length = 768
