@@ -94,3 +94,16 @@ def test_the_warm_up_policy_writes_both_calls_in_order():
         assert all(s.tool_errors == 0 for s in steps) and steps[-1].terminated
         wins += steps[-1].success
     assert 5 <= wins <= 40  # right by chance only: the operator is drawn at random
+
+
+def test_groups_of_the_warm_up_policy_mix_wins_and_losses():
+    """RL's signal once the warm-up writes its policy: the recipe's step, 8 questions × 4
+    episodes with their own draws of order and operator. A group that mixes wins and losses
+    has non-zero GRPO advantages (r − mean) / std; one that always fails has none."""
+    mixed = 0
+    for question in range(8):
+        wins = [_play(_env(question, call_style="compact"),
+                      random_shop_policy(random.Random(100 * question + member), "compact"),
+                      question)[0][-1].success for member in range(4)]
+        mixed += 0 < sum(wins) < 4
+    assert mixed >= 4  # 7 of 8 with these draws
