@@ -27,7 +27,7 @@ def get_config():
     c.pretrain = "tiny-tools"
     c.adv_estimator = "grpo"
     c.sample_mode = "trajectory"
-    c.max_steps = 800  # ~20 minutes of RL on one core after the ~9-minute warm-up
+    c.max_steps = 800  # ~10 minutes of RL on one core after the ~5-minute warm-up
     c.save_steps = 100
     c.eval_steps = 10
     c.eval_before_training = True  # step 0: what the format warm-up alone reaches
