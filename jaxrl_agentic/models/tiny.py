@@ -69,8 +69,8 @@ TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_respons
 # default tokenizer, which spells JSON byte by byte).
 # v2: the tools block is a few tokens. The template's fixed text before and after the
 # schemas (`TOOLS_HEADER`, `TOOLS_FOOTER`) and the JSON schema of each of the project's own
-# tools are added tokens, so the calculator's first prompt is ~50 tokens rather than 240 and
-# the shop's ~60 rather than 303: the tiny model, trained from random weights by the format
+# tools are added tokens, so the calculator's first prompt is ~73 tokens rather than 240 and
+# the shop's ~75 rather than 303: the tiny model, trained from random weights by the format
 # warm-up, copied numbers far worse the further into its context an episode began
 # (docs/benchmarks.md, "Tool use over several turns"). Another tool's schema is spelled
 # by the BPE as before.
