@@ -31,6 +31,23 @@ def compact_length(n: int, minimum: int) -> int:
     return next_power_of_two(n)
 
 
+WIDTH_GRIDS = ("1.5x", "pow2")
+
+
+def chunk_width(n: int, capacity: int, grid: str = "1.5x") -> int:
+    """Rows a decode chunk of `n` live rows computes, at most `capacity`: the smallest
+    grid width ≥ n. "1.5x": 1, 2, 3, 4, 6, 8, 12, 16, 24, … (powers of two and 1.5×
+    them: under a third of the rows computed are padding, two programs per doubling);
+    "pow2": powers of two (up to half: 17 live rows compute 32). On a CPU a decode step
+    costs in proportion to its rows."""
+    if grid not in WIDTH_GRIDS:
+        raise ValueError(f"width grid must be one of {WIDTH_GRIDS}, got {grid!r}")
+    width = next_power_of_two(n)
+    if grid == "1.5x" and width >= 4 and 3 * width // 4 >= n:
+        width = 3 * width // 4
+    return min(capacity, width)
+
+
 def compact_rows(n: int, capacity: int) -> int:
     """Rows of a compact prefill of `n` rows: the smallest capacity / 2^j ≥ n (a few
     compiled shapes per session size, compiled up front by `SlotDecoder.precompile`)."""

@@ -72,8 +72,9 @@ class Sampler:
             eos_token_id = self.cfg.eos_token_id
         self.eos_token_id = -1 if eos_token_id is None else int(eos_token_id)
         self.cache_dtype = cache_dtype or jnp.dtype(self.cfg.dtype)
+        # decode_row_steps: Σ rows computed × steps (a step's cost on a CPU follows its rows)
         self.stats = {"prefill_tokens": 0, "prefill_calls": 0, "decode_steps": 0,
-                      "prefill_shared_tokens": 0}
+                      "decode_row_steps": 0, "prefill_shared_tokens": 0}
         # Prefill a group's identical first prompt once and copy its cache to the other
         # members (`Session.prefill`); set by runs with share_group_prefix.
         self.share_prompt_prefill = False

@@ -235,7 +235,7 @@ class Session:
         out_tokens, out_logprobs, n_gen, reasons = jax.device_get(
             (out_tokens, out_logprobs, n_gen, reasons)
         )
-        self.sampler.count(decode_steps=int(steps))
+        self.sampler.count(decode_steps=int(steps), decode_row_steps=int(steps) * self.capacity)
         result = GenerationResult([], [], [])
         for row in rows:
             n = int(n_gen[row])

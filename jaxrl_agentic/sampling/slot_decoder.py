@@ -36,9 +36,10 @@ token records the `version` its chunk was given (`SlotReply.versions`), so a rep
 spans several policies says exactly which sampled which token (and its logprob is that
 policy's). The KV cache of the earlier context stays as the older params wrote it.
 
-Cost follows the live rows, not the pool: a chunk runs only the live rows' power-of-two
-bucket of its block (on a CPU a step costs in proportion to its rows, and most slots wait
-for their environment), a start prefills only the rows being started, and attention reads
+Cost follows the live rows, not the pool: a chunk runs only the live rows' width bucket
+of its block (`chunk_width`: 1, 2, 3, 4, 6, 8, 12, 16, 24, …; on a CPU a step costs in
+proportion to its rows, and most slots wait for their environment), a start prefills only
+the rows being started, and attention reads
 only the cache slots the rows can reach, chosen at run time among a few extents
 (`CacheExtent`). Every shape is therefore from a fixed grid — chunk widths, prefill rows ×
 tail lengths — which `precompile` compiles once per sampler: a run compiles nothing after
@@ -59,6 +60,7 @@ from flax import nnx
 
 from jaxrl_agentic.runtime import timing
 from jaxrl_agentic.sampling.buckets import (
+    chunk_width,
     compact_length,
     compact_rows,
     extent_index,
@@ -111,7 +113,8 @@ class SlotDecoder:
 
     def __init__(self, session: Session | ShardedSession, *, max_new_tokens: int,
                  chunk: int = 8, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-                 greedy: bool = False, stop_token_ids: Sequence[int] | None = None):
+                 greedy: bool = False, stop_token_ids: Sequence[int] | None = None,
+                 width_grid: str = "1.5x"):
         stops = stop_ids_array(temperature, top_p, stop_token_ids)
         if chunk < 1 or max_new_tokens < 1:
             raise ValueError(f"chunk ({chunk}) and max_new_tokens ({max_new_tokens}) must "
@@ -119,6 +122,8 @@ class SlotDecoder:
         self.sampler = session.sampler
         self.max_new_tokens = int(max_new_tokens)
         self.chunk = int(chunk)
+        chunk_width(1, 1, width_grid)  # a bad grid fails here, not at the first chunk
+        self.width_grid = width_grid
         self.max_new_bucket = next_power_of_two(self.max_new_tokens)
         self._sampling = (jnp.float32(temperature), jnp.int32(top_k), jnp.float32(top_p),
                           jnp.bool_(greedy), jnp.asarray(stops))
@@ -282,13 +287,13 @@ class SlotDecoder:
         return done
 
     def _width(self, live: int, capacity: int) -> int:
-        """Rows a chunk computes: the live rows' power-of-two bucket, or the whole block.
+        """Rows a chunk computes: the live rows' `chunk_width` bucket, or the whole block.
         On a CPU a decode step costs in proportion to the rows it computes, and most slots
-        are waiting for their environment (bench_rollout: 7 of 16 live on average); a mesh
-        shards the full block's rows, so it always runs them all."""
+        are waiting for their environment; a mesh shards the full block's rows, so it
+        always runs them all."""
         if self.sampler.mesh is not None:
             return capacity
-        return min(capacity, next_power_of_two(live))
+        return chunk_width(live, capacity, self.width_grid)
 
     def _run_chunk_program(self, params, block: _BlockState, live: np.ndarray, width: int):
         """Runs the chunk program on the `live` rows of `block` as `width` input rows;
@@ -328,7 +333,7 @@ class SlotDecoder:
         width = self._width(len(live), session.capacity)
         out, at = self._run_chunk_program(params, block, live, width)
         toks, lps, steps, token, pos, n_gen, reasons = jax.device_get(out)
-        self.sampler.count(decode_steps=int(steps))
+        self.sampler.count(decode_steps=int(steps), decode_row_steps=int(steps) * width)
         finished = {}
         for r, i in at.items():
             drawn = int(n_gen[i] - block.n_gen[r])

@@ -16,18 +16,23 @@ an environment whose steps take a variable time.
   uniformly from [0, `--max-latency`] (0.2 s) per step, from a generator seeded by the
   episode and step (the same sleeps in both schedules), answers with a short observation and
   ends after `--turns` (8) steps. Its steps run on the runner's thread pool.
-- **Schedules**: `PythonRolloutRunner` with `batching="turn"` and `"continuous"`
-  (`--slots`, 0 = one per episode; `--chunk` decode steps between hand-overs). Both play the
-  same `--episodes` (32) episodes with the same seeds: they produce the same trajectories
-  token for token (checked: `same_trajectories`), so the work is equal and only the
-  schedule differs.
+- **Schedules**: `PythonRolloutRunner` with `batching="turn"`, `"continuous"`
+  (`--slots`, 0 = one per episode; `--chunk` decode steps between hand-overs) and
+  `"continuous"` with its chunks' rows padded to powers of two (`pow2`: the width grid
+  before the 1.5× one, `buckets.chunk_width`). All play the same `--episodes` (32) episodes
+  with the same seeds: they produce the same trajectories token for token (checked:
+  `same_trajectories`), so the work is equal and only the schedule differs.
 
 Each schedule plays one untimed warm-up rollout (compiles), then `--repeats` timed ones,
-alternating the schedules so both see the same background load; medians are reported.
+alternating the schedules so all see the same background load; medians are reported.
 
     episodes/s           = episodes / wall time of one rollout
     generated tokens/s   = generated tokens / wall time
     ratio                = continuous episodes/s ÷ turn episodes/s
+    pow2_ratio           = the same with power-of-two chunk widths
+    widths_vs_pow2       = continuous episodes/s ÷ pow2 episodes/s
+    <schedule>_rows_per_token = rows the decode steps computed (Σ steps × rows) per
+                           generated token: 1.0 would be no padding and no finished row
     new_compilations_after_warmup = sampler programs compiled during the timed continuous
                                     rollouts (turn_new_compilations_after_warmup: turn's)
 
@@ -150,21 +155,26 @@ def main() -> None:
                                    generation=GenerationConfig(max_tokens_per_step=args.new_tokens),
                                    batching=batching, slots=args.slots, decode_chunk=args.chunk)
 
-    runners = {"turn": runner("turn"), "continuous": runner("continuous")}
+    runners = {"turn": runner("turn"), "continuous": runner("continuous"),
+               "pow2": runner("continuous")}
+    runners["pow2"].chunk_width_grid = "pow2"
     warm = {name: r.run(plan, sample_seed=0) for name, r in runners.items()}
-    same = fingerprint(warm["turn"]) == fingerprint(warm["continuous"])
+    same = all(fingerprint(warm["turn"]) == fingerprint(w) for w in warm.values())
     times = {name: [] for name in runners}
     tokens = {name: [] for name in runners}
     lengths = []
     new_compiles = {name: 0 for name in runners}
+    row_steps = {name: 0 for name in runners}
     for repeat in range(args.repeats):
         for name, r in runners.items():
             before = sampler.compilation_count()
+            rows_before = sampler.stats["decode_row_steps"]
             start = time.perf_counter()
             trajs = r.run(plan, sample_seed=1 + repeat)
             times[name].append(time.perf_counter() - start)
             new_compiles[name] += sampler.compilation_count() - before
             tokens[name].append(sum(len(u.generated) for t in trajs for u in t.turns))
+            row_steps[name] += sampler.stats["decode_row_steps"] - rows_before
             if name == "turn":
                 lengths.extend(len(u.generated) for t in trajs for u in t.turns)
     median = {name: statistics.median(ts) for name, ts in times.items()}
@@ -191,9 +201,16 @@ def main() -> None:
         "continuous_episodes_per_s": round(eps["continuous"], 2),
         "turn_tokens_per_s": round(tps["turn"], 1),
         "continuous_tokens_per_s": round(tps["continuous"], 1),
+        "pow2_s": round(median["pow2"], 3),
+        "pow2_episodes_per_s": round(eps["pow2"], 2),
         "ratio": round(eps["continuous"] / eps["turn"], 3),
+        "pow2_ratio": round(eps["pow2"] / eps["turn"], 3),
+        "widths_vs_pow2": round(eps["continuous"] / eps["pow2"], 3),
+        # rows the decode steps computed per generated token (1.0: no padding, no idle row)
+        **{f"{name}_rows_per_token": round(row_steps[name] / sum(tokens[name]), 3)
+           for name in runners},
         "same_trajectories": same,
-        "new_compilations_after_warmup": new_compiles["continuous"],
+        "new_compilations_after_warmup": new_compiles["continuous"] + new_compiles["pow2"],
         "turn_new_compilations_after_warmup": new_compiles["turn"],
         "repeats": args.repeats,
     }))

@@ -7,6 +7,7 @@ from flax import nnx
 
 from jaxrl_agentic.models import Transformer
 from jaxrl_agentic.sampling import Sampler, SlotDecoder
+from jaxrl_agentic.sampling.buckets import chunk_width
 from tests.sampling.test_jax_sampler import CFG
 
 EOS, STOPS, SEED = 5, [7, 8], 1234
@@ -182,9 +183,9 @@ def test_start_refuses_a_row_that_is_mid_reply(model):
 
 
 def test_chunks_compute_only_the_live_rows_and_compile_nothing_after_precompile(model):
-    """A chunk runs the live rows' power-of-two bucket of the block, not the block: the
-    replies stay those of one `generate` call. After `precompile`, a run over a fixed-size
-    cache (every stream length, every start count) compiles no program."""
+    """A chunk runs the live rows' width bucket of the block (`chunk_width`), not the
+    block: the replies stay those of one `generate` call. After `precompile`, a run over a
+    fixed-size cache (every stream length, every start count) compiles no program."""
     # Cache buckets from 16: attention picks its read length among 16, 32, 64 at run time.
     sampler = Sampler(model, max_total_len=64, eos_token_id=EOS, decode_threads=1,
                       min_cache_bucket=16)
@@ -197,7 +198,7 @@ def test_chunks_compute_only_the_live_rows_and_compile_nothing_after_precompile(
     def on_chunk(live, width):
         widths.append((int(np.asarray(live).sum()), width))
 
-    session_rows = 8  # capacity 8: chunks of 1-6 live rows must run 1, 2, 4 or 8 rows
+    session_rows = 8  # capacity 8: chunks of 1-6 live rows run 1, 2, 3, 4, 6 or 8 rows
     before = sampler.compilation_count()
     got = staggered(sampler, prompts, 24, slots=session_rows, chunk=3, fixed=True,
                     precompile=True, on_chunk=on_chunk)
@@ -206,12 +207,13 @@ def test_chunks_compute_only_the_live_rows_and_compile_nothing_after_precompile(
         assert got[i].tokens == ref.tokens[i], i
         np.testing.assert_allclose(got[i].logprobs, ref.logprobs[i], atol=1e-5)
     # The compact chunk's inputs hold the live rows then padding: live count ≤ width.
-    assert all(live <= width for live, width in widths)
-    assert {w for _, w in widths} - {1, 2, 4}, widths  # the full block ran too …
-    assert min(w for _, w in widths) < session_rows  # … and so did compact chunks
-    # Everything that ran was compiled by precompile: widths 1, 2, 4 and the full block,
-    # and a compact prefill of 1, 2, 4, 8 rows × tails of 16, 32 tokens.
-    assert compiled == 4 + 4 * 2, compiled
+    assert all(live <= width == chunk_width(live, session_rows) for live, width in widths)
+    assert {3, 6} & {w for _, w in widths}, widths  # widths between powers of two ran
+    # Everything that ran was compiled by precompile: widths 1, 2, 3, 4, 6 and the full
+    # block, and a compact prefill of 1, 2, 4, 8 rows × tails of 16, 32 tokens.
+    assert compiled == 6 + 4 * 2, compiled
+    # The rows computed are counted: Σ steps × width over the chunks.
+    assert sampler.stats["decode_row_steps"] > 0
     again = sampler.compilation_count()
     staggered(sampler, prompts[::-1], 24, slots=session_rows, chunk=3, fixed=True,
               precompile=True)
