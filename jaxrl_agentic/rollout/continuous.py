@@ -66,10 +66,10 @@ class LivePolicy(Protocol):
 def play_continuous(envs, trajs: list[Trajectory], pending: dict[int, list[int]],
                     sampler: Sampler, formatter, gen: GenerationConfig, *, sample_seed: int,
                     max_turns: int, max_input_length: int, params, slots: int = 0,
-                    decode_chunk: int = 8, width_grid: str = "1.5x") -> None:
+                    decode_chunk: int = 8, chunk_grid: str = "1.5x") -> None:
     """Plays every episode with a first prompt in `pending` to its end (see module doc);
-    `params`: the policy's params, or a `LivePolicy` for in-flight updates; `width_grid`:
-    the rows a chunk computes (`buckets.chunk_width`)."""
+    `params`: the policy's params, or a `LivePolicy` for in-flight updates; `chunk_grid`:
+    the grid of a chunk's rows and attention read lengths (`SlotDecoder`)."""
     live = params if hasattr(params, "current") else None
     version, params = live.current() if live is not None else (0, params)
     waiting = collections.deque(sorted(pending))  # episodes not started, in plan order
@@ -80,7 +80,7 @@ def play_continuous(envs, trajs: list[Trajectory], pending: dict[int, list[int]]
     decoder = SlotDecoder(session, max_new_tokens=gen.max_tokens_per_step, chunk=decode_chunk,
                           temperature=gen.temperature, top_p=gen.top_p, top_k=gen.top_k,
                           greedy=gen.greedy, stop_token_ids=gen.stop_token_ids,
-                          width_grid=width_grid)
+                          chunk_grid=chunk_grid)
     # Once per sampler: no prompt or stream length compiles anything later.
     if sampler.precompile_slots:
         decoder.precompile(max_prompt=max_input_length, params=params)

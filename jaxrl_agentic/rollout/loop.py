@@ -62,9 +62,9 @@ class EpisodeRunnerBase(abc.ABC):
     of a batch (`_environments`: `first_prompts()`, `submit`, `collect`, `max_steps`; on
     leaving, what its environments add to the played trajectories)."""
 
-    # Continuous batching: the widths a decode chunk's rows are padded to
-    # (`buckets.chunk_width`; bench_rollout compares "pow2").
-    chunk_width_grid: str = "1.5x"
+    # Continuous batching: the grid a decode chunk's rows and attention read lengths are
+    # rounded up to (`SlotDecoder`'s `chunk_grid`; bench_rollout compares "pow2").
+    chunk_grid: str = "1.5x"
 
     def _settings(self, sampler, formatter: ChatFormatter, *, tag: str, max_turns: int,
                   max_input_length: int, generation: GenerationConfig, batching: str,
@@ -99,7 +99,7 @@ class EpisodeRunnerBase(abc.ABC):
             play(self.batching, envs, trajs, envs.first_prompts(), self.sampler,
                  self.formatter, gen, sample_seed=sample_seed, max_turns=self.max_turns,
                  max_input_length=self.max_input_length, params=params, slots=self.slots,
-                 decode_chunk=self.decode_chunk, width_grid=self.chunk_width_grid)
+                 decode_chunk=self.decode_chunk, chunk_grid=self.chunk_grid)
             set_episode_metrics(trajs)
         return trajs
 
@@ -239,7 +239,7 @@ class JaxEpisodes:
 def play(batching: str, envs, trajs: list[Trajectory], pending: dict[int, list[int]],
          sampler: Sampler, formatter, gen: GenerationConfig, *, sample_seed: int,
          max_turns: int, max_input_length: int, params, slots: int = 0,
-         decode_chunk: int = 8, width_grid: str = "1.5x") -> None:
+         decode_chunk: int = 8, chunk_grid: str = "1.5x") -> None:
     """Plays every episode with a first prompt in `pending` to its end, in turn lockstep
     (`play_turns`) or with continuous batching (`rollout/continuous.py`); `envs` is the
     environment side (`JaxEpisodes`, `python_runner.PythonEpisodes`)."""
@@ -248,7 +248,7 @@ def play(batching: str, envs, trajs: list[Trajectory], pending: dict[int, list[i
                   max_input_length=max_input_length, params=params)
     if batching == "continuous":
         play_continuous(envs, trajs, pending, sampler, formatter, gen, slots=slots,
-                        decode_chunk=decode_chunk, width_grid=width_grid, **common)
+                        decode_chunk=decode_chunk, chunk_grid=chunk_grid, **common)
     else:
         if hasattr(params, "current"):  # a live policy: lockstep plays one version throughout
             common["params"] = params.current()[1]

@@ -124,12 +124,16 @@ class Sampler:
         """Cache length for streams whose tokens all lie below slot `end`."""
         return min(self.max_total_len, next_power_of_two(end, self.min_cache_bucket))
 
-    def key_extents(self, max_len: int) -> tuple[int, ...]:
+    def key_extents(self, max_len: int, grid: str = "pow2") -> tuple[int, ...]:
         """The read lengths a cache of `max_len` slots offers a run-time choice among
-        (`CacheExtent`): the cache buckets below it, and `max_len` itself."""
+        (`CacheExtent`): the cache buckets below it ("pow2"; "1.5x" adds 1.5× each, as
+        `buckets.chunk_width` does: a read past what the rows need is under a third, not
+        half, for more branches in each program), and `max_len` itself."""
         extents, end = [], self.min_cache_bucket
         while end < max_len:
             extents.append(end)
+            if grid == "1.5x" and 3 * end // 2 < max_len:
+                extents.append(3 * end // 2)
             end *= 2
         return (*extents, max_len)
 

@@ -39,11 +39,13 @@ policy's). The KV cache of the earlier context stays as the older params wrote i
 Cost follows the live rows, not the pool: a chunk runs only the live rows' width bucket
 of its block (`chunk_width`: 1, 2, 3, 4, 6, 8, 12, 16, 24, …; on a CPU a step costs in
 proportion to its rows, and most slots wait for their environment), a start prefills only
-the rows being started, and attention reads
-only the cache slots the rows can reach, chosen at run time among a few extents
-(`CacheExtent`). Every shape is therefore from a fixed grid — chunk widths, prefill rows ×
-tail lengths — which `precompile` compiles once per sampler: a run compiles nothing after
-its first rollout whatever its prompt and reply lengths.
+the rows being started, and attention reads only the cache slots the rows can reach,
+chosen at run time among a few extents (`CacheExtent`; a chunk's on the same 1.5× grid:
+with a small model, attention over the cache is most of a decode step's cost). Every
+shape is therefore from a fixed grid — chunk widths, prefill rows × tail lengths — which
+`precompile` compiles once per sampler: a run compiles nothing after its first rollout
+whatever its prompt and reply lengths. `chunk_grid="pow2"` rounds a chunk's rows and read
+lengths up to powers of two instead (fewer programs and branches, up to twice the work).
 """
 
 from __future__ import annotations
@@ -114,7 +116,7 @@ class SlotDecoder:
     def __init__(self, session: Session | ShardedSession, *, max_new_tokens: int,
                  chunk: int = 8, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                  greedy: bool = False, stop_token_ids: Sequence[int] | None = None,
-                 width_grid: str = "1.5x"):
+                 chunk_grid: str = "1.5x"):
         stops = stop_ids_array(temperature, top_p, stop_token_ids)
         if chunk < 1 or max_new_tokens < 1:
             raise ValueError(f"chunk ({chunk}) and max_new_tokens ({max_new_tokens}) must "
@@ -122,8 +124,10 @@ class SlotDecoder:
         self.sampler = session.sampler
         self.max_new_tokens = int(max_new_tokens)
         self.chunk = int(chunk)
-        chunk_width(1, 1, width_grid)  # a bad grid fails here, not at the first chunk
-        self.width_grid = width_grid
+        # The grid of a chunk's rows and read lengths ("pow2": both powers of two; a bad
+        # name fails here, not at the first chunk).
+        chunk_width(1, 1, chunk_grid)
+        self.chunk_grid = chunk_grid
         self.max_new_bucket = next_power_of_two(self.max_new_tokens)
         self._sampling = (jnp.float32(temperature), jnp.int32(top_k), jnp.float32(top_p),
                           jnp.bool_(greedy), jnp.asarray(stops))
@@ -267,7 +271,8 @@ class SlotDecoder:
             extents = sampler.key_extents(max_len)
             idle = _BlockState(session)  # nothing live: each call runs no decode step
             for width in sorted({self._width(n, cap) for n in range(1, cap + 1)}):
-                key = ("chunk", cap, width, max_len, self.chunk, self.max_new_bucket)
+                key = ("chunk", cap, width, max_len, self.chunk, self.max_new_bucket,
+                       self.chunk_grid)
                 if key not in sampler.warmed:
                     self._run_chunk_program(params, idle, np.zeros(0, np.int64), width)
                     sampler.warmed.add(key)
@@ -293,7 +298,7 @@ class SlotDecoder:
         always runs them all."""
         if self.sampler.mesh is not None:
             return capacity
-        return chunk_width(live, capacity, self.width_grid)
+        return chunk_width(live, capacity, self.chunk_grid)
 
     def _run_chunk_program(self, params, block: _BlockState, live: np.ndarray, width: int):
         """Runs the chunk program on the `live` rows of `block` as `width` input rows;
@@ -304,7 +309,7 @@ class SlotDecoder:
                                      jnp.float32)
         # Attention reads only the cache slots the chunk can reach (a run-time choice among
         # `key_extents`: one program for every stream length).
-        extents = self.sampler.key_extents(session.cache.max_len)
+        extents = self.sampler.key_extents(session.cache.max_len, self.chunk_grid)
         if width < session.capacity:
             # Compact: input i runs live row live[i]; the padding inputs are not live and
             # name a row past the cache (never written).

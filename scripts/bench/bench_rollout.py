@@ -18,10 +18,11 @@ an environment whose steps take a variable time.
   ends after `--turns` (8) steps. Its steps run on the runner's thread pool.
 - **Schedules**: `PythonRolloutRunner` with `batching="turn"`, `"continuous"`
   (`--slots`, 0 = one per episode; `--chunk` decode steps between hand-overs) and
-  `"continuous"` with its chunks' rows padded to powers of two (`pow2`: the width grid
-  before the 1.5× one, `buckets.chunk_width`). All play the same `--episodes` (32) episodes
-  with the same seeds: they produce the same trajectories token for token (checked:
-  `same_trajectories`), so the work is equal and only the schedule differs.
+  `"continuous"` with its chunks' rows and attention read lengths rounded up to powers of
+  two (`pow2`: `SlotDecoder`'s `chunk_grid` before the 1.5× one). All play the same
+  `--episodes` (32) episodes with the same seeds: they produce the same trajectories token
+  for token (checked: `same_trajectories`), so the work is equal and only the schedule
+  differs.
 
 Each schedule plays one untimed warm-up rollout (compiles), then `--repeats` timed ones,
 alternating the schedules so all see the same background load; medians are reported.
@@ -29,8 +30,8 @@ alternating the schedules so all see the same background load; medians are repor
     episodes/s           = episodes / wall time of one rollout
     generated tokens/s   = generated tokens / wall time
     ratio                = continuous episodes/s ÷ turn episodes/s
-    pow2_ratio           = the same with power-of-two chunk widths
-    widths_vs_pow2       = continuous episodes/s ÷ pow2 episodes/s
+    pow2_ratio           = the same with the power-of-two chunk grid
+    grid_vs_pow2         = continuous episodes/s ÷ pow2 episodes/s
     <schedule>_rows_per_token = rows the decode steps computed (Σ steps × rows) per
                            generated token: 1.0 would be no padding and no finished row
     new_compilations_after_warmup = sampler programs compiled during the timed continuous
@@ -157,7 +158,7 @@ def main() -> None:
 
     runners = {"turn": runner("turn"), "continuous": runner("continuous"),
                "pow2": runner("continuous")}
-    runners["pow2"].chunk_width_grid = "pow2"
+    runners["pow2"].chunk_grid = "pow2"
     warm = {name: r.run(plan, sample_seed=0) for name, r in runners.items()}
     same = all(fingerprint(warm["turn"]) == fingerprint(w) for w in warm.values())
     times = {name: [] for name in runners}
@@ -205,7 +206,7 @@ def main() -> None:
         "pow2_episodes_per_s": round(eps["pow2"], 2),
         "ratio": round(eps["continuous"] / eps["turn"], 3),
         "pow2_ratio": round(eps["pow2"] / eps["turn"], 3),
-        "widths_vs_pow2": round(eps["continuous"] / eps["pow2"], 3),
+        "grid_vs_pow2": round(eps["continuous"] / eps["pow2"], 3),
         # rows the decode steps computed per generated token (1.0: no padding, no idle row)
         **{f"{name}_rows_per_token": round(row_steps[name] / sum(tokens[name]), 3)
            for name in runners},

@@ -29,13 +29,14 @@ def reference(sampler, prompts, max_new, row_ids=ROW_IDS):
 
 
 def staggered(sampler, prompts, max_new, *, slots, chunk, fixed=False, precompile=False,
-              on_chunk=None):
+              on_chunk=None, chunk_grid="1.5x"):
     """The prompts through `slots` slots, each started when a slot is free (reversed order),
     its slot reset first; → {prompt index: reply}. `fixed`: the cache is the whole slot pool
     from the start (as continuous rollouts make it); `on_chunk(block, width)` sees the rows
-    each chunk computes."""
+    each chunk computes; `chunk_grid`: the decoder's grid of chunk rows and read lengths."""
     session = sampler.new_session(slots, sampler.max_total_len if fixed else 0)
-    decoder = SlotDecoder(session, max_new_tokens=max_new, chunk=chunk, stop_token_ids=STOPS)
+    decoder = SlotDecoder(session, max_new_tokens=max_new, chunk=chunk, stop_token_ids=STOPS,
+                          chunk_grid=chunk_grid)
     if precompile:
         decoder.precompile(max_prompt=max(LENGTHS))
     if on_chunk is not None:
@@ -65,14 +66,15 @@ def staggered(sampler, prompts, max_new, *, slots, chunk, fixed=False, precompil
     return replies
 
 
-@pytest.mark.parametrize("chunk,slots,threads", [(1, 6, 1), (3, 2, 1), (5, 4, 2)])
-def test_slot_replies_equal_one_generate_call(model, chunk, slots, threads):
+@pytest.mark.parametrize("chunk,slots,threads,grid", [(1, 6, 1, "1.5x"), (3, 2, 1, "1.5x"),
+                                                     (5, 4, 2, "1.5x"), (3, 5, 1, "pow2")])
+def test_slot_replies_equal_one_generate_call(model, chunk, slots, threads, grid):
     sampler = Sampler(model, max_total_len=64, eos_token_id=EOS, decode_threads=threads,
                       min_rows_per_thread=2)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 96, n).tolist() for n in LENGTHS]
     ref = reference(sampler, prompts, 24)
-    got = staggered(sampler, prompts, 24, slots=slots, chunk=chunk)
+    got = staggered(sampler, prompts, 24, slots=slots, chunk=chunk, chunk_grid=grid)
     reasons = set()
     for i in range(len(prompts)):
         assert got[i].tokens == ref.tokens[i], i
@@ -186,10 +188,11 @@ def test_chunks_compute_only_the_live_rows_and_compile_nothing_after_precompile(
     """A chunk runs the live rows' width bucket of the block (`chunk_width`), not the
     block: the replies stay those of one `generate` call. After `precompile`, a run over a
     fixed-size cache (every stream length, every start count) compiles no program."""
-    # Cache buckets from 16: attention picks its read length among 16, 32, 64 at run time.
+    # Cache buckets from 16: attention picks its read length at run time.
     sampler = Sampler(model, max_total_len=64, eos_token_id=EOS, decode_threads=1,
                       min_cache_bucket=16)
-    assert sampler.key_extents(64) == (16, 32, 64)
+    assert sampler.key_extents(64) == (16, 32, 64)  # the prefill's
+    assert sampler.key_extents(64, "1.5x") == (16, 24, 32, 48, 64)  # the chunk's
     rng = np.random.default_rng(1)
     prompts = [rng.integers(0, 96, n).tolist() for n in LENGTHS]
     ref = reference(sampler, prompts, 24)
