@@ -23,6 +23,11 @@ is not fed back (the next prefill feeds it), as in `generate`. With a `ShardedSe
 each row block has its own decoder state and its chunks run side by side on the sampler's
 pool.
 
+A chunk ends after `chunk` steps or when all its rows have, not as soon as one reply ends
+or an environment answers: ending it early (a host callback each step, then a new chunk)
+made bench_rollout's continuous rollout 0.72× as fast on a 2-core AMD EPYC (2026-11-29),
+since a chunk's host round trip costs about one decode step of the tiny model.
+
 `decode` waits for every block. `launch` and `collect` let blocks run on their own: `launch`
 starts a chunk on each block that has live rows and is not decoding already, `collect`
 returns the replies of the chunks that are done, so a block whose rows ended can hand them
