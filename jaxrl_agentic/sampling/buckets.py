@@ -31,7 +31,12 @@ def compact_length(n: int, minimum: int) -> int:
     return next_power_of_two(n)
 
 
-WIDTH_GRIDS = ("1.5x", "pow2")
+CHUNK_GRIDS = ("1.5x", "pow2")  # `SlotDecoder(chunk_grid=…)`: its rows and read lengths
+
+
+def check_grid(grid: str) -> None:
+    if grid not in CHUNK_GRIDS:
+        raise ValueError(f"chunk grid must be one of {CHUNK_GRIDS}, got {grid!r}")
 
 
 def chunk_width(n: int, capacity: int, grid: str = "1.5x") -> int:
@@ -40,8 +45,7 @@ def chunk_width(n: int, capacity: int, grid: str = "1.5x") -> int:
     them: under a third of the rows computed are padding, two programs per doubling);
     "pow2": powers of two (up to half: 17 live rows compute 32). On a CPU a decode step
     costs in proportion to its rows."""
-    if grid not in WIDTH_GRIDS:
-        raise ValueError(f"width grid must be one of {WIDTH_GRIDS}, got {grid!r}")
+    check_grid(grid)
     width = next_power_of_two(n)
     if grid == "1.5x" and width >= 4 and 3 * width // 4 >= n:
         width = 3 * width // 4

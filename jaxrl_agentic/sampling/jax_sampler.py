@@ -31,7 +31,7 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_agentic.models.transformer import KVCache, Transformer
-from jaxrl_agentic.sampling.buckets import next_power_of_two
+from jaxrl_agentic.sampling.buckets import check_grid, next_power_of_two
 from jaxrl_agentic.sampling.draws import draw_tokens, output_weight, row_uniforms
 from jaxrl_agentic.sampling.protocol import GenerationResult
 from jaxrl_agentic.sampling.sessions import Session, ShardedSession
@@ -129,6 +129,7 @@ class Sampler:
         (`CacheExtent`): the cache buckets below it ("pow2"; "1.5x" adds 1.5× each, as
         `buckets.chunk_width` does: a read past what the rows need is under a third, not
         half, for more branches in each program), and `max_len` itself."""
+        check_grid(grid)
         extents, end = [], self.min_cache_bucket
         while end < max_len:
             extents.append(end)

@@ -67,6 +67,7 @@ from flax import nnx
 
 from jaxrl_agentic.runtime import timing
 from jaxrl_agentic.sampling.buckets import (
+    check_grid,
     chunk_width,
     compact_length,
     compact_rows,
@@ -131,7 +132,7 @@ class SlotDecoder:
         self.chunk = int(chunk)
         # The grid of a chunk's rows and read lengths ("pow2": both powers of two; a bad
         # name fails here, not at the first chunk).
-        chunk_width(1, 1, chunk_grid)
+        check_grid(chunk_grid)
         self.chunk_grid = chunk_grid
         self.max_new_bucket = next_power_of_two(self.max_new_tokens)
         self._sampling = (jnp.float32(temperature), jnp.int32(top_k), jnp.float32(top_p),

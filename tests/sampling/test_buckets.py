@@ -1,8 +1,12 @@
 """The sampler's shape buckets against brute force over their grids."""
 
 import pytest
+from flax import nnx
 
+from jaxrl_agentic.models import Transformer
+from jaxrl_agentic.sampling import Sampler
 from jaxrl_agentic.sampling.buckets import chunk_width
+from tests.sampling.test_jax_sampler import CFG
 
 
 def grid_brute_force(grid: str, top: int = 4096) -> list[int]:
@@ -32,5 +36,7 @@ def test_under_a_third_of_a_1_5x_width_is_padding_and_its_widths_are_few():
 
 
 def test_an_unknown_grid_is_refused():
-    with pytest.raises(ValueError, match="width grid"):
+    with pytest.raises(ValueError, match="chunk grid must be one of"):
         chunk_width(3, 8, "fine")
+    with pytest.raises(ValueError, match="chunk grid must be one of"):
+        Sampler(Transformer(CFG, rngs=nnx.Rngs(0)), max_total_len=64).key_extents(64, "2x")
