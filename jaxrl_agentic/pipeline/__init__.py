@@ -1,6 +1,7 @@
 """One pipeline step, as data flows: rollout → advantages → samples → learner updates.
 
 :class:`Pipeline` (``pipeline.py``) holds the run's long-lived pieces and makes the steps;
+``batch_filters.py`` holds DAPO's filters and the collapse diagnostics it applies,
 ``samples.py`` builds the samples of per-token estimators, ``metrics.py`` the episode
 metrics, ``run_checks.py`` what a run checks before it trains.
 """
