@@ -315,7 +315,7 @@ def warmed_model_dir(base_model_dir: str, cfg, *, log=None) -> str:
     """The cached format-warmed model for run config `cfg` (a :class:`RunConfig` or a flat
     config; built on first use)."""
     cfg = as_run_config(cfg)
-    from jaxrl_agentic.models.tiny import cache_dir, file_lock
+    from jaxrl_agentic.models.files import cache_dir, file_lock
 
     log = log or (lambda msg: print(msg, file=sys.stderr))
     out = os.path.join(cache_dir(), "warmup", warmup_cache_key(base_model_dir, cfg))

@@ -116,8 +116,8 @@ def tiny_tools_dir():
 def qwen_fixture_dir():
     """The real Qwen2.5 tokenizer with a narrow random-weight Qwen2.5-shaped model (2 layers,
     hidden 56, the real 151,936-row vocabulary), built once into the user cache."""
+    from jaxrl_agentic.models.files import cache_dir, file_lock
     from jaxrl_agentic.models.qwen_fixture import build_qwen_fixture
-    from jaxrl_agentic.models.tiny import cache_dir, file_lock
 
     out = os.path.join(cache_dir(), "models", "qwen2.5-fixture-v1-L2-H56-seed0")
     if not os.path.exists(os.path.join(out, "model.safetensors")):

@@ -6,13 +6,10 @@ safetensors, never pickle. Every failure is one `CheckpointError` line naming th
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import json
 import os
-import shutil
-import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +22,7 @@ from jaxrl_agentic.models.config import (
     from_hf_config,
     to_hf_config,
 )
+from jaxrl_agentic.models.files import directory_written_whole
 from jaxrl_agentic.models.transformer import Transformer
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
@@ -255,24 +253,6 @@ def load_pretrained(path: str, dtype: str = "float32", param_dtype: str | None =
     tokenizer = load_tokenizer(path)
     graphdef, state = load_params(path, cfg, shardings, untied_from_tied=untie)
     return nnx.merge(graphdef, state), tokenizer
-
-
-@contextlib.contextmanager
-def directory_written_whole(path: str):
-    """A scratch directory beside ``path`` to write into; on success it replaces ``path``
-    (renamed into place), on any error it is removed: ``path`` is never half-written."""
-    path = os.path.abspath(os.path.expanduser(str(path)))
-    parent = os.path.dirname(path)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".tmp-save-", dir=parent)
-    try:
-        yield tmp
-        if os.path.exists(path):
-            shutil.rmtree(path)
-        os.replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def save_pretrained(model: Transformer, tokenizer, path: str) -> None:

@@ -12,8 +12,6 @@ builds it once into the user cache dir and reuses it afterwards.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
 import os
 import random
 import shutil
@@ -21,6 +19,7 @@ import sys
 import tempfile
 
 from jaxrl_agentic.models.config import ModelConfig
+from jaxrl_agentic.models.files import cache_dir, file_lock  # noqa: F401 (re-exported)
 
 # v2: the corpus also has spaced grids (`cell_separator=" "`) and FrozenLake `hints`.
 # v3: tool tags as added tokens (ids 516-519) and a chat template with tools and the `tool`
@@ -262,26 +261,6 @@ def build_tiny_model(out: str, seed: int = 0, vocab_size: int | None = None, *,
     model = Transformer(cfg, rngs=nnx.Rngs(seed))
     save_pretrained(model, tokenizer, out)
     return out
-
-
-def cache_dir() -> str:
-    root = os.environ.get("JAXRL_AGENTIC_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "jaxrl_agentic"
-    )
-    return root
-
-
-@contextlib.contextmanager
-def file_lock(path: str):
-    """Holds an exclusive lock on the file `path` (across processes): callers that build the
-    same cached directory take turns, and the later ones find it built."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def default_tiny_model_dir(seed: int = 0, tools: bool = False) -> str:
