@@ -133,3 +133,86 @@ def test_the_python_adapters_own_settings_are_not_the_environments(backend):
     else:
         with pytest.raises(ConfigError, match="unknown parameter 'step_delay_s'"):
             validate(c)
+
+
+# A Python environment of a recipe's own whose factory builder takes any option and hands
+# it to the environment's constructor (so that a typo reaches only the episodes).
+OWN_ENV_RECIPE = '''
+from jaxrl_agentic.config import default_config, env_manager, env_spec
+from jaxrl_agentic.envs import register
+from jaxrl_agentic.envs.python_env import PyStep, PythonTextEnv, text_state_hash
+
+
+class Counting(PythonTextEnv):
+    max_steps_in_episode = 2
+
+    def __init__(self, *, format_penalty, target=3):
+        self.target = target
+
+    def reset(self, seed):
+        return "Say a number."
+
+    def step(self, reply):
+        return PyStep(observation="again", reward=0.0, terminated=False,
+                      action_is_valid=True, action_is_effective=True, success=False)
+
+    def state_hash(self):
+        return text_state_hash("s")
+
+
+def counting(**options):
+    return lambda spec, run_seed: Counting(**options)
+
+
+register("counting_test_env", counting, backend="python", replace=True)
+
+
+def get_config():
+    c = default_config()
+    c.pretrain = "tiny"
+    c.format_warmup.steps = 0
+    c.max_steps = 1
+    c.custom_envs = {"count": env_spec("counting_test_env", max_turns=1,
+                                       max_tokens_per_step=4, targt=5)}
+    c.train_env_manager = env_manager(num_env_groups=1, group_size=2, tags=("count",))
+    c.val_env_manager = env_manager(num_env_groups=1, group_size=1, tags=("count",))
+    return c
+'''
+
+# The calculator (a built-in Python environment) with a typo'd option.
+CALCULATOR_TYPO_RECIPE = '''
+import os
+
+from jaxrl_agentic.config import recipe_config
+
+
+def get_config():
+    c = recipe_config(os.path.join({root!r}, "configs", "tool_calculator.py"))
+    c.custom_envs.calculator.env_config.extra_tool = ("percent_of",)
+    return c
+'''
+
+
+@pytest.mark.parametrize("recipe, fragment", [
+    (CALCULATOR_TYPO_RECIPE, "config.custom_envs.calculator.env_config: calculator: "),
+    (OWN_ENV_RECIPE, "config.custom_envs.count.env_config: counting_test_env: ")],
+    ids=["calculator", "own_env"])
+def test_a_python_environments_unknown_option_is_one_line_exit_2(recipe, fragment, tmp_path,
+                                                                 capsys):
+    """Checked by building one environment before anything else starts: not a traceback
+    (the calculator), not every episode failing while the run exits 0 (an own factory)."""
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = tmp_path / "recipe_with_a_typo.py"
+    path.write_text(recipe.replace("{root!r}", repr(root)))
+    argv = ["train", f"--config={path}", f"--config.output_dir={tmp_path / 'out'}"]
+    assert train.main(argv) == train.EXIT_BAD_INPUT
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err, err
+    assert err.startswith("error: " + fragment), err
+    assert "unexpected keyword argument" in err
+    if "calculator" in fragment:  # its builder names its options: the closest is shown
+        assert err.endswith("'extra_tool'; did you mean 'extra_tools'?"), err
+    else:
+        assert err.endswith("'targt'"), err

@@ -36,7 +36,10 @@ from jaxrl_agentic.models import load_pretrained, lora
 from jaxrl_agentic.models.hf_io import read_model_config
 from jaxrl_agentic.pipeline.batch_filters import BatchFilters
 from jaxrl_agentic.pipeline.metrics import mean_of, trajectory_metrics, version_lag_metrics
-from jaxrl_agentic.pipeline.run_checks import check_same_model_everywhere
+from jaxrl_agentic.pipeline.run_checks import (
+    check_python_env_options,
+    check_same_model_everywhere,
+)
 from jaxrl_agentic.pipeline.samples import token_estimator_samples
 from jaxrl_agentic.rollout.conversation import ChatFormatter
 from jaxrl_agentic.rollout.groups import plan_episodes
@@ -67,6 +70,7 @@ class Pipeline(BatchFilters):
     def __init__(self, config, *, model_dir: str | None = None, devices=None, log=print):
         self.config = cfg = as_run_config(config)
         self.log = log
+        check_python_env_options(cfg)  # before any weight is read: a typo costs no start-up
         try:  # the device count is only known now: a mismatch is still a config error
             self.placement = SamplerPlacement(cfg.mesh.sampler_devices, learner_devices=devices)
             self.mesh = mesh = make_mesh(data=cfg.mesh.data, fsdp=cfg.mesh.fsdp,
