@@ -64,6 +64,7 @@ from jaxrl_agentic.training.accumulation import accumulate_gradients
 from jaxrl_agentic.training.learner_config import LearnerConfig
 from jaxrl_agentic.training.off_policy import (
     logprob_mismatch,
+    mask_out_of_support,
     mismatch_kl,
     out_of_support_tokens,
     sample_importance_weights,
@@ -448,14 +449,17 @@ class Learner(EngineDriver):
         if cfg.restricts_support:
             extra["rollout/out_of_support_tokens"] = float(
                 out_of_support_tokens(checked, recomputed, cut))
+        # A π_old that is the out-of-support sentinel (a top-k/top-p logprob of a token
+        # outside the kept set, on either side) would make that token's ratio e^20: masked.
         if not cfg.recompute_old_logprobs:
-            return samples, extra
+            return mask_out_of_support(samples), extra
         if cfg.tis_imp_ratio_cap > 0:
             weights, tis_stats = sample_importance_weights(samples, recomputed, cfg)
             samples = [dataclasses.replace(
                 s, advantages=np.where(s.loss_mask > 0, s.advantages * w, s.advantages)
                 .astype(np.float32)) for s, w in zip(samples, weights, strict=True)]
             extra.update(tis_stats)
+        samples = mask_out_of_support(samples, recomputed)
         samples = [dataclasses.replace(s, old_logprobs=np.where(s.loss_mask > 0, r, 0.0))
                    for s, r in zip(samples, recomputed, strict=True)]
         return samples, extra

@@ -4,6 +4,7 @@ importance weights (TIS) that correct an off-policy sample."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
@@ -59,6 +60,33 @@ def out_of_support_tokens(samples: Sequence[Sample], recomputed: Sequence[np.nda
     masks = comparable_masks(samples, recomputed, sequence_length)
     return sum(int((trained_loss_mask(s, sequence_length) > 0).sum() - m.sum())
                for s, m in zip(samples, masks, strict=True))
+
+
+def mask_out_of_support(samples: Sequence[Sample],
+                        recomputed: Sequence[np.ndarray] | None = None) -> list[Sample]:
+    """The samples with loss mask, advantage and old logprob 0 on each loss token whose
+    sampler logprob (or ``recomputed[i]``, the learner's π_old, where given) is the
+    ``OUT_OF_SUPPORT_LOGPROB`` sentinel; samples without one are returned as they are.
+
+    Such a token has no π_old. Kept as one, its ratio once the token is back in the
+    support is ``exp(min(log π + 1e4, 20))`` ≈ 4.9e8 (the loss's log-ratio clamp): the
+    ratio and pg metrics are blown up, the clamp leaves it no gradient, and its advantage is
+    never applied. TIS already gives it weight 0 (:func:`comparable_masks`); masked, it
+    also leaves the loss, its denominator and the ratio metrics. Where the step recomputes
+    π_old, ``rollout/out_of_support_tokens`` counts exactly these tokens."""
+    floor = OUT_OF_SUPPORT_LOGPROB / 2
+    out = []
+    for i, s in enumerate(samples):
+        outside = np.asarray(s.old_logprobs) <= floor
+        if recomputed is not None:
+            outside |= np.asarray(recomputed[i]) <= floor
+        outside &= s.loss_mask > 0
+        if outside.any():
+            s = dataclasses.replace(s, **{
+                name: np.where(outside, 0.0, getattr(s, name)).astype(np.float32)
+                for name in ("loss_mask", "advantages", "old_logprobs")})
+        out.append(s)
+    return out
 
 
 def sample_importance_weights(samples: Sequence[Sample], recomputed: Sequence[np.ndarray],

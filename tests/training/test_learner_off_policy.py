@@ -178,3 +178,41 @@ def test_mismatch_kl_by_hand():
     assert mismatch_kl([sample], [learner], sequence_length=3) == pytest.approx(expected,
                                                                                 rel=1e-6)
     assert mismatch_kl([sample], [np.asarray(sample.old_logprobs)], 3) == 0.0
+
+
+@pytest.mark.parametrize("recompute, tis_cap", [(True, 0.0), (True, 2.0), (False, 0.0)])
+def test_a_sentinel_old_logprob_is_masked_not_trained_with_a_ratio_of_e20(recompute, tis_cap):
+    # top_k = 63 of 64: every token of the sample is in the policy's support, and the
+    # sample is on-policy (its logprobs are the learner's). π_old of token 10 is the
+    # sentinel: the learner's recomputation put it outside its kept set (recompute), or the
+    # behaviour logprob is one (no recompute). Kept as π_old, that token's ratio in the
+    # update is e^min(log π + 1e4, 20) = 4.9e8 (with A = −1 a pg sum of ~4.9e8, its
+    # gradient 0); masked, it leaves the loss and every other ratio is 1.
+    cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
+    config = LearnerConfig(top_k=63, logprob_under_sampling_filter=True,
+                           recompute_old_logprobs=recompute, tis_imp_ratio_cap=tis_cap,
+                           mini_batch_size=1, packing=PackingConfig(
+                               micro_batch_max_tokens=32, sequence_length=32, rows_bucket=0))
+    learner = Learner(graphdef, params, config)
+    sample = on_policy_sample(length=20, prompt=4, seed=0)
+    own = learner.sample_logprobs([sample])[0]
+    assert (own[4:] > OUT_OF_SUPPORT_LOGPROB / 2).all()
+    sentinel = own.copy()
+    sentinel[10] = OUT_OF_SUPPORT_LOGPROB
+    sample = dataclasses.replace(sample, old_logprobs=own if recompute else sentinel,
+                                 advantages=-sample.loss_mask)
+    learner.sample_logprobs = lambda samples, reference=False: [
+        sentinel if recompute else own for _ in samples]
+    trained = []
+    run = learner.engine.run
+    learner.engine.run = lambda samples, lrs: (trained.extend(samples), run(samples, lrs))[1]
+    metrics = learner.step([sample], [1e-3])
+    assert trained[0].loss_mask[10] == 0 and trained[0].loss_mask[4:].sum() == 15
+    assert metrics["tokens/loss"] == 15  # 16 generated tokens, one masked
+    assert metrics["rollout/out_of_support_tokens"] == 1
+    # Step 0 on-policy: ratio 1 on each kept token; pg = −A·ratio = 1 per token (token mean).
+    assert metrics["actor/ratio"] == pytest.approx(1.0, abs=1e-5)
+    assert metrics["actor/pg_loss"] == pytest.approx(1.0, abs=1e-5)
+    assert metrics["actor/clipfrac"] == 0.0
