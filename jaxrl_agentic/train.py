@@ -4,7 +4,10 @@
 
 rollout → samples → advantages → packing → learner updates → metrics → checkpoint / eval,
 repeated `max_steps` times. Bad configs and inputs end with one line on stderr and exit
-code 2; a run whose updates are non-finite three steps in a row stops with exit code 3.
+code 2; a run whose updates are non-finite three steps in a row stops with exit code 3; a
+run where every episode's environment failed (raised or missed its deadline: `env/errors`,
+`env/timeouts`) three steps in a row, so that nothing could be trained, stops with exit
+code 4.
 """
 
 from __future__ import annotations
@@ -22,11 +25,26 @@ from jaxrl_agentic.config import (
 
 EXIT_BAD_INPUT = 2
 EXIT_NONFINITE = 3
+EXIT_ENV_FAILED = 4
 MAX_CONSECUTIVE_NONFINITE = 3
+MAX_CONSECUTIVE_ENV_FAILURES = 3
 
 
 class NonFiniteError(RuntimeError):
     pass
+
+
+class EnvFailureError(RuntimeError):
+    pass
+
+
+def every_episode_failed(trajs) -> bool:
+    """Every episode of `trajs` was ended by its environment: a reset or step that raised
+    or missed its deadline (a Python environment's `env_error` / `env_timeout`). Such a
+    step has nothing to train on; a few in a row mean a broken environment (a bug, a
+    service down, a deadline too short for it), not bad luck."""
+    ended = ("env_error", "env_timeout")
+    return bool(trajs) and all(any(t.metrics.get(k, 0.0) for k in ended) for t in trajs)
 
 
 def parse_config(argv: list[str]):
@@ -172,7 +190,7 @@ def run(c, *, log=print) -> dict[str, float]:
                 write_transcripts(os.path.join(r.output_dir, "transcripts"), step, text)
         return eval_metrics, eval_trajs
 
-    nonfinite_streak = 0
+    nonfinite_streak = failed_streak = 0
     unrendered: set[str] = set()  # env tags whose episodes cannot be drawn
     render_skipped = 0
     metrics: dict[str, float] = {}
@@ -199,6 +217,17 @@ def run(c, *, log=print) -> dict[str, float]:
                     f"non-finite loss or gradient in {nonfinite_streak} consecutive steps "
                     f"(last at step {step}); stopping. The last checkpoint holds finite params."
                 )
+            failed_streak = failed_streak + 1 if every_episode_failed(trajs) else 0
+            metrics["env/failed_streak"] = float(failed_streak)
+            if failed_streak >= MAX_CONSECUTIVE_ENV_FAILURES:
+                if writer:
+                    writer.write(step, metrics)
+                raise EnvFailureError(
+                    f"every episode's environment failed in {failed_streak} consecutive "
+                    f"steps (last at step {step}: env/errors={metrics.get('env/errors', 0):g}, "
+                    f"env/timeouts={metrics.get('env/timeouts', 0):g}); stopping. The log "
+                    "names each exception ('python env ... raised'); a timeout needs a larger "
+                    "step_timeout_s.")
             if r.debug_dump_dir and samples and main_process:
                 dump_batch(r.debug_dump_dir, step, pipeline.learner_cfg.packing.pack(samples))
             eval_trajs = []
@@ -255,6 +284,9 @@ def main(argv=None) -> int:
     except NonFiniteError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_NONFINITE
+    except EnvFailureError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_ENV_FAILED
     return 0
 
 
