@@ -40,6 +40,16 @@ observation quoting a chat log) would otherwise be tokenised into real control t
 forge a turn boundary in the next prompt. Such content is encoded with its special-token
 strings as plain text (``split_special_tokens``); the template around it keeps its control
 tokens. Content without them is encoded exactly as before, in one piece with the template.
+Searching the rendering for the content would be wrong twice over: a content equal to a
+piece of the template before it (``<|im_start|>``) matches the template's own control token,
+and a template that renders ``content | trim`` (Llama 3) does not show the content verbatim.
+So the content is located by rendering: with a placeholder H_i (private-use characters no
+message holds) in its place, the rendering splits into template text around it,
+
+    T(…, H_i, …) = A_i + H_i + B_i,   T(…, c_i, …) = A_i + r_i + B_i,
+
+and r_i, what the template renders for c_i (trimmed, escaped), is encoded as plain text;
+A and B keep their control tokens. The system prompt is such a content too.
 
 `reply_prefix` (e.g. "<answer>") is appended to every generation prompt, so the model's
 reply starts after it, and is put back in front of the reply text before parsing. The
@@ -93,6 +103,9 @@ class ChatFormatter:
         self._before_assistant = self._render(skeleton[:-1], generation_prompt=False)
         self._eos_in_base = base.count(self._eos_text)
         self._next_prompt_text("probe")  # an unsupported template fails here, not at turn 2
+        # ... as does one that hides where a message's content is (a probe with control text).
+        self._encode_rendered(lambda cs: self._next_prompt_text(cs[0]),
+                              [f"probe {self._eos_text}"])
 
     def _system(self) -> list[dict]:
         return [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
@@ -111,28 +124,63 @@ class ChatFormatter:
         return list(self.tokenizer.encode(text, add_special_tokens=False,
                                           split_special_tokens=True))
 
-    def _encode_rendered(self, text: str, contents: list[str]) -> list[int]:
-        """Ids of rendered template `text` in which `contents` (environment or tool text, in
-        order) appear verbatim: control strings in a content stay plain text (module doc)."""
-        marked = [c for c in contents if any(m in c for m in self._control_strings)]
-        if not marked:
+    def _encode_rendered(self, render, contents: list[str]) -> list[int]:
+        """Ids of `render(contents)`, a template rendering of `contents` (environment, tool or
+        system text, in order), with the special-token strings of each content as plain text
+        where the template put that content (module doc)."""
+        text = render(contents)
+        marked = [any(m in c for m in self._control_strings) for c in contents]
+        if not any(marked):
             return self.encode(text)
-        ids, pos = [], 0
-        for content in marked:
-            start = text.find(content, pos)
-            if start < 0:
-                raise ValueError("the chat template does not render a message's content "
-                                 "verbatim; cannot keep its special-token text plain")
-            ids += self.encode(text[pos:start]) + self.encode_plain(content)
-            pos = start + len(content)
-        return ids + self.encode(text[pos:])
+        holes = self._placeholders(contents)
+        # Marked contents become placeholders; the others stay, in the template's text.
+        with_holes = [h if m else c for h, c, m in zip(holes, contents, marked, strict=True)]
+        spaced = render(with_holes)
+        ids, pos, rebuilt = [], 0, []
+        for i in (i for i, m in enumerate(marked) if m):
+            start = spaced.find(holes[i], pos)
+            if start < 0 or spaced.count(holes[i]) != 1:
+                raise ValueError("the chat template does not render each message's content "
+                                 "once, as given; cannot keep its special-token text plain")
+            end = start + len(holes[i])
+            alone = render(with_holes[:i] + [contents[i]] + with_holes[i + 1:])
+            tail = len(spaced) - end
+            if (len(alone) < start + tail or not alone.startswith(spaced[:start])
+                    or not alone.endswith(spaced[end:])):
+                raise ValueError("the chat template renders the text around a message "
+                                 "differently for different contents; cannot keep its "
+                                 "special-token text plain")
+            shown = alone[start:len(alone) - tail]  # what the template renders for it
+            ids += self.encode(spaced[pos:start]) + self.encode_plain(shown)
+            rebuilt += [spaced[pos:start], shown]
+            pos = end
+        rebuilt.append(spaced[pos:])
+        if "".join(rebuilt) != text:
+            raise ValueError("the chat template renders the text around messages differently "
+                             "for different contents; cannot keep special-token text plain")
+        return ids + self.encode(spaced[pos:])
+
+    @staticmethod
+    def _placeholders(contents: list[str]) -> list[str]:
+        """One string per content that no content holds: a private-use character (never in
+        a chat template's text) around the content's index."""
+        for code in range(0xE000, 0xF900):
+            mark = chr(code)
+            if not any(mark in c for c in contents):
+                return [f"{mark}{i}{mark}" for i in range(len(contents))]
+        raise ValueError("every private-use character occurs in the messages")
 
     def first_prompt(self, user_content: str, tools: list[dict] | None = None) -> list[int]:
         """Ids of [system] + first user message + the assistant generation prompt; `tools`
         (JSON schemas) go to the template, which lists them in the system prompt."""
-        messages = self._system() + [{"role": "user", "content": user_content}]
-        text = self._render(messages, generation_prompt=True, tools=tools)
-        return self._encode_rendered(text, [user_content]) + self._prefix_ids
+        def render(contents):
+            system = ([{"role": "system", "content": contents[0]}] if len(contents) == 2
+                      else [])
+            return self._render(system + [{"role": "user", "content": contents[-1]}],
+                                generation_prompt=True, tools=tools)
+
+        contents = [self.system_prompt] if self.system_prompt else []
+        return self._encode_rendered(render, contents + [user_content]) + self._prefix_ids
 
     def _next_prompt_text(self, user_content: str) -> str:
         return self._appended_text([{"role": "user", "content": user_content}])
@@ -163,7 +211,7 @@ class ChatFormatter:
     def next_prompt(self, user_content: str) -> list[int]:
         """Ids to append after an assistant turn that ended with EOS: template tail + user
         message + generation prompt (+ reply prefix)."""
-        return (self._encode_rendered(self._next_prompt_text(user_content), [user_content])
+        return (self._encode_rendered(lambda cs: self._next_prompt_text(cs[0]), [user_content])
                 + self._prefix_ids)
 
     def tool_prompt(self, results: list[str] | tuple[str, ...]) -> list[int]:
@@ -171,9 +219,10 @@ class ChatFormatter:
         results as `tool` messages (one per call, in order) + generation prompt (+ prefix)."""
         if not results:
             raise ValueError("tool_prompt needs at least one tool result")
-        messages = [{"role": "tool", "content": r} for r in results]
-        return self._encode_rendered(self._appended_text(messages), list(results)) + \
-            self._prefix_ids
+        def render(contents):
+            return self._appended_text([{"role": "tool", "content": c} for c in contents])
+
+        return self._encode_rendered(render, list(results)) + self._prefix_ids
 
     def decode_reply(self, ids) -> str:
         """The reply text as the environment parses it: prefix + generated text + suffix."""
