@@ -36,6 +36,7 @@ from jaxrl_agentic.algos.advantages import (
     rloo,
     turn_grpo,
 )
+from jaxrl_agentic.registration import same_registration
 
 LEVELS = ("turn", "token")
 REWARD_NORM_BY = ("group", "tag", "batch")
@@ -69,8 +70,9 @@ _ESTIMATORS: dict[str, AdvantageEstimator] = {}
 def register_advantage_estimator(name: str, fn: Callable, *, level: str = "turn",
                                  group_relative: bool = False, needs_critic: bool = False,
                                  replace: bool = False) -> None:
-    """Adds ``name`` (module doc for ``fn``'s signature at each ``level``). A second
-    registration of a name is an error unless ``replace``."""
+    """Adds ``name`` (module doc for ``fn``'s signature at each ``level``). The same
+    registration again (a recipe file read twice: ``registration.same_registration``)
+    changes nothing; another one of a registered name is an error unless ``replace``."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"an advantage estimator needs a non-empty name, got {name!r}")
     if not callable(fn):
@@ -80,9 +82,12 @@ def register_advantage_estimator(name: str, fn: Callable, *, level: str = "turn"
     if needs_critic and level != "token":
         raise ValueError(f"advantage estimator {name!r}: a critic's values are per token; "
                          "needs_critic needs level='token'")
+    entry = AdvantageEstimator(fn, level, group_relative, needs_critic)
     if name in _ESTIMATORS and not replace:
+        if same_registration(_ESTIMATORS[name], entry):
+            return
         raise ValueError(f"advantage estimator {name!r} is already registered")
-    _ESTIMATORS[name] = AdvantageEstimator(fn, level, group_relative, needs_critic)
+    _ESTIMATORS[name] = entry
 
 
 def estimator_names() -> tuple[str, ...]:

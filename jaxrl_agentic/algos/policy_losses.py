@@ -33,6 +33,7 @@ import dataclasses
 import functools
 from collections.abc import Callable
 
+from jaxrl_agentic.registration import same_registration
 from pallas_kernels import PPOLossSums, masked_ppo_loss
 
 BOUNDS = ("pg_clip", "cispo_clip")
@@ -54,17 +55,21 @@ _LOSSES: dict[str, PolicyLoss] = {}
 def register_policy_loss(name: str, sums: Callable[..., PPOLossSums], *,
                          bounds: str = "pg_clip", allows_dual_clip: bool = False,
                          replace: bool = False) -> None:
-    """Adds ``name`` (module doc for ``sums``' signature). A second registration of a name
-    is an error unless ``replace``."""
+    """Adds ``name`` (module doc for ``sums``' signature). The same registration again (a
+    recipe file read twice: ``registration.same_registration``) changes nothing; another
+    one of a registered name is an error unless ``replace``."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"a policy loss needs a non-empty name, got {name!r}")
     if not callable(sums):
         raise TypeError(f"policy loss {name!r}: sums must be callable")
     if bounds not in BOUNDS:
         raise ValueError(f"policy loss {name!r}: bounds must be one of {BOUNDS}, got {bounds!r}")
+    entry = PolicyLoss(sums, bounds, allows_dual_clip)
     if name in _LOSSES and not replace:
+        if same_registration(_LOSSES[name], entry):
+            return
         raise ValueError(f"policy loss {name!r} is already registered")
-    _LOSSES[name] = PolicyLoss(sums, bounds, allows_dual_clip)
+    _LOSSES[name] = entry
 
 
 def policy_loss_names() -> tuple[str, ...]:

@@ -32,6 +32,7 @@ from jaxrl_agentic.envs.base import TextEnvironment, TextEnvParams
 from jaxrl_agentic.envs.frozen_lake import FrozenLake
 from jaxrl_agentic.envs.gymnax_adapter import PREFIX, GymnaxTextAdapter
 from jaxrl_agentic.envs.sokoban import Sokoban
+from jaxrl_agentic.registration import same_registration
 
 EnvFactory = Callable[[], TextEnvironment]
 BACKENDS = ("jax", "python")
@@ -56,9 +57,12 @@ def register_prefix(prefix: str, builder: Callable, *, backend: str = "python",
         raise ValueError(f"prefix {prefix!r} must end with ':' and not be {PREFIX!r}")
     if backend != "python":
         raise ValueError(f"prefix {prefix!r}: only Python environment families take a prefix")
+    entry = RegisteredEnv(backend, builder, {})
     if prefix in _PREFIXES and not replace:
+        if same_registration(_PREFIXES[prefix], entry):
+            return  # the same builder again (registration.py: a module run twice)
         raise ValueError(f"environment prefix {prefix!r} is already registered")
-    _PREFIXES[prefix] = RegisteredEnv(backend, builder, {})
+    _PREFIXES[prefix] = entry
 
 
 def registered_prefix(name: str) -> tuple[str, RegisteredEnv] | None:
@@ -72,8 +76,9 @@ def registered_prefix(name: str) -> tuple[str, RegisteredEnv] | None:
 def register(name: str, factory: Callable, *, backend: str = "jax", replace: bool = False,
              **preset: Any) -> None:
     """Make `name` build `factory` on `backend` (module doc); `preset` (JAX only): params
-    fields set before user overrides. A second registration of a name is an error unless
-    `replace`."""
+    fields set before user overrides. Registering a name again with the same factory and
+    settings (a recipe file read twice: `registration.same_registration`) changes nothing;
+    another registration of it is an error unless `replace`."""
     if not isinstance(name, str) or not name or name.startswith(PREFIX):
         raise ValueError(f"environment name must be a non-empty str not starting {PREFIX!r}")
     if backend not in BACKENDS:
@@ -83,9 +88,12 @@ def register(name: str, factory: Callable, *, backend: str = "jax", replace: boo
         raise TypeError(f"factory for {name!r} must be callable, got {type(factory).__name__}")
     if preset and backend != "jax":
         raise ValueError(f"environment {name!r}: presets are params fields of a JAX env")
+    entry = RegisteredEnv(backend, factory, dict(preset))
     if name in _REGISTRY and not replace:
+        if same_registration(_REGISTRY[name], entry):
+            return
         raise ValueError(f"environment {name!r} is already registered")
-    _REGISTRY[name] = RegisteredEnv(backend, factory, dict(preset))
+    _REGISTRY[name] = entry
 
 
 def registered_envs(backend: str | None = None) -> list[str]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from jaxrl_agentic.registration import same_registration
 from jaxrl_agentic.sampling.jax_sampler import Sampler
 from jaxrl_agentic.sampling.protocol import SamplerBackend
 
@@ -37,13 +38,16 @@ _BACKENDS: dict[str, Callable[..., SamplerBackend]] = {"jax": _jax_backend}
 
 def register_sampler_backend(name: str, factory: Callable[..., SamplerBackend], *,
                              replace: bool = False) -> None:
-    """Adds ``name`` (module doc for ``factory``'s signature). A second registration of a
-    name is an error unless ``replace``."""
+    """Adds ``name`` (module doc for ``factory``'s signature). The same factory again (a
+    recipe file read twice: ``registration.same_registration``) changes nothing; another
+    one under a registered name is an error unless ``replace``."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"a sampler backend needs a non-empty name, got {name!r}")
     if not callable(factory):
         raise TypeError(f"sampler backend {name!r}: the factory must be callable")
     if name in _BACKENDS and not replace:
+        if same_registration(_BACKENDS[name], factory):
+            return
         raise ValueError(f"sampler backend {name!r} is already registered")
     _BACKENDS[name] = factory
 

@@ -69,8 +69,9 @@ def test_errors_are_one_line_and_name_the_choices():
         make("sokoban", num_boxes=20)
     with pytest.raises(ValueError, match="cell_separator must be a one-line string"):
         make("frozen_lake", cell_separator="\n")
+    register("sokoban", Sokoban)  # the same registration again: nothing changes
     with pytest.raises(ValueError, match="already registered"):
-        register("sokoban", Sokoban)
+        register("sokoban", FrozenLake)
     with pytest.raises(TypeError, match="callable"):
         register("not_callable", 3)
 
