@@ -52,6 +52,7 @@ def parse_config(argv: list[str]):
     from absl import flags
     from ml_collections import config_flags
 
+    put_recipe_folder_on_path(argv)
     names = flags.FlagValues()
     # config_flags finds `--config.*` overrides in the argv it is given (default sys.argv).
     config_flags.DEFINE_config_file("config", None, "recipe file (configs/*.py)",
@@ -71,6 +72,25 @@ def parse_config(argv: list[str]):
     if config is None:
         raise ConfigError("--config is required, e.g. --config configs/frozen_lake.py")
     return config
+
+
+def put_recipe_folder_on_path(argv: list[str]) -> None:
+    """Appends the folder of the recipe that `argv` names (`--config=PATH[:ARGS]` or
+    `--config PATH`) to `sys.path`, once: a recipe is loaded by path, not as a package, so
+    this is what lets it import a module beside it (`from my_env import ...`), as a script's
+    folder does for the script. At the end of the path, so that the installed packages keep
+    their names (`configs/textarena.py` does not hide the `textarena` package)."""
+    for i, arg in enumerate(argv[1:], start=1):
+        if arg.startswith("--config="):
+            path = arg[len("--config="):]
+        elif arg == "--config" and i + 1 < len(argv):
+            path = argv[i + 1]
+        else:
+            continue
+        folder = os.path.dirname(os.path.abspath(os.path.expanduser(path.split(":", 1)[0])))
+        if os.path.isdir(folder) and folder not in sys.path:
+            sys.path.append(folder)
+        return
 
 
 def _check_override_paths(argv: list[str]) -> None:

@@ -171,3 +171,27 @@ def test_continuous_batching_needs_a_jax_sampler_backend(tmp_path, field, settin
     with pytest.raises(ConfigError, match=f"^config.{field}: 'continuous' decodes "
                                           "through the JAX sampler's slot programs"):
         Pipeline(c, log=lambda line: None)
+
+
+def test_a_recipe_imports_a_module_beside_it(tmp_path, monkeypatch):
+    """A recipe's folder is on sys.path while it loads (and after: its get_config and what
+    it registers may import lazily), so a recipe can keep its environment in a module of
+    its own."""
+    import sys
+
+    monkeypatch.setattr(sys, "path", list(sys.path))  # restored after the test
+    monkeypatch.delitem(sys.modules, "beside_the_recipe_settings", raising=False)
+    (tmp_path / "beside_the_recipe_settings.py").write_text("EXP_NAME = 'from_a_sibling'\n")
+    (tmp_path / "recipe_with_a_sibling.py").write_text(
+        "from beside_the_recipe_settings import EXP_NAME\n"
+        "from jaxrl_agentic.config import default_config\n\n\n"
+        "def get_config():\n"
+        "    c = default_config()\n"
+        "    c.exp_name = EXP_NAME\n"
+        "    return c\n")
+    c = parse_config(["train", f"--config={tmp_path / 'recipe_with_a_sibling.py'}"])
+    assert c.exp_name == "from_a_sibling"
+    assert sys.path[-1] == str(tmp_path)  # appended: installed packages keep their names
+    parse_config(["train", "--config", str(tmp_path / "recipe_with_a_sibling.py")])
+    assert sys.path.count(str(tmp_path)) == 1
+    monkeypatch.delitem(sys.modules, "beside_the_recipe_settings", raising=False)
