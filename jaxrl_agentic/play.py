@@ -13,7 +13,9 @@ A model must see the prompts it was trained on: `--config configs/<recipe>.py` t
 environment (its params, format penalty), the reply prefix/suffix and the reply length from
 the recipe (`--env` then picks one of its env tags). `--model` without `--config` plays the
 default recipe's environment (`configs/frozen_lake.py`, what `train` runs by default); a
-person without `--config` plays the environment's defaults (full instructions).
+person without `--config` plays the environment's defaults (full instructions). An
+environment a recipe registers (docs/extending.md) exists once its recipe is loaded: play
+it with `--config <recipe> [--env <tag>]`.
 """
 
 import argparse
@@ -255,8 +257,12 @@ def main(argv: list[str] | None = None, stdin: TextIO | None = None,
     try:
         if recipe is None:
             name = args.env or "frozen_lake"
-            # Each environment's own backend: a JAX env name stays on the JAX path.
-            python_env = resolve_backend(name) == "python"
+            try:  # each environment's own backend: a JAX env name stays on the JAX path
+                python_env = resolve_backend(name) == "python"
+            except ValueError as error:  # not the package's: a recipe's registers on import
+                raise ValueError(f"{error}. An environment of your own (or a recipe's env "
+                                 "tag) needs --config <recipe>: the recipe registers it, "
+                                 "and --env then picks one of its env tags") from None
             if python_env:
                 env = make_python_env(name)(EpisodeSpec(args.seed, 0, 0), 0)
             else:

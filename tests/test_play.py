@@ -177,3 +177,25 @@ def test_play_config_with_an_unknown_env_tag_is_a_usage_error(capsys):
                   stdin=io.StringIO(""), stdout=io.StringIO())
     assert e.value.code == 2
     assert "--env 'lake' is not an env tag of" in capsys.readouterr().err
+
+
+def test_an_environment_of_ones_own_without_its_recipe_says_to_pass_config():
+    # docs/examples/custom_environment.py registers `guess_the_number` when it is loaded;
+    # without --config the name is unknown, and the error says what to pass.
+    err = io.StringIO()
+    with pytest.raises(SystemExit) as exit_info, contextlib.redirect_stderr(err):
+        main(["--env", "guess_the_number_not_loaded"], stdin=io.StringIO(),
+             stdout=io.StringIO())
+    last = err.getvalue().strip().splitlines()[-1]
+    assert exit_info.value.code == 2
+    assert "unknown environment 'guess_the_number_not_loaded'" in last
+    assert "needs --config <recipe>" in last
+
+
+def test_an_environment_of_ones_own_plays_with_its_recipe():
+    import os
+
+    recipe = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "docs", "examples", "custom_environment.py")
+    text = run(["--config", recipe, "--env", "guess"], "9\n")
+    assert "Guess the number from 1 to 8" in text and "reward: -0.1  done: False" in text
