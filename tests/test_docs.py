@@ -452,3 +452,30 @@ def test_section_references_name_existing_headings():
         text = re.sub(r"\s+", " ", text)  # and one in prose or a docstring too
         errors += section_reference_errors(path.relative_to(ROOT).as_posix(), text)
     assert not errors, "\n".join(errors)
+
+
+LINE_LIMIT = 600  # a page or a module that fits on a few screens
+
+
+def files_over_line_limit(paths, limit: int = LINE_LIMIT) -> list[str]:
+    """'<path>: <n> lines' for each file with more than `limit` lines."""
+    errors = []
+    for path in map(Path, paths):
+        n = len(path.read_text().splitlines())
+        if n > limit:
+            name = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+            errors.append(f"{name}: {n} lines (limit {limit})")
+    return errors
+
+
+def test_benchmarks_page_and_modules_stay_within_the_line_limit(tmp_path):
+    # The checker reports a file one line over the limit and passes one at it.
+    long, short = tmp_path / "long.py", tmp_path / "short.py"
+    long.write_text("x = 1\n" * 4)
+    short.write_text("x = 1\n" * 3)
+    assert files_over_line_limit([long, short], limit=3) == [f"{long}: 4 lines (limit 3)"]
+
+    modules = sorted([*ROOT.glob("jaxrl_agentic/**/*.py"), *ROOT.glob("pallas_kernels/**/*.py")])
+    assert len(modules) > 50, "the module glob found almost nothing"
+    errors = files_over_line_limit([ROOT / "docs" / "benchmarks.md", *modules])
+    assert not errors, "\n".join(errors)
