@@ -120,6 +120,30 @@ def given_replies_policy(replies):
     return make
 
 
+def check_warmup_replies(cfg) -> None:
+    """`format_warmup.replies` are whole replies, as a policy writes them and the
+    environment parses them: ``reply_prefix + generated + reply_suffix``; the warm-up trains
+    the part between (``ChatFormatter.reply_ids``), as it does with the environments' own
+    policies. A reply without them is a one-line config error, before anything is loaded.
+
+    Not wrapped in them instead: a reply that happened to start with the prefix would then
+    mean something else than one that did not, and an override of ``reply_prefix`` would
+    silently change what the warm-up teaches."""
+    from jaxrl_agentic.config import ConfigError
+
+    cfg = as_run_config(cfg)
+    prefix, suffix = cfg.rollout.reply_prefix, cfg.rollout.reply_suffix
+    if cfg.format_warmup.steps <= 0:
+        return
+    for reply in cfg.format_warmup.replies:
+        if not (reply.startswith(prefix) and reply.endswith(suffix)
+                and len(reply) >= len(prefix) + len(suffix)):
+            raise ConfigError(
+                f"config.format_warmup.replies: {reply!r} is not a whole reply: each starts "
+                f"with reply_prefix {prefix!r} and ends with reply_suffix {suffix!r}, as the "
+                f"environment reads it (e.g. {prefix + reply + suffix!r})")
+
+
 def text_policy_replies(formatter, make_policy, seed: int):
     """reply_ids(row, new_ids) for a text policy that reads the new messages of its row."""
     rng = random.Random(seed)
@@ -191,6 +215,7 @@ def format_warmup(base_model_dir: str, cfg: RunConfig, out_dir: str, *,
     from jaxrl_agentic.training.learner_config import LearnerConfig
 
     cfg = as_run_config(cfg)
+    check_warmup_replies(cfg)
     rollout, seed = cfg.rollout, cfg.run.seed
     packing = cfg.learner.packing
     model, tokenizer = load_pretrained(base_model_dir,

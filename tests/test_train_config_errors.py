@@ -21,6 +21,11 @@ CASES = [
     (["--config.format_warmup.lr_schedule=linear"], "config.format_warmup.lr_schedule"),
     (["--config.format_warmup.replies=('<answer>Up</answer>', '')"],
      "config.format_warmup.replies: must be a list of non-empty reply strings"),
+    # whole replies, as the environment reads them: the recipe's prefix/suffix included
+    (["--config.format_warmup.replies=('Up', 'Left')"],
+     "config.format_warmup.replies: 'Up' is not a whole reply: each starts with reply_prefix "
+     "'<answer>' and ends with reply_suffix '</answer>', as the environment reads it (e.g. "
+     "'<answer>Up</answer>')"),
     (["--config.sample_mode=step", "--config.adv_estimator=gae"], "cannot be broadcast"),
     (["--config.sample_mode=step", "--config.adv_estimator=reinforce_plus_plus"],
      "cannot be broadcast"),

@@ -71,6 +71,10 @@ class Pipeline(BatchFilters):
         self.config = cfg = as_run_config(config)
         self.log = log
         check_python_env_options(cfg)  # before any weight is read: a typo costs no start-up
+        if model_dir is None:
+            from jaxrl_agentic.warmup import check_warmup_replies
+
+            check_warmup_replies(cfg)
         try:  # the device count is only known now: a mismatch is still a config error
             self.placement = SamplerPlacement(cfg.mesh.sampler_devices, learner_devices=devices)
             self.mesh = mesh = make_mesh(data=cfg.mesh.data, fsdp=cfg.mesh.fsdp,
