@@ -16,7 +16,7 @@ import numpy as np
 
 from jaxrl_agentic.data.buckets import bucket_rows, round_up_to_bucket
 from jaxrl_agentic.data.packing import PackedBatch, PackingConfig, pad_rows, spread_rows
-from jaxrl_agentic.data.tree_packing import prefix_groups
+from jaxrl_agentic.data.tree_packing import prompt_groups
 from jaxrl_agentic.data.types import Sample
 
 
@@ -39,12 +39,14 @@ def split_minibatches(
     Returns ``ppo_epochs · ceil(n / mini_batch_size)`` lists; within an epoch every sample
     appears exactly once and only the last mini-batch may be smaller. The reductions
     normalise per mini-batch, so a short last mini-batch is still an unbiased update.
-    ``keep_groups``: the shuffle moves whole prefix groups (``tree_packing.prefix_groups``,
-    members in their order), so a group is cut only where a mini-batch boundary falls inside
-    it: what tree packing needs to find a group's members together.
+    ``keep_groups``: the shuffle moves whole prompt groups (``tree_packing.prompt_groups``:
+    the samples that begin with one first prompt, a GRPO group; members in their order), so
+    a group is cut only where a mini-batch boundary falls inside it: what tree packing needs
+    to find a group's members together. Groups that share only their instructions are
+    separate units, so each epoch and seed draws its own mini-batches.
     """
     updates_per_step(len(samples), mini_batch_size, ppo_epochs)  # validates arguments
-    groups = [g for g, _ in prefix_groups(samples)] if keep_groups else None
+    groups = prompt_groups(samples) if keep_groups else None
     minibatches = []
     for _ in range(ppo_epochs):
         if groups is None:

@@ -19,8 +19,10 @@ layout's, so logprobs, losses and gradients equal the flat layout's to rounding.
 What is shared (:func:`prefix_groups`): a common start of the members' prompts, at most
 ``P = prompt_len − 1`` tokens of each: a GRPO group's identical first prompt (trajectory
 samples), or the first prompt its step samples all begin with. Any equal tokens are equally
-exact to share. The prompt's last token stays in each continuation: its hidden state
-predicts the member's first generated token, so kept inside the member's segment the
+exact to share, so groups that begin with the same instructions are joined where that saves
+tokens; the mini-batch shuffle moves each GRPO group on its own (:func:`prompt_groups`). The
+prompt's last token stays in each continuation: its hidden state predicts the member's
+first generated token, so kept inside the member's segment the
 learner's shift-by-one (``learner.next_token_valid``, ``packing.loss_positions``) needs no
 exception, and the prefix segment carries no loss token (it counts in no loss reduction).
 
@@ -69,28 +71,57 @@ def prefix_groups(samples: Sequence[Sample]) -> list[tuple[list[int], int]]:
     """``(members, shared)``: groups of samples that share their first ``shared`` tokens, all
     inside every member's prompt but its last token (``shared ≤ prompt_len − 1``).
 
-    The samples are sorted by their prompts, so those with the longest common starts are
-    neighbours; a sample joins the group before it when that saves more tokens than it
-    loses, ``n·s' > (n − 1)·s`` for a group of ``n`` sharing ``s`` that would share ``s'``
-    with it (so a batch's maps split into their groups even though all share the
-    instructions), else it starts a group. Identical prompts (a GRPO group's start, in
-    trajectory samples) share ``prompt_len − 1``; step samples of one group share their
-    first prompt. Groups of one share nothing (``shared = 0``)."""
-    order = sorted(range(len(samples)),
-                   key=lambda i: samples[i].tokens[:samples[i].prompt_len].tolist())
+    Built from the prompt groups (:func:`prompt_groups`, in their sorted order, so those
+    with the longest common starts are neighbours): a prompt group of ``m`` shares its first
+    prompt but its last token, ``s_m``; it joins the group before it when that saves more
+    tokens than keeping the two apart, ``(n + m − 1)·s' > (n − 1)·s + (m − 1)·s_m`` for a
+    group of ``n`` sharing ``s`` that would share ``s'`` with it, else it starts a group.
+    So a batch's GRPO groups stay apart even though all share the instructions, while
+    samples that share nothing else (one episode per map) share those. Identical prompts (a
+    GRPO group's start, in trajectory samples) share ``prompt_len − 1``; step samples of
+    one group share their first prompt. Groups of one share nothing (``shared = 0``)."""
     groups: list[tuple[list[int], int]] = []
-    for i in order:
-        cap = samples[i].prompt_len - 1
+    for unit in prompt_groups(samples):
+        first = samples[unit[0]]  # the shortest prompt of the unit: a prefix of the others
+        own = first.prompt_len - 1 if len(unit) > 1 else 0
         if groups:
             members, shared = groups[-1]
             prev = samples[members[-1]]
-            now = min(shared if len(members) > 1 else prev.prompt_len - 1, cap,
-                      _common_length(prev.tokens, samples[i].tokens))
-            before = (len(members) - 1) * shared
-            if now > 0 and len(members) * now > before:
-                groups[-1] = (members + [i], now)
+            now = min(shared if len(members) > 1 else prev.prompt_len - 1,
+                      first.prompt_len - 1, _common_length(prev.tokens, first.tokens))
+            apart = (len(members) - 1) * shared + (len(unit) - 1) * own
+            if now > 0 and (len(members) + len(unit) - 1) * now > apart:
+                groups[-1] = (members + unit, now)
                 continue
-        groups.append(([i], 0))
+        groups.append((unit, own))
+    return groups
+
+
+def prompt_groups(samples: Sequence[Sample]) -> list[list[int]]:
+    """The samples grouped by the first prompt they start from: a GRPO group each.
+
+    Sorted by their prompts, the samples whose prompts begin with a prompt ``A`` follow ``A``
+    in one run. A group is such a run: its first prompt ``A`` (a GRPO group's identical
+    first prompt in trajectory samples; in step samples its turn-0 prompt, which every later
+    turn's context extends) and the samples whose prompts begin with it. A prompt that
+    shares only a shorter start with ``A`` (the instructions, a system or tools block, that
+    every group of a batch may begin with) starts a group of its own, and so does each
+    sample with ``prompt_len ≤ 1``. These are the units the mini-batch shuffle moves
+    (``minibatch.split_minibatches``): :func:`prefix_groups` may join groups that share
+    their instructions where that saves tokens, which as one unit would give the same
+    mini-batches in every epoch."""
+    order = sorted(range(len(samples)),
+                   key=lambda i: samples[i].tokens[:samples[i].prompt_len].tolist())
+    groups: list[list[int]] = []
+    first = None  # the first prompt of the open group
+    for i in order:
+        s = samples[i]
+        if first is not None and len(first) <= s.prompt_len and np.array_equal(
+                s.tokens[:len(first)], first):
+            groups[-1].append(i)
+            continue
+        groups.append([i])
+        first = s.tokens[:s.prompt_len] if s.prompt_len > 1 else None
     return groups
 
 

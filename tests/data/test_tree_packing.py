@@ -6,7 +6,7 @@ import pytest
 
 from jaxrl_agentic.data import PackingConfig, Sample, split_minibatches
 from jaxrl_agentic.data.packing import pack_samples, pack_tree, token_stats
-from jaxrl_agentic.data.tree_packing import prefix_groups
+from jaxrl_agentic.data.tree_packing import prefix_groups, prompt_groups
 
 
 def sample(tokens, prompt_len, traj_id=0, seed=0):
@@ -147,3 +147,66 @@ def test_split_keeps_groups_together_and_every_sample_once_per_epoch():
         assert sorted(seen) == sorted(id(s) for s in samples)
         for mb in epoch:  # 8 = two whole groups of 4: each mini-batch holds two prompts
             assert sorted(len(g) for g, _ in prefix_groups(mb)) == [4, 4]
+
+
+def _groups_after_shared_instructions(groups, members, system=30):
+    """GRPO-like samples, given group after group: every prompt is the same ``system``-token
+    instructions, then the group's own 5-token question, then the same 2-token turn header
+    (``traj_id // 10`` is the group); each member its own reply."""
+    rng = np.random.default_rng(7)
+    instructions, header = rng.integers(1, 50, system), [60, 61]
+    samples = []
+    for g in range(groups):
+        prompt = np.concatenate([instructions, rng.integers(1, 50, 5), header])
+        for m in range(members):
+            reply = rng.integers(1, 50, int(rng.integers(2, 9)))
+            samples.append(sample(np.concatenate([prompt, reply]), len(prompt),
+                                  traj_id=10 * g + m, seed=m))
+    return samples
+
+
+def _epochs(batches, per_epoch):
+    """Each epoch's mini-batches as tuples of the GRPO groups they hold, in order."""
+    return [tuple(tuple(sorted({s.traj_id // 10 for s in mb})) for mb in batches[e:e + per_epoch])
+            for e in range(0, len(batches), per_epoch)]
+
+
+def test_groups_that_share_only_their_instructions_stay_apart_and_are_shuffled():
+    """Six groups of four share a 30-token instruction block, more than each group's own
+    question: the shuffle still sees six groups, and mini-batches of 8 hold two whole
+    groups, drawn anew each epoch and with each seed, and are tree-packed exactly."""
+    samples = _groups_after_shared_instructions(groups=6, members=4)
+    six = [[10 * g + m for m in range(4)] for g in range(6)]
+    assert sorted(sorted(samples[i].traj_id for i in g) for g in prompt_groups(samples)) == six
+    # Packed apart, each group saves 3·36 tokens; chained as one, 23·30 < 6·3·36.
+    groups = prefix_groups(samples)
+    assert sorted(sorted(samples[i].traj_id for i in m) for m, _ in groups) == six
+    assert {shared for _, shared in groups} == {36}
+    # One sample per map shares nothing else: the instructions are shared (23·30 tokens).
+    alone = _groups_after_shared_instructions(groups=24, members=1)
+    assert [len(m) for m, _ in prefix_groups(alone)] == [24]
+    assert prefix_groups(alone)[0][1] == 30
+    epochs = []
+    for seed in range(3):
+        batches = split_minibatches(samples, 8, 3, np.random.default_rng(seed), keep_groups=True)
+        for mb in batches:  # two whole groups of four
+            assert len(mb) == 8 and len({s.traj_id // 10 for s in mb}) == 2
+        epochs += _epochs(batches, 3)
+        batch = pack_tree(batches[0], micro_batch_max_tokens=512, sequence_length=512)
+        assert batch.shared_saved >= 2 * 3 * 36  # at least each group's prompt, once
+        for s, got in zip(batches[0], _recovered(batch, 8), strict=True):
+            np.testing.assert_array_equal(got["tokens"], s.tokens)
+            np.testing.assert_array_equal(got["positions"], np.arange(len(s)))
+    assert len(set(epochs)) > len(epochs) // 2  # 9 epochs, drawn from 6!/(2!^3) orders
+
+
+def test_pairs_after_shared_instructions_are_not_the_same_mini_batches_every_epoch():
+    """Group size 2, one group per mini-batch: chained into one group, every epoch and seed
+    gave the groups in their sorted order, [[0, 1], [2, 3], …]."""
+    samples = _groups_after_shared_instructions(groups=8, members=2)
+    epochs = []
+    for seed in range(3):
+        batches = split_minibatches(samples, 2, 2, np.random.default_rng(seed), keep_groups=True)
+        assert all(len({s.traj_id // 10 for s in mb}) == 1 for mb in batches)
+        epochs += _epochs(batches, 8)
+    assert len(set(epochs)) == len(epochs)  # 6 epochs of 8! orders: all different
