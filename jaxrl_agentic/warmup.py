@@ -157,6 +157,37 @@ def text_policy_replies(formatter, make_policy, seed: int):
     return reply_ids
 
 
+def env_warmup_replies(factory, formatter, seed: int):
+    """(factory, reply_ids) for a Python environment with a `warmup_reply(rng)` method
+    (`envs/python_env.py`): each reply is the method's answer on the episode's own
+    environment, in the state the episode is in; (factory, None) for one without (one
+    environment is built to see).
+
+    The returned factory records each environment it builds under its episode's group:
+    the warm-up's episode k is group k and row k of the scripted session
+    (`format_warmup`), so row k's reply comes from the environment of group k."""
+    from jaxrl_agentic.rollout.groups import EpisodeSpec
+
+    if getattr(factory(EpisodeSpec(seed=0, group_id=0, member=0), 0), "warmup_reply",
+               None) is None:
+        return factory, None
+    rng, envs = random.Random(seed), {}
+
+    def recording(spec, run_seed):
+        envs[spec.group_id] = env = factory(spec, run_seed)
+        return env
+
+    def reply_ids(row, new_ids):
+        del new_ids  # the environment knows its state
+        reply = envs[row].warmup_reply(rng)
+        if not isinstance(reply, str):
+            raise TypeError(f"{type(envs[row]).__name__}.warmup_reply() must return the "
+                            f"reply text (str), got {type(reply).__name__}")
+        return formatter.reply_ids(reply)
+
+    return recording, reply_ids
+
+
 def warmup_cache_key(base_model_dir: str, cfg: RunConfig) -> str:
     """What the warmed model depends on, hashed: a change to any of it builds another."""
     envs = {tag: env.record() for tag, env in cfg.envs.items()}
@@ -273,7 +304,8 @@ def warmup_envs(cfg: RunConfig) -> list[tuple[str, dict]]:
 def warmup_runners(cfg: RunConfig, formatter) -> list:
     """One rollout runner per warm-up environment (`warmup_envs`), each played by its
     scripted policy: `format_warmup.replies` when given, else a JAX environment's random
-    valid actions or a Python environment's own text policy (`text_policy`)."""
+    valid actions or a Python environment's own text policy (`text_policy`, else its
+    `warmup_reply` method: `env_warmup_replies`)."""
     from jaxrl_agentic.config import ConfigError
     from jaxrl_agentic.envs import make
     from jaxrl_agentic.envs.registry import resolve_backend
@@ -320,15 +352,21 @@ def _python_warmup_runner(cfg: RunConfig, i: int, spec, env_config: dict, format
 
     policy = (given_replies_policy(cfg.format_warmup.replies) if cfg.format_warmup.replies
               else text_policy(spec.env_type, env_config))
-    if policy is None:
+    factory = make_python_env(spec.env_type, format_penalty=spec.format_penalty, **env_config)
+    seed = cfg.run.seed + 7919 * i
+    if policy is not None:
+        replies = text_policy_replies(formatter, policy, seed)
+    else:
+        factory, replies = env_warmup_replies(factory, formatter, seed)
+    if replies is None:
         raise ConfigError(f"config.format_warmup.steps: no format warm-up policy for the python "
                           f"environment {spec.env_type!r} (have: calculator, shop, textarena:<id>, "
                           "reasoning_gym:<dataset> without tools or with the calculator "
-                          "alone); set format_warmup.steps=0")
-    factory = make_python_env(spec.env_type, format_penalty=spec.format_penalty, **env_config)
+                          "alone, an environment with a warmup_reply(rng) method); give it "
+                          "one (docs/extending.md), set format_warmup.replies, or set "
+                          "format_warmup.steps=0")
     scripted = ScriptedSampler(
-        text_policy_replies(formatter, policy, cfg.run.seed + 7919 * i),
-        max_total_len=cfg.rollout.max_input_length + spec.max_tokens_per_step + 1)
+        replies, max_total_len=cfg.rollout.max_input_length + spec.max_tokens_per_step + 1)
     return PythonRolloutRunner(factory, scripted, formatter, tag=spec.tag,
                                max_turns=min(spec.max_turns, cfg.format_warmup.max_turns),
                                max_input_length=cfg.rollout.max_input_length,

@@ -9,6 +9,7 @@ import pytest
 
 from jaxrl_agentic.algos import estimators, policy_losses
 from jaxrl_agentic.config import validate
+from jaxrl_agentic.envs.python_env import PyStep, PythonTextEnv, text_state_hash
 from jaxrl_agentic.pipeline import Pipeline
 from jaxrl_agentic.train import parse_config
 from tests.test_pipeline_sharded import ROOT, small_overrides
@@ -195,3 +196,54 @@ def test_a_recipe_imports_a_module_beside_it(tmp_path, monkeypatch):
     parse_config(["train", "--config", str(tmp_path / "recipe_with_a_sibling.py")])
     assert sys.path.count(str(tmp_path)) == 1
     monkeypatch.delitem(sys.modules, "beside_the_recipe_settings", raising=False)
+
+
+class _Pick(PythonTextEnv):
+    """Name the secret colour: the secret is in the state, not in the text."""
+
+    max_steps_in_episode = 2
+
+    def __init__(self, format_penalty: float):
+        self.secret = ""
+
+    def reset(self, seed: int) -> str:
+        self.secret = ("red", "green", "blue")[seed % 3]
+        return "Name a colour: <answer>red</answer>, green or blue."
+
+    def step(self, reply: str) -> PyStep:
+        right = reply == f"<answer>{self.secret}</answer>"
+        return PyStep(observation="again", reward=float(right), terminated=right,
+                      action_is_valid=True, action_is_effective=True, success=right)
+
+    def state_hash(self) -> bytes:
+        return text_state_hash(self.secret)
+
+    def warmup_reply(self, rng) -> str:  # the episode's own state, to show whose env it is
+        return f"<answer>{self.secret}</answer>"
+
+
+def test_a_python_environment_supplies_its_own_warmup_replies(tiny_model_dir):
+    """`warmup_reply(rng)` on an environment without a built-in warm-up policy: the warm-up
+    writes it, from each episode's own environment (here the secret, so every episode is
+    solved at once), in place of the 'no format warm-up policy' error."""
+    from jaxrl_agentic.config import default_config, env_spec
+    from jaxrl_agentic.envs import register
+    from jaxrl_agentic.models import load_pretrained
+    from jaxrl_agentic.rollout.conversation import ChatFormatter
+    from jaxrl_agentic.rollout.groups import EpisodeSpec
+    from jaxrl_agentic.run_config import build_run_config
+    from jaxrl_agentic.warmup import warmup_runners
+
+    register("pick_test_env", lambda format_penalty=0.1: (
+        lambda spec, run_seed: _Pick(format_penalty)), backend="python", replace=True)
+    c = default_config()
+    c.custom_envs = {"pick": env_spec("pick_test_env", max_turns=2, max_tokens_per_step=8)}
+    c.train_env_manager.tags = c.val_env_manager.tags = ("pick",)
+    c.format_warmup.steps = 1
+    _, tok = load_pretrained(tiny_model_dir)
+    [runner] = warmup_runners(build_run_config(c), ChatFormatter(tok))
+    trajs = runner.run([EpisodeSpec(seed=s, group_id=s, member=0) for s in range(5)],
+                       sample_seed=0)
+    written = [tok.decode(t.turns[0].generated, skip_special_tokens=True) for t in trajs]
+    assert written == [f"<answer>{('red', 'green', 'blue')[s % 3]}</answer>" for s in range(5)]
+    assert all(t.metrics["success"] == 1.0 and len(t.turns) == 1 for t in trajs)

@@ -10,6 +10,7 @@ An environment that calls a tool, a sandbox or a web service cannot be vmapped a
     step = env.step(reply)          # -> PyStep
     ...
     frame = env.render_rgb()        # optional: [H, W, 3] uint8 for episode GIFs, or None
+    reply = env.warmup_reply(rng)   # optional: a well-formed reply for the format warm-up
 
 - `reply` is the raw decoded model reply (special tokens stripped); the environment parses
   it itself. `PyStep.action` is the parsed action id the turn records (`Turn.action`), or
@@ -23,6 +24,12 @@ An environment that calls a tool, a sandbox or a web service cannot be vmapped a
 - `state_hash()` returns bytes equal exactly when two states are the same situation: it
   anchors GiGPO step groups across the episodes of a group, so it must be stable across
   processes (hashlib, not Python's salted `hash()`); see `text_state_hash`.
+- `warmup_reply(rng)` (optional; `None`, the default, when the environment has none): a
+  reply in the format the environment parses, to the state it is in, of no particular
+  quality (a random valid move, say; `rng` is a `random.Random`). The format warm-up
+  (`format_warmup.steps > 0`) writes it on every turn of its episodes when the environment
+  has no built-in policy (`warmup.text_policy`) and no `format_warmup.replies` are given:
+  the whole reply the environment reads, `reply_prefix` and `reply_suffix` included.
 - One instance never sees two calls at once, but calls may come from different threads.
   A call that misses the runner's deadline is abandoned (its thread cannot be killed): the
   instance is never called again.
@@ -42,6 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import random
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -96,6 +104,9 @@ class PythonTextEnv:
 
     max_steps_in_episode: int = 100
     tool_schemas: list | None = None  # tools the chat template lists (envs/tools.py)
+    # Optional: a method `warmup_reply(self, rng: random.Random) -> str`, the format
+    # warm-up's reply to the current state (module docstring); None: no policy of its own.
+    warmup_reply: Callable[[random.Random], str] | None = None
 
     def reset(self, seed: int) -> str:
         """Starts the episode of map `seed`; returns the first user message."""
@@ -189,6 +200,11 @@ class JaxEnvAsPython(PythonTextEnv):
         if self._state is None:
             raise RuntimeError("render_rgb() before reset()")
         return self.env.render_rgb(self._state, self.params)
+
+    def warmup_reply(self, rng: random.Random) -> str:
+        """A uniformly random valid action, as the JAX warm-up writes it
+        (`warmup.random_action_replies`)."""
+        return f"<answer>{rng.choice(self.env.action_names)}</answer>"
 
 
 def _compile(env):

@@ -117,3 +117,18 @@ def test_adapter_step_delay_and_uncompiled_use():
     step = py.step("<answer>Up</answer>")
     assert step.action == 3 and isinstance(step.reward, float)
     assert np.isfinite(step.reward)
+
+
+def test_the_adapter_warms_up_with_random_valid_actions():
+    """`warmup_reply` of a JAX environment played through the Python backend: a uniformly
+    random valid action in the JAX warm-up's form; a plain Python env has none (None)."""
+    import random
+
+    from jaxrl_agentic.envs.python_env import PythonTextEnv
+
+    env = make_python_env("frozen_lake")(EpisodeSpec(seed=0, group_id=0, member=0), 0)
+    env.reset(0)
+    rng = random.Random(0)
+    replies = {env.warmup_reply(rng) for _ in range(200)}
+    assert replies == {f"<answer>{name}</answer>" for name in ("Left", "Down", "Right", "Up")}
+    assert PythonTextEnv.warmup_reply is None
