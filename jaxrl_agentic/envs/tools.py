@@ -29,6 +29,11 @@ one is answered with an `Error: …` tool message, counted in the step's `tool_e
 `max_tool_error_penalty` per episode: unbounded, 40 garbled calls would cost −4 against a
 +1 task reward and swamp the group-normalised advantages of every episode beside it.
 `parse_tool_calls` never raises, whatever the text.
+
+A tool that cannot run for a reason that is not the call's (an MCP server that died and
+could not be restarted: `mcp_tools.MCPServerError`) raises `ToolUnavailableError`, which
+`ToolEnv.step` lets through: the rollout ends that episode as an environment error
+(`env/errors`, `rollout/python_runner.py`), and the model is charged nothing for it.
 """
 
 from __future__ import annotations
@@ -96,6 +101,12 @@ def get_tool(name: str) -> Tool:
     if name not in _TOOLS:
         raise ValueError(f"unknown tool {name!r}; registered: {', '.join(registered_tools())}")
     return _TOOLS[name]
+
+
+class ToolUnavailableError(RuntimeError):
+    """The tool cannot run, through no fault of the call (its server died, say). Not a tool
+    error of the model: `run_tool_call` and `ToolEnv.step` raise it, and the episode ends as
+    an environment error (module docstring)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,7 +231,8 @@ class ToolResult:
 
 
 def run_tool_call(call: ToolCall, tools: Mapping[str, Tool], timeout_s: float) -> ToolResult:
-    """Executes one parsed call → the tool message; never raises.
+    """Executes one parsed call → the tool message. Raises only the tool's
+    `ToolUnavailableError` (the tool cannot run: not the call's fault, so no tool error).
 
     With `timeout_s > 0` the function runs on a daemon thread and is abandoned past the
     deadline (a Python thread cannot be killed; the tools here return in microseconds, so
@@ -241,6 +253,8 @@ def run_tool_call(call: ToolCall, tools: Mapping[str, Tool], timeout_s: float) -
             outcome["value"] = str(tool.fn(**call.arguments))
         except TimeoutError as exc:  # the tool's own deadline (an MCP server's, say)
             outcome["error"], outcome["timeout"] = str(exc) or "timed out", True
+        except ToolUnavailableError as exc:  # handed to the caller: not the model's mistake
+            outcome["unavailable"] = exc
         except Exception as exc:  # the tool refused the arguments: the model's mistake
             outcome["error"] = str(exc) or type(exc).__name__
 
@@ -253,6 +267,8 @@ def run_tool_call(call: ToolCall, tools: Mapping[str, Tool], timeout_s: float) -
                               error=True, timeout=True, kind="timeout")
     else:
         target()
+    if "unavailable" in outcome:
+        raise outcome["unavailable"]
     if "error" in outcome:
         timeout = outcome.get("timeout", False)
         return ToolResult(_clip(f"Error: {outcome['error']}"), error=True, timeout=timeout,
@@ -291,11 +307,11 @@ class ToolEnv(PythonTextEnv):
     - else (neither): the format penalty, and a user message saying what a reply needs.
 
     Every erroneous call costs `tool_error_penalty`, at most `max_tool_error_penalty` in all
-    per episode (module doc). `call_style` is the call form the hints show (`CALL_STYLES`);
-    `extra_tools` are tools offered besides the task's own: names of registered tools
-    (`register_tool`) or `Tool`s (an MCP server's, `envs/mcp_tools.py::server_tools`).
-    `PyStep.action` is 0 for an answer,
-    1 for a turn of tool calls, -1 for neither; `action_is_valid` means "an answer, or
+    per episode (module doc); a tool's `ToolUnavailableError` raises out of `step`.
+    `call_style` is the call form the hints show (`CALL_STYLES`); `extra_tools` are tools
+    offered besides the task's own: names of registered tools (`register_tool`) or `Tool`s
+    (an MCP server's, `envs/mcp_tools.py::server_tools`). `PyStep.action` is 0 for an
+    answer, 1 for a turn of tool calls, -1 for neither; `action_is_valid` means "an answer, or
     calls none of which was garbled"; `action_is_effective`: a call returned a result.
     """
 

@@ -21,6 +21,7 @@ from jaxrl_agentic.envs.mcp_tools import (
     close_mcp_servers,
     mcp_server,
     mcp_tools,
+    wait_for_restarts,
 )
 from jaxrl_agentic.envs.python_env import make_python_env
 from jaxrl_agentic.envs.tools import ToolEnv, format_tool_call
@@ -146,18 +147,19 @@ def test_two_servers_with_one_tool_name_are_refused(tools):
         mcp_tools(COMMAND)
 
 
-def test_a_crash_is_a_counted_error_and_later_calls_fail_fast(tools):
+def test_a_crash_is_no_tool_error_and_later_calls_fail_fast(tools):
+    """A server's own tools (`MCPServer.list_tools`, no restart): the call it died in and
+    every later one raise `MCPServerError` out of `ToolEnv.step` (the rollout ends the
+    episode as an environment error), never an `Error:` tool message charged to the model."""
     server = _second()
     env = MCPTask(server.list_tools(), call_timeout_s=5.0)
     env.reset(0)
     start = time.monotonic()
-    crashed = env.step(_call("crash"))  # nothing raises out of step
-    assert (crashed.tool_calls, crashed.tool_errors, crashed.tool_timeouts) == (1, 1, 0)
-    assert "is not running (connection closed)" in crashed.tool_messages[0]
+    with pytest.raises(MCPServerError, match="is not running \\(connection closed\\)"):
+        env.step(_call("crash"))
     assert not server.alive
-    after = env.step(_call("add", a=3, b=4) + _call("echo", text="hi"))
-    assert after.tool_messages == (crashed.tool_messages[0],) * 2 and after.tool_errors == 2
-    assert not after.terminated
+    with pytest.raises(MCPServerError, match="connection closed"):
+        env.step(_call("add", a=3, b=4) + _call("echo", text="hi"))
     assert time.monotonic() - start < 3.0  # the crash and the calls after it: no hang
     with pytest.raises(MCPServerError, match="connection closed"):
         server.list_tools()
@@ -206,3 +208,110 @@ def test_mcp_servers_in_a_tool_environments_config_offer_their_tools(tools):
                                      for s in env.tool_schemas}
     step = env.step(_call("add", a=20, b=22))
     assert step.tool_messages == ("42",) and step.tool_errors == 0
+
+
+# ---- a server that died: restarted, and its call is the infrastructure's fault -------------
+
+RESTARTING = f"{COMMAND} restarting"  # its own server (another cache key)
+
+
+@pytest.fixture(scope="module")
+def tiny_tokenizer(tiny_model_dir):
+    import transformers
+
+    return transformers.AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def _play(factory, tokenizer, call: str, seed: int = 0):
+    """One calculator episode through `PythonRolloutRunner`: the reply `call`, then an
+    answer once a tool message came back."""
+    from jaxrl_agentic.envs.tools import tool_responses
+    from jaxrl_agentic.rollout.conversation import ChatFormatter
+    from jaxrl_agentic.rollout.groups import EpisodeSpec
+    from jaxrl_agentic.rollout.python_runner import PythonRolloutRunner
+    from jaxrl_agentic.rollout.turns import GenerationConfig
+    from jaxrl_agentic.warmup import ScriptedSampler, text_policy_replies
+
+    def policy(text):
+        return "<answer>0</answer>" if tool_responses(text) else call
+
+    formatter = ChatFormatter(tokenizer)
+    sampler = ScriptedSampler(text_policy_replies(formatter, lambda rng: policy, seed=0),
+                              max_total_len=8192)
+    runner = PythonRolloutRunner(factory, sampler, formatter, tag="calculator", max_turns=2,
+                                 max_input_length=6000,
+                                 generation=GenerationConfig(max_tokens_per_step=256))
+    (traj,) = runner.run([EpisodeSpec(seed=seed, group_id=0, member=0)], sample_seed=0)
+    return traj, runner.stats
+
+
+def test_a_crashed_server_ends_its_episode_as_an_error_and_is_restarted(tiny_tokenizer,
+                                                                        caplog):
+    """The call the server died in is no tool error of the model: its episode ends as an
+    environment error (`env/errors`), reward 0, no `tool_error_penalty`; the next episode's
+    call reaches a restarted server."""
+    factory = make_python_env("calculator", mcp_servers=(RESTARTING,), operations=1,
+                              tool_error_penalty=0.25)
+    try:
+        first = mcp_server(RESTARTING)
+        with caplog.at_level("WARNING", logger="jaxrl_agentic.envs.mcp_tools"):
+            crashed, stats = _play(factory, tiny_tokenizer, _call("crash"))
+        assert crashed.metrics["env_error"] == 1.0 and stats["errors"] == 1
+        assert crashed.truncated and [t.reward for t in crashed.turns] == [0.0]
+        assert not first.alive and "restart 1 of 3" in caplog.text
+        wait_for_restarts()  # restarted in the background, outside any call's deadline
+        after, stats = _play(factory, tiny_tokenizer, _call("add", a=3, b=4))
+        assert after.metrics["env_error"] == 0.0 and stats["errors"] == 0
+        assert after.metrics["tool/calls"] == 1.0 and after.metrics["tool/errors"] == 0.0
+        assert after.terminated and after.turns[0].reward == 0.0  # the call: no penalty
+        assert mcp_server(RESTARTING) is not first and mcp_server(RESTARTING).alive
+    finally:
+        close_mcp_servers()
+
+
+def test_past_its_restart_budget_a_dead_server_ends_episodes_as_errors():
+    """Restarts per environment (`mcp_tools` call): one here. Another environment on the
+    same server, with none of its own, takes over the restarted server."""
+    from jaxrl_agentic.envs.tools import ToolUnavailableError
+
+    env = MCPTask(mcp_tools([RESTARTING], max_restarts=1, call_timeout_s=5.0))
+    other = MCPTask(mcp_tools([RESTARTING], max_restarts=0))
+    try:
+        for restarts_left in (True, False):
+            env.reset(0)
+            with pytest.raises(ToolUnavailableError, match="is not running"):
+                env.step(_call("crash"))  # raises out of step: the episode ends as an error
+            wait_for_restarts()
+            env.reset(0)
+            other.reset(0)
+            if restarts_left:  # restarted once, for both
+                assert env.step(_call("add", a=3, b=4)).tool_messages == ("7",)
+                assert other.step(_call("add", a=1, b=1)).tool_messages == ("2",)
+            else:  # not again: every call ends its episode, none is the model's error
+                for _ in range(2):
+                    with pytest.raises(ToolUnavailableError, match="1 restart spent"):
+                        env.step(_call("add", a=3, b=4))
+                with pytest.raises(ToolUnavailableError, match="0 restarts spent"):
+                    other.step(_call("add", a=1, b=1))
+    finally:
+        close_mcp_servers()
+
+
+def test_call_timeout_0_means_no_deadline_with_mcp_servers(tools):
+    """`call_timeout_s=0` ("no deadline") is taken by a tool environment with MCP servers,
+    and the server's calls then have none either (the session waits for the answer)."""
+    command = f"{COMMAND} no-deadline"  # started here, with the environment's deadline
+    factory = make_python_env("calculator", mcp_servers=(command,), call_timeout_s=0)
+    env = factory(None, 0)
+    env.reset(3)
+    step = env.step(_call("hang", seconds=0.2) + _call("add", a=1, b=2))
+    assert step.tool_messages == ("woke", "3") and step.tool_errors == 0
+    assert mcp_server(command).call_timeout_s == 0.0
+    server = MCPServer(SECOND, call_timeout_s=0)
+    try:
+        assert server.call_timeout_s == 0.0
+        assert server.call_tool("hang", {"seconds": 0.2}) == "woke"
+    finally:
+        server.close()
+    with pytest.raises(ValueError, match="call_timeout_s must be >= 0"):
+        MCPServer(SECOND, call_timeout_s=-1)
