@@ -175,9 +175,35 @@ def generation_config(c, spec) -> GenerationConfig:
 
 
 def lora_config(c) -> LoRAConfig:
+    """`lora_train_head="auto"` decides from what loading does (`loading_unties_head`), read
+    from the checkpoint only then (LoRA on, "auto", `untie_word_embeddings`)."""
+    decides = c.lora_rank and c.lora_train_head == "auto" and c.untie_word_embeddings
     return LoRAConfig(rank=c.lora_rank, alpha=c.lora_alpha, targets=tuple(c.lora_targets),
-                      train_head=c.lora_train_head, untied_head=c.untie_word_embeddings,
+                      train_head=c.lora_train_head,
+                      untied_head=bool(decides) and loading_unties_head(c),
                       train_embedding=c.lora_train_embedding)
+
+
+def loading_unties_head(c) -> bool:
+    """Whether loading `c.pretrain` gives it an output head of its own, a copy of its tied
+    embedding: `untie_word_embeddings` is set and the checkpoint ties its head (its
+    `tie_word_embeddings`; the built-in tiny models do). An untied checkpoint (Qwen2.5-7B)
+    loads as it is: its head is its own, and "auto" leaves it frozen beside LoRA.
+
+    The checkpoint is the one named, not the format warm-up's copy (saved untied). A source
+    that cannot be read gives False: loading it fails, and `validate` names `pretrain`."""
+    from jaxrl_agentic.models.hf_io import read_model_config
+    from jaxrl_agentic.models.tiny import PRETRAINED_NAMES, tiny_model_config
+
+    if not c.untie_word_embeddings:
+        return False
+    if c.pretrain in PRETRAINED_NAMES:  # known without building them
+        return tiny_model_config(vocab_size=64).tie_word_embeddings
+    try:
+        directory = ModelSettings(pretrain=c.pretrain).directory()
+        return read_model_config(directory).tie_word_embeddings
+    except (ValueError, OSError):  # hf_io.CheckpointError is a ValueError
+        return False
 
 
 def check_typed_configs(c, fail) -> None:

@@ -3,6 +3,7 @@ with what they register (the same small shapes as the other pipeline tests)."""
 
 import functools
 import os
+import re
 
 import numpy as np
 import pytest
@@ -247,3 +248,43 @@ def test_a_python_environment_supplies_its_own_warmup_replies(tiny_model_dir):
     written = [tok.decode(t.turns[0].generated, skip_special_tokens=True) for t in trajs]
     assert written == [f"<answer>{('red', 'green', 'blue')[s % 3]}</answer>" for s in range(5)]
     assert all(t.metrics["success"] == 1.0 and len(t.turns) == 1 for t in trajs)
+
+
+def _estimated(name: str, fn, level: str = "turn"):
+    """Advantages of two hand-built episodes (2 and 3 turns) under estimator `fn`."""
+    from tests.test_pipeline_filters import episode
+
+    estimators.register_advantage_estimator(name, fn, level=level, replace=True)
+    trajs = [episode(0, 0, [0.0, 1.0]), episode(1, 0, [0.0, 0.0, 0.0])]
+    if level == "token":
+        return estimators.token_advantages(trajs, adv_estimator=name)
+    return estimators.turn_advantages(trajs, adv_estimator=name)
+
+
+def test_an_estimators_number_per_episode_is_given_to_each_of_its_turns():
+    # An outcome estimator written as one number per trajectory (documented), as the
+    # data layer reads a scalar: every turn of the episode gets it.
+    out = _estimated("per_episode_test", lambda trajs, keys, s: np.array([0.5, -0.5]))
+    assert [a.tolist() for a in out] == [[0.5, 0.5], [-0.5, -0.5, -0.5]]
+
+
+@pytest.mark.parametrize("fn, level, message", [
+    (lambda trajs, keys, s: [np.ones(2), np.ones(2)], "turn",
+     "advantage estimator 'wrong_output_test': trajectory 1 needs per-turn advantages of "
+     "shape (3,), got shape (2,)"),
+    (lambda trajs, keys, s: [np.ones(2)], "turn",
+     "advantage estimator 'wrong_output_test' returned 1 entries for 2 trajectories"),
+    (lambda trajs, keys, s: [np.ones(2), None], "turn",
+     "advantage estimator 'wrong_output_test': trajectory 1 needs per-turn advantages of "
+     "shape (3,), got NoneType"),
+    (lambda trajs, keys, s: 1.0, "turn",
+     "advantage estimator 'wrong_output_test' must return one entry per trajectory"),
+    (lambda trajs, s, values: [np.ones(10), np.ones(15)], "token",
+     "advantage estimator 'wrong_output_test' must return (advantages, returns or None)"),
+    (lambda trajs, s, values: ([np.ones(10), np.ones(3)], None), "token",
+     "advantage estimator 'wrong_output_test': trajectory 1 needs per-token advantages of "
+     "shape (15,), got shape (3,)"),
+])
+def test_an_estimators_output_of_another_shape_is_one_clear_error(fn, level, message):
+    with pytest.raises(ValueError, match="^" + re.escape(message)):
+        _estimated("wrong_output_test", fn, level)

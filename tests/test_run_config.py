@@ -266,3 +266,42 @@ def test_no_module_past_the_entry_points_reads_the_flat_config():
                  for path in root.rglob("*.py") if path.name not in entry
                  for m in flat.finditer(path.read_text())]
     assert offenders == []
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_lora_auto_trains_the_head_only_when_loading_unties_a_tied_one(tied, tmp_path):
+    """`lora_train_head="auto"` with `untie_word_embeddings=True`: a tied checkpoint (the
+    tiny models, Qwen2.5-0.5B) loads with a copy of its embedding as head, which trains
+    beside the adapters; an untied one (Qwen2.5-7B) loads its own head, which stays frozen
+    (docs/configuration.md, `lora_train_head`)."""
+    from flax import nnx
+
+    from jaxrl_agentic.models import lora, save_pretrained
+    from jaxrl_agentic.models.hf_io import read_model_config
+    from jaxrl_agentic.models.transformer import Transformer
+    from tests.training.test_learner import MODEL_CFG
+
+    path = str(tmp_path / "model")
+    save_pretrained(Transformer(dataclasses.replace(MODEL_CFG, tie_word_embeddings=tied),
+                                rngs=nnx.Rngs(0)), None, path)
+    c = default_config()
+    c.pretrain, c.untie_word_embeddings, c.lora_rank = path, True, 4
+    validate(c)
+    config = build_run_config(c).model.lora
+    assert config.trains_head is tied
+    # What the pipeline builds from it: the loaded model's parts trained in full.
+    loaded = Transformer(read_model_config(path, untie_word_embeddings=True), rngs=nnx.Rngs(0))
+    assert lora.trained_in_full(lora.add_lora(loaded, config)) == (
+        [("lm_head", "kernel")] if tied else [])
+    c.untie_word_embeddings = False  # a tied head cannot train; an untied one is not asked
+    assert not build_run_config(c).model.lora.trains_head
+    c.lora_train_head = "always"
+    assert build_run_config(c).model.lora.trains_head
+
+
+def test_lora_auto_trains_the_tiny_models_untied_head():
+    c = default_config()
+    c.untie_word_embeddings, c.lora_rank = True, 4
+    for name in ("tiny", "tiny-tools"):  # tied: decided without building them
+        c.pretrain = name
+        assert build_run_config(c).model.lora.trains_head

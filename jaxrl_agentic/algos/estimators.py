@@ -3,14 +3,17 @@
 An estimator works at one of two levels (the formulas are ``algos/advantages.py``'s):
 
 * ``"turn"``: ``fn(trajectories, keys, settings) -> [per-turn advantages [num_turns]]``, one
-  array per trajectory; ``keys[i]`` is trajectory i's normalisation key (``reward_norm_by``:
-  its group, its env tag, or the whole batch). Outcome estimators (grpo, rloo, reinforce)
-  give every turn the episode's scalar; step estimators (gigpo, turn_grpo) one value per
-  turn. Such advantages are placed on each sample's own reply tokens, in trajectory and in
-  step mode alike.
+  array per trajectory (or one number, the episode's, given to each of its turns);
+  ``keys[i]`` is trajectory i's normalisation key (``reward_norm_by``: its group, its env
+  tag, or the whole batch). Outcome estimators (grpo, rloo, reinforce) give every turn the
+  episode's scalar; step estimators (gigpo, turn_grpo) one value per turn. Such advantages
+  are placed on each sample's own reply tokens, in trajectory and in step mode alike.
 * ``"token"``: ``fn(trajectories, settings, values) -> (per-token advantages, returns or
   None)`` over each trajectory sample's tokens (reinforce_plus_plus, gae). Per-token values
   cannot be broadcast onto separate step samples, so validation rejects them in step mode.
+
+Any other output (another count of entries, another length, not numbers) is one
+``ValueError`` that names the estimator and the trajectory.
 
 ``group_relative``: the estimator normalises within groups and needs ``group_size ≥ 2``;
 ``needs_critic``: the run trains a value model and passes its ``values`` (gae).
@@ -140,10 +143,44 @@ def turn_advantages(trajectories, *, adv_estimator: str, reward_norm_by: str = "
     out = [np.zeros(0, np.float32) for _ in trajectories]
     kept = [trajectories[i] for i in played]
     if kept:
-        values = spec.fn(kept, _norm_keys(kept, reward_norm_by), settings)
-        for i, a in zip(played, values, strict=True):
-            out[i] = np.asarray(a, np.float32)
+        values = _one_per_trajectory(adv_estimator, spec.fn(
+            kept, _norm_keys(kept, reward_norm_by), settings), kept)
+        for i, t, a in zip(played, kept, values, strict=True):
+            out[i] = _checked(adv_estimator, a, (len(t.turns),), t, "per-turn advantages",
+                              scalar_ok=True)
     return out
+
+
+def _one_per_trajectory(name: str, values, trajectories) -> list:
+    """An estimator's output as a list with one entry per trajectory, or one clear error
+    naming the estimator."""
+    try:
+        values = list(values)
+    except TypeError:
+        raise ValueError(f"advantage estimator {name!r} must return one entry per trajectory "
+                         f"(a list), got {type(values).__name__}") from None
+    if len(values) != len(trajectories):
+        raise ValueError(f"advantage estimator {name!r} returned {len(values)} entries for "
+                         f"{len(trajectories)} trajectories (one per trajectory)")
+    return values
+
+
+def _checked(name: str, value, shape: tuple[int, ...], traj, what: str, *,
+             scalar_ok: bool = False) -> np.ndarray:
+    """`value` as fp32 of `shape`, or one clear error naming the estimator and the
+    trajectory. ``scalar_ok``: one number stands for every turn (the episode's outcome
+    advantage, as ``data.samples`` reads a scalar), and is given to each."""
+    try:  # (None would become NaN)
+        a = None if value is None else np.asarray(value, np.float32)
+    except (TypeError, ValueError):
+        a = None
+    if a is not None and a.ndim == 0 and scalar_ok:
+        return np.full(shape, a, np.float32)
+    if a is None or a.shape != shape:
+        got = f"shape {a.shape}" if a is not None else type(value).__name__
+        raise ValueError(f"advantage estimator {name!r}: trajectory {traj.traj_id} needs "
+                         f"{what} of shape {shape}, got {got}")
+    return a
 
 
 def turn_reward_tokens(traj) -> tuple[np.ndarray, np.ndarray]:
@@ -172,7 +209,22 @@ def token_advantages(trajectories, *, adv_estimator: str,
         raise ValueError(f"adv_estimator={adv_estimator!r} needs critic values")
     if not trajectories:
         return [], [] if spec.needs_critic else None
-    return spec.fn(trajectories, settings, values)
+    result = spec.fn(trajectories, settings, values)
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise ValueError(f"advantage estimator {adv_estimator!r} must return (advantages, "
+                         f"returns or None), got {type(result).__name__}")
+    advantages, returns = result
+    shapes = [(t.turns[-1].context_len + len(t.turns[-1].generated),) for t in trajectories]
+    advantages = [_checked(adv_estimator, a, shape, t, "per-token advantages")
+                  for a, shape, t in zip(_one_per_trajectory(adv_estimator, advantages,
+                                                             trajectories),
+                                         shapes, trajectories, strict=True)]
+    if returns is not None:
+        returns = [_checked(adv_estimator, r, shape, t, "per-token returns")
+                   for r, shape, t in zip(_one_per_trajectory(adv_estimator, returns,
+                                                              trajectories),
+                                          shapes, trajectories, strict=True)]
+    return advantages, returns
 
 
 # ---- the built-in estimators ------------------------------------------------------------------

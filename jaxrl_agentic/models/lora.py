@@ -74,9 +74,10 @@ class LoRAConfig:
     a scale of 1), ``targets``: projection names from ``TARGETS`` (empty = all),
     ``train_head``: whether the output head trains in full beside the adapters: "always"
     (the head must be untied), "never", or "auto" = when ``untie_word_embeddings`` made
-    the head a copy of a tied embedding (``untied_head``); ``train_embedding``: whether the
-    token embedding trains in full beside the adapters (a tied head, the same array, then
-    trains with it)."""
+    the head a copy of a tied embedding (``untied_head``: what loading did, from the
+    checkpoint's config, ``run_config.loading_unties_head``; not for a checkpoint's own
+    untied head); ``train_embedding``: whether the token embedding trains in full beside
+    the adapters (a tied head, the same array, then trains with it)."""
 
     rank: int = 0
     alpha: float = 0.0
