@@ -4,13 +4,15 @@ the prompt, the reply its action, its rewards and end the episode's (`envs/texta
     pip install -e ".[envs]"
     python -m jaxrl_agentic.train --config configs/textarena.py
     python -m jaxrl_agentic.train --config configs/textarena.py \
-        --config.env_id=textarena:GuessTheNumber-v0 \
-        --config.custom_envs.game.env_config.game_kwargs='{}' \
-        --config.format_warmup.replies='()' --config.custom_envs.game.max_tokens_per_step=4
+        --config.env_id=textarena:LightsOut-v0
 
 `env_id` picks the game (`textarena:<EnvId>`; an unknown id, or one that needs the network
-such as Wordle, is a one-line config error; another game takes its own `game_kwargs`, and
-its own warm-up replies or `()` for the example actions of its first message). The default
+such as Wordle, is a one-line config error). The settings tuned for ThreeCardMonte are
+marked as its own (`env_specific_settings`, jaxrl_agentic/env_specific.py), so another game
+plays with its own constructor defaults (`game_kwargs={}`), replies of up to 8 tokens and a
+warm-up on the example actions of its first message (`format_warmup.replies=()`); an
+override of any of them still wins (GuessTheNumber's first message shows only `[5]`: give
+it replies of its own, `--config.format_warmup.replies="('[3]','[10]','[17]')"`). The default
 is TextArena's ThreeCardMonte with no shuffle (its constructor's `steps=0`): the game draws
 the ball under one of three cups, and the reply names the cup, `[0]`, `[1]` or `[2]` (the
 brackets are context and the model writes the digit, as the FrozenLake recipe's tags). The
@@ -20,7 +22,9 @@ not learn in a probe (docs/environments.md). FrozenLake 3×3 (`game_kwargs={"siz
 a move. Held-out episodes play seeds training never sees.
 """
 
-from jaxrl_agentic.config import env_manager, env_spec, tiny_grpo_recipe
+from jaxrl_agentic.config import env_manager, env_spec, env_specific_settings, tiny_grpo_recipe
+
+GAME = "textarena:ThreeCardMonte-v0"
 
 
 def get_config():
@@ -38,8 +42,14 @@ def get_config():
     # board, then its entropy jumped (0.8 → 3.1 nats a token, gradient norm 38), half its
     # replies turned invalid, and it settled on one cup for every board.
     c.custom_envs = {"game": env_spec(
-        "textarena:ThreeCardMonte-v0", max_turns=2, max_tokens_per_step=1, format_penalty=0.1,
+        GAME, max_turns=2, max_tokens_per_step=1, format_penalty=0.1,
         env_backend="python", game_kwargs={"steps": 0})}
+    # ThreeCardMonte's own: another `env_id` plays with the values given here instead.
+    env_specific_settings(c, "game", {
+        "custom_envs.game.env_config.game_kwargs": {},  # the game's own defaults
+        "custom_envs.game.max_tokens_per_step": 8,  # a move such as `[A C]` or `[1 2 3 4]`
+        "format_warmup.replies": (),  # the bracketed example actions of its first message
+    })
     c.train_env_manager = env_manager(num_env_groups=8, group_size=4, tags=("game",))
     c.val_env_manager = env_manager(num_env_groups=32, group_size=1, tags=("game",))
     return c

@@ -18,6 +18,7 @@ import ml_collections
 from jaxrl_agentic.algos.estimators import REWARD_NORM_BY, estimator_names, validate_estimator
 from jaxrl_agentic.algos.schedules import LR_SCHEDULER_TYPES
 from jaxrl_agentic.data.samples import SAMPLE_MODES
+from jaxrl_agentic.env_specific import env_specific_settings, resolve_env_specific  # noqa: F401
 from jaxrl_agentic.models.config import DTYPES
 from jaxrl_agentic.rollout.batching import ROLLOUT_BATCHING
 
@@ -276,6 +277,9 @@ def default_config() -> ml_collections.ConfigDict:
     # "" = each tag's own env_type; else the environment of the run's only tag, e.g.
     # `--config.env_id=textarena:GuessTheNumber-v0` (one override picks another game)
     c.env_id = ""
+    # Per tag, the settings a recipe tuned for its own environment and their values on any
+    # other (`env_specific_settings(c, tag, {...})`, env_specific.py): filled by recipes only
+    c.env_specific = ml_collections.ConfigDict()
     c.train_env_manager = env_manager(8, 8)
     c.val_env_manager = env_manager(16, 1)
     # format warm-up: supervised replies with random valid actions, before RL (0 steps = off)
@@ -352,6 +356,10 @@ def validate(c) -> None:
         extra = set(c[field].keys()) - set(defaults[field].keys())
         if extra:
             fail_unknown_field(f"{field}.{sorted(extra)[0]}", defaults[field].keys())
+    try:  # another environment than the recipe's own leaves the settings tuned for it
+        c = resolve_env_specific(c)
+    except (TypeError, ValueError) as e:
+        _fail("env_specific", str(e))
     _choice(c, "adv_estimator", estimator_names())
     _choice(c, "sample_mode", SAMPLE_MODES)
     _choice(c, "lr_scheduler_type", LR_SCHEDULER_TYPES)

@@ -31,6 +31,7 @@ from collections.abc import Mapping
 
 from jaxrl_agentic.algos.estimators import AdvantageSettings, get_advantage_estimator
 from jaxrl_agentic.data import PackingConfig
+from jaxrl_agentic.env_specific import resolve_env_specific
 from jaxrl_agentic.models.lora import LoRAConfig
 from jaxrl_agentic.rollout.groups import EnvManagerConfig
 from jaxrl_agentic.rollout.turns import GenerationConfig
@@ -451,7 +452,9 @@ def _env_settings(c, tag: str, spec) -> EnvSettings:
 
 
 def build_run_config(c) -> RunConfig:
-    """The tree of a (validated) flat run config: the one place its fields are read."""
+    """The tree of a (validated) flat run config: the one place its fields are read, as
+    the run plays them (`env_specific.resolve_env_specific`)."""
+    c = resolve_env_specific(c)
     out = c.output_dir or os.path.join("outputs", c.exp_name)
     run = RunSettings(
         exp_name=c.exp_name, seed=c.seed, output_dir=out,

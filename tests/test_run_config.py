@@ -257,7 +257,8 @@ def test_no_module_past_the_entry_points_reads_the_flat_config():
     import jaxrl_agentic
 
     root = pathlib.Path(jaxrl_agentic.__file__).parent
-    entry = {"config.py", "run_config.py", "train.py", "play.py", "evaluate.py"}
+    entry = {"config.py", "env_specific.py", "run_config.py", "train.py", "play.py",
+             "evaluate.py"}
     # Outside quotes: an error message may name the field the user wrote.
     flat = re.compile(r"(?<![\"'\w])\w+\.(custom_envs|train_env_manager|val_env_manager|"
                       r"adv_estimator|rollout_batching|rollout_slots|whiten_advantages|"
