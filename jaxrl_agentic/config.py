@@ -508,12 +508,14 @@ def validate(c) -> None:
     _positive(c, "tis_imp_ratio_cap", allow_zero=True)
     validate_filters(c)
     if c.pretrain not in ("tiny", "tiny-tools"):
-        path = os.path.expanduser(c.pretrain)
-        if not os.path.isdir(path):
-            _fail("pretrain", f"model directory not found: {path} (or use 'tiny' or "
-                  "'tiny-tools')")
-        if not os.path.exists(os.path.join(path, "config.json")):
-            _fail("pretrain", f"{path} has no config.json (not a Hugging Face model directory)")
+        from jaxrl_agentic.models.packaged import packaged_model_names
+        from jaxrl_agentic.models.sources import source_problem
+
+        problem = source_problem(c.pretrain)
+        if problem:
+            names = ", ".join(("tiny", "tiny-tools", *packaged_model_names()))
+            _fail("pretrain", f"{problem} (a Hugging Face directory, a .gguf file, or one "
+                  f"of {names})")
     if c.mesh.data == 0 or c.mesh.fsdp == 0 or c.mesh.tensor == 0:
         _fail("mesh", "axis sizes must be >= 1, or -1 to fill the remaining devices")
     _positive(c, "mesh.sampler_devices", allow_zero=True)

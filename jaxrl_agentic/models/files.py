@@ -15,6 +15,11 @@ import shutil
 import tempfile
 
 
+class CheckpointError(ValueError):
+    """A model's files are missing something or do not fit the architecture (a Hugging Face
+    directory, a GGUF file, a packaged model): the entry points print it as one line."""
+
+
 def cache_dir() -> str:
     root = os.environ.get("JAXRL_AGENTIC_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "jaxrl_agentic"

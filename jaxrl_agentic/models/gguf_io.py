@@ -35,7 +35,12 @@ import sys
 import numpy as np
 
 from jaxrl_agentic.models.config import ModelConfig, to_hf_config
-from jaxrl_agentic.models.files import cache_dir, directory_written_whole, file_lock
+from jaxrl_agentic.models.files import (
+    CheckpointError,
+    cache_dir,
+    directory_written_whole,
+    file_lock,
+)
 
 # Bump when the conversion's output changes: a new cache directory, old ones are left alone.
 CONVERTER_VERSION = "v1"
@@ -73,7 +78,7 @@ _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1
 PRE_TOKENIZERS = ("gpt-2", "default", "smollm", "starcoder", "qwen2", "llama-bpe", "llama3")
 
 
-class GGUFError(ValueError):
+class GGUFError(CheckpointError):
     """A GGUF file this package cannot convert exactly."""
 
 

@@ -22,14 +22,11 @@ from jaxrl_agentic.models.config import (
     from_hf_config,
     to_hf_config,
 )
-from jaxrl_agentic.models.files import directory_written_whole
+from jaxrl_agentic.models.files import CheckpointError, directory_written_whole
+from jaxrl_agentic.models.sources import hf_directory
 from jaxrl_agentic.models.transformer import Transformer
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint directory is missing something or does not fit the architecture."""
 
 
 def _hf_names(path: tuple, num_layers: int) -> tuple[list[str], bool, bool]:
@@ -240,7 +237,8 @@ def _read_slice(slices, transposed: bool, stacked: bool, dtype, index: tuple) ->
 
 def load_pretrained(path: str, dtype: str = "float32", param_dtype: str | None = None,
                     shardings=None, untie_word_embeddings: bool = False):
-    """Reads a local HF directory → (Transformer, tokenizer).
+    """Reads a local HF directory, a ``.gguf`` file or a packaged model's name
+    (``models/sources.py``) → (Transformer, tokenizer).
 
     `dtype` is the compute dtype; parameters are stored in `param_dtype` (default: dtype).
     `shardings` places each parameter straight into its shards (see `load_params`).
@@ -248,7 +246,7 @@ def load_pretrained(path: str, dtype: str = "float32", param_dtype: str | None =
     embedding (same outputs at load; trained apart from then on, saved untied). Why a run
     may want it: `docs/algorithms.md` ("Tied embeddings and generated format tokens").
     """
-    path = os.path.expanduser(str(path))
+    path = hf_directory(path)
     cfg, untie = _untied(_read_config(path, dtype, param_dtype), untie_word_embeddings)
     tokenizer = load_tokenizer(path)
     graphdef, state = load_params(path, cfg, shardings, untied_from_tied=untie)
