@@ -23,7 +23,11 @@ of hanging or ending the run:
   (`algos/advantages.turn_advantages` skips episodes without turns);
 - either way `truncated` is True, `metrics["env_timeout"]` (late) or `metrics["env_error"]`
   (raised) is 1.0 (0.0 for every other episode), `stats["timeouts"]` / `stats["errors"]`
-  counts it, and a raised call is logged with its episode and exception.
+  counts it, and a raised call is logged with its episode and exception. A reset that
+  returns no str, a step that returns no `PyStep`, or one whose `observation` is not a
+  str or whose `tool_messages` are not a tuple of str, counts as one that raised.
+
+A run whose every episode fails so three steps in a row stops (`train.py`, exit code 4).
 
 Tool environments (`envs/tools.py`): the first prompt lists the env's `tool_schemas` through
 the chat template, a step with `tool_messages` is answered with those `tool` messages (not
@@ -289,6 +293,17 @@ def _step_episode(env: PythonTextEnv, reply: str):
     step = env.step(reply)
     if not isinstance(step, PyStep):
         raise TypeError(f"step() must return a PyStep, got {type(step).__name__}")
+    # Messages go into the token stream as text: anything else is the environment's fault
+    # (an env error, not charged to the policy), caught here rather than in the rollout's
+    # tokenizer, where it would end the run.
+    if not isinstance(step.observation, str):
+        raise TypeError(f"step() returned a PyStep whose observation is "
+                        f"{type(step.observation).__name__}, not str")
+    if isinstance(step.tool_messages, str) or not all(
+            isinstance(m, str) for m in step.tool_messages):
+        raise TypeError("step() returned a PyStep whose tool_messages are not a tuple of str "
+                        "(one tool result each): "
+                        f"{type(step.tool_messages).__name__} {step.tool_messages!r:.80}")
     return step, _checked_hash(env)
 
 

@@ -243,3 +243,40 @@ def test_pure_python_env_reset_timeout_and_errors(setup, caplog):
     assert "episode seed=3 member=0: reset raised OSError: server gone" in caplog.text
     with pytest.raises(ValueError, match="step_timeout_s must be >= 0"):
         python_runner(setup, lambda spec, run_seed: _Tool(), step_timeout_s=-1)
+
+
+class _Odd(PythonTextEnv):
+    """A step whose messages are not text: a tool result left as a number, bytes."""
+
+    def __init__(self, tool_messages=(), observation="Noted."):
+        self.tool_messages, self.observation = tool_messages, observation
+
+    def reset(self, seed):
+        return "Go."
+
+    def step(self, reply):
+        return PyStep(observation=self.observation, reward=1.0, terminated=False,
+                      action_is_valid=True, action_is_effective=True, success=False,
+                      tool_messages=self.tool_messages)
+
+    def state_hash(self):
+        return text_state_hash("s")
+
+
+def test_a_step_with_messages_that_are_not_text_is_an_env_error(setup, caplog):
+    # Not sent (and not str()-ed) into the stream, nor a crash of the rollout's tokenizer:
+    # the environment's fault, so its episode ends as an env error, never the policy's.
+    odd = {0: dict(tool_messages=(42,)), 1: dict(observation=b"bytes"),
+           2: dict(tool_messages="one result"), 3: dict(tool_messages=("42",))}
+    runner = python_runner(setup, lambda spec, run_seed: _Odd(**odd[spec.seed]), max_turns=2)
+    with caplog.at_level(logging.WARNING):
+        trajs = runner.run([EpisodeSpec(seed=s, group_id=s, member=0) for s in range(4)],
+                           sample_seed=0)
+    assert [t.metrics["env_error"] for t in trajs] == [1.0, 1.0, 1.0, 0.0]
+    assert [len(t.turns) for t in trajs] == [1, 1, 1, 2]
+    assert [u.reward for t in trajs for u in t.turns] == [0.0, 0.0, 0.0, 1.0, 1.0]
+    assert "tool_messages are not a tuple of str (one tool result each): tuple (42,)" \
+        in caplog.text
+    assert "observation is bytes, not str" in caplog.text
+    assert "tool_messages are not a tuple of str (one tool result each): str 'one result'" \
+        in caplog.text
