@@ -288,3 +288,17 @@ def test_an_estimators_number_per_episode_is_given_to_each_of_its_turns():
 def test_an_estimators_output_of_another_shape_is_one_clear_error(fn, level, message):
     with pytest.raises(ValueError, match="^" + re.escape(message)):
         _estimated("wrong_output_test", fn, level)
+
+
+def test_the_pystep_fields_are_documented_as_they_are():
+    """extending.md's table of `PyStep` fields: exactly the dataclass's, in its order, with
+    the import path a Python environment uses."""
+    import dataclasses
+
+    with open(os.path.join(ROOT, "docs", "extending.md")) as f:
+        text = f.read()
+    assert "from jaxrl_agentic.envs.python_env import PyStep, PythonTextEnv" in text
+    table = text.split("`PyStep` (a frozen dataclass", 1)[1].split("\n\n", 2)[1]
+    documented = [name.strip(" `") for row in table.splitlines()[2:]
+                  for name in row.split("|")[1].split(",")]
+    assert documented == [f.name for f in dataclasses.fields(PyStep)]
