@@ -32,7 +32,11 @@ Tools (`envs/tools.py`): `first_prompt(text, tools=schemas)` renders the templat
                    + T([u, a, tool_1, …, tool_k], gen=True)[len(T([u, a])):]
 
 so consecutive tool messages are rendered together, as the template groups them (Qwen2.5
-wraps them in one user turn of `<tool_response>` blocks).
+wraps them in one user turn of `<tool_response>` blocks). A template without a tools block
+(its rendering ignores `tools`: SmolLM2's, a plain ChatML one) gets them described in the
+system turn instead, in Qwen2.5's words (`tools_system_text`): the recipe's system prompt,
+else the template's default one, then the schemas and the `<tool_call>` JSON call format;
+its `tool` messages are what the template makes of that role.
 
 Environment and tool text is data, not markup: a message whose content holds the text of a
 special token (``<|im_end|>``, ``<|im_start|>``: a tool error echoing the model's reply, an
@@ -64,6 +68,26 @@ action token, and the code closes the turn with EOS (loss mask 0).
 """
 
 from __future__ import annotations
+
+import json
+
+# How tools are listed for a model whose chat template has no tools block (its rendering
+# ignores `tools`, as SmolLM2's does): Qwen2.5's own wording, put at the end of the system
+# turn (after the recipe's system prompt, else the template's default one), so calls are
+# the same `<tool_call>` JSON blocks a Qwen-style template asks for.
+TOOLS_SYSTEM_HEADER = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
+TOOLS_SYSTEM_FOOTER = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
+
+
+def tools_system_text(tools: list[dict]) -> str:
+    """The tools block of a system turn: header, one JSON schema a line, footer."""
+    schemas = "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools)
+    return TOOLS_SYSTEM_HEADER + schemas + TOOLS_SYSTEM_FOOTER
 
 
 class ChatFormatter:
@@ -102,10 +126,30 @@ class ChatFormatter:
         # must not change, and the assistant turn must close with the same EOS count.
         self._before_assistant = self._render(skeleton[:-1], generation_prompt=False)
         self._eos_in_base = base.count(self._eos_text)
+        probe_user = [{"role": "user", "content": "u"}]
+        probe_tool = [{"type": "function", "function": {"name": "probe", "parameters": {}}}]
+        self.template_lists_tools = (self._render(probe_user, True, tools=probe_tool)
+                                     != self._render(probe_user, True))
+        self.default_system_prompt = self._default_system_prompt()
         self._next_prompt_text("probe")  # an unsupported template fails here, not at turn 2
         # ... as does one that hides where a message's content is (a probe with control text).
         self._encode_rendered(lambda cs: self._next_prompt_text(cs[0]),
                               [f"probe {self._eos_text}"])
+
+    def _default_system_prompt(self) -> str | None:
+        """The system text the template writes when the conversation has none (SmolLM2's
+        "You are a helpful AI assistant named SmolLM, ..."), or None."""
+        mark = self._placeholders(["u"])[0]
+        with_system = self._render([{"role": "system", "content": mark},
+                                    {"role": "user", "content": "u"}], True)
+        alone = self._render([{"role": "user", "content": "u"}], True)
+        if with_system.count(mark) != 1:
+            return None
+        before, after = with_system.split(mark)
+        if alone == before + after or not (alone.startswith(before) and alone.endswith(after)) \
+                or len(alone) < len(before) + len(after):
+            return None
+        return alone[len(before):len(alone) - len(after)]
 
     def _system(self) -> list[dict]:
         return [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
@@ -172,14 +216,22 @@ class ChatFormatter:
 
     def first_prompt(self, user_content: str, tools: list[dict] | None = None) -> list[int]:
         """Ids of [system] + first user message + the assistant generation prompt; `tools`
-        (JSON schemas) go to the template, which lists them in the system prompt."""
+        (JSON schemas) go to the template, which lists them in the system prompt. A template
+        without a tools block gets them at the end of the system turn instead
+        (`tools_system_text`), after the recipe's system prompt or the template's default."""
+        system_prompt = self.system_prompt
+        if tools and not self.template_lists_tools:
+            base = self.system_prompt or self.default_system_prompt
+            system_prompt = (base + "\n\n" if base else "") + tools_system_text(tools)
+            tools = None
+
         def render(contents):
             system = ([{"role": "system", "content": contents[0]}] if len(contents) == 2
                       else [])
             return self._render(system + [{"role": "user", "content": contents[-1]}],
                                 generation_prompt=True, tools=tools)
 
-        contents = [self.system_prompt] if self.system_prompt else []
+        contents = [system_prompt] if system_prompt else []
         return self._encode_rendered(render, contents + [user_content]) + self._prefix_ids
 
     def _next_prompt_text(self, user_content: str) -> str:

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 from transformers import AutoTokenizer
 
-from jaxrl_agentic.rollout.conversation import ChatFormatter
+from jaxrl_agentic.rollout.conversation import ChatFormatter, tools_system_text
 
 # The message loop of Qwen3's chat template (Qwen/Qwen3-0.6B tokenizer_config.json; the tools
 # system block and assistant tool calls left out). Past assistant turns — those before the
@@ -191,6 +191,10 @@ def _builders(tok, formatter, system_prompt):
 
     def first_text(cs, tools=None):
         sys = [{"role": "system", "content": cs[0]}] if len(cs) == 2 else system
+        if tools and not formatter.template_lists_tools:  # described in the system turn
+            sys = [{"role": "system", "content": sys[0]["content"] + "\n\n"
+                    + tools_system_text(tools)}]
+            tools = None
         return render(sys + [{"role": "user", "content": cs[-1]}],
                       **({"tools": tools} if tools else {}))
     return {
