@@ -10,6 +10,9 @@
   environment's params.
 * Every in-repository link to a heading (`file.md#anchor`) and every reference written as
   docs/<page>.md, "Section" names a heading that exists.
+* Every field of the policy-loss sums (`pallas_kernels.PPOLossSums`,
+  `algos.losses.PolicyLossSums`) that docs/extending.md, kernels.md and algorithms.md name
+  is a field of that class (a loss written from the docs builds its return value from them).
 
 The checker functions are tested on wrong strings too, so a check that stopped reporting
 would fail here.
@@ -306,6 +309,59 @@ def configuration_table_fields(text: str) -> list[str]:
     return fields
 
 
+# ----------------------------------------------------------------------------- loss sums
+
+SUMS_DOCS = ("docs/extending.md", "docs/kernels.md", "docs/algorithms.md")
+SUMS_SENTENCE = re.compile(r"PPOLossSums|PolicyLossSums|diagnostics|\bsums\b", re.I)
+
+
+@functools.cache
+def sums_vocabulary() -> tuple[dict[str, frozenset], frozenset, tuple[str, ...]]:
+    """(each sums class's fields, the names the sums sit beside: the loss's arguments and
+    the config's fields, the beginnings a sums field's name has: `pg`, `clip`, `appr`, …)."""
+    import inspect
+
+    from jaxrl_agentic.algos.losses import PolicyLossSums, policy_loss
+    from jaxrl_agentic.config import default_config
+    from pallas_kernels import PPOLossSums, masked_ppo_loss
+
+    fields = {"PPOLossSums": frozenset(PPOLossSums._fields),
+              "PolicyLossSums": frozenset(PolicyLossSums._fields)}
+    beside = frozenset({*inspect.signature(masked_ppo_loss).parameters,
+                        *inspect.signature(policy_loss).parameters, *default_config().keys()})
+    stems = tuple(sorted({f.split("_")[0][:4] for f in PPOLossSums._fields}))
+    return fields, beside, stems
+
+
+def sums_field_errors(name: str, text: str) -> list[str]:
+    """Names a text gives the loss sums' fields that the classes do not have: those in
+    `PPOLossSums(...)` / `PolicyLossSums(...)`, the left side of a code line's `x = Σ …`, and
+    each backticked name of a sentence about the sums (naming a sums class, sums or the
+    diagnostics) that begins as a field does and is no argument of the loss or config field."""
+    fields, beside, stems = sums_vocabulary()
+    known = frozenset().union(*fields.values())
+
+    def wrong(field: str) -> bool:
+        return field.startswith(stems) and field not in known | beside
+
+    errors = []
+    for cls, args in re.findall(r"\b(PPOLossSums|PolicyLossSums)\(([^)]*)\)", text):
+        for arg in args.split(","):
+            m = re.match(r"\s*(\w+)\s*(=|$)", arg)
+            if m and m.group(1) not in fields[cls]:
+                errors.append(f"{name}: {cls}({m.group(1)}): not a field of {cls}")
+    for kind, piece in _paragraphs(text):
+        if kind == "code":
+            errors += [f"{name}: {f} = Σ …: not a field of the sums"
+                       for f in re.findall(r"(\w+) = Σ", piece) if wrong(f)]
+            continue
+        for sentence in re.split(r"(?<=\.)\s+", piece):
+            if SUMS_SENTENCE.search(sentence):
+                errors += [f"{name}: `{f}`: not a field of the sums"
+                           for f in re.findall(r"`(\w+)`", sentence) if wrong(f)]
+    return errors
+
+
 # ----------------------------------------------------------------------------- headings
 
 
@@ -430,6 +486,18 @@ def test_configuration_tables_list_config_fields():
     fields = configuration_table_fields((ROOT / "docs" / "configuration.md").read_text())
     assert len(fields) > 80, "the table parser found almost nothing"
     errors = [f"docs/configuration.md: {f}: {e}" for f in fields if (e := config_path_error(f))]
+    assert not errors, "\n".join(errors)
+
+
+def test_the_loss_sums_fields_the_docs_name_exist():
+    assert sums_field_errors("x", "-> PPOLossSums(pg_loss, kl, clipped)") == [
+        "x: PPOLossSums(clipped): not a field of PPOLossSums"]
+    assert sums_field_errors("x", "Sums:\n\n    approx_kl_old = Σ [w>0]·(old − logp)\n")
+    assert sums_field_errors("x", "The diagnostics (`dual_clipped`, `ratio`) are counts.")
+    assert sums_field_errors("x", "PPOLossSums: `pg`, `kl`.")
+    assert not sums_field_errors("x", "The sums: `pg_loss`, `clip_high` is `None` with "
+                                      "`pg_clip_high=0`, `w` and `D`.")
+    errors = [e for doc in SUMS_DOCS for e in sums_field_errors(doc, (ROOT / doc).read_text())]
     assert not errors, "\n".join(errors)
 
 
