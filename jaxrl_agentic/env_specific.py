@@ -61,7 +61,7 @@ def resolve_env_specific(c):
                 current = _get(c, path)
             except (KeyError, AttributeError, TypeError):
                 continue  # gone with the tag a recipe built on this one replaced
-            if _plain(current) == tuned:
+            if _plain(current) == _plain(tuned):  # tuned: a list once read from config.json
                 changes.append((path, elsewhere))
     if not changes:
         return c
