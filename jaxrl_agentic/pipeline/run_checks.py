@@ -38,13 +38,15 @@ def check_python_env_options(cfg) -> None:
     line now, not a traceback during the start or an error in every episode (a factory that
     hands its options to the environment's constructor on the worker threads).
 
-    For each tag of ``custom_envs`` registered on the Python backend (a JAX environment's
-    params are checked by ``config.validate``; another library's ids by their builder there),
-    and for the train and val managers' ``env_config`` overrides of its tags: the factory
-    builder is called with the options as the runner calls it, then the factory with a first
-    episode (seed 0, group 0, member 0; ``reset`` is not called). A TypeError or ValueError of
-    either → ``config.custom_envs.<tag>.env_config: <env_type>: <message>`` (for a manager's
-    overrides, ``config.<split>_env_manager.env_config: <tag>: <message>``).
+    ``cfg`` is the typed run-config tree. For each tag of ``cfg.envs`` registered on the
+    Python backend (a JAX environment's params are checked by ``config.validate``; another
+    library's ids by their builder there), and for each split's ``env_config`` overrides of
+    its manager's tags (``cfg.split_env_config``): the factory builder is called with the
+    options as the runner calls it, then the factory with a first episode (seed 0, group 0,
+    member 0; ``reset`` is not called). A TypeError or ValueError of either is a ConfigError
+    that names the recipe field the user wrote: "config.custom_envs.<tag>.env_config:
+    <env_type>: <message>", or for a manager's overrides
+    "config.<split>_env_manager.env_config: <tag>: <message>".
     """
     from jaxrl_agentic.envs.python_env import make_python_env
     from jaxrl_agentic.envs.registry import registered_env
