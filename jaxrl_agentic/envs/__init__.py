@@ -31,7 +31,13 @@ from jaxrl_agentic.envs.registry import make, register, registered_envs
 from jaxrl_agentic.envs.shop import shop_factory
 from jaxrl_agentic.envs.sokoban import Sokoban, SokobanParams, SokobanState
 from jaxrl_agentic.envs.textarena_env import textarena_builder  # noqa: F401
-from jaxrl_agentic.envs.tools import Tool, register_tool, registered_tools
+from jaxrl_agentic.envs.tools import (
+    Tool,
+    ToolResultTypeError,
+    ToolUnavailableError,
+    register_tool,
+    registered_tools,
+)
 
 # The built-in tool environments, registered here, above both them and the Python registry
 # they join (`python_env.py`, which `tools.py` builds on): any import of the package does it.
@@ -58,6 +64,8 @@ __all__ = [
     "make",
     "parse_action",
     "Tool",
+    "ToolResultTypeError",
+    "ToolUnavailableError",
     "register",
     "register_python_env",
     "register_tool",

@@ -33,7 +33,10 @@ one is answered with an `Error: …` tool message, counted in the step's `tool_e
 A tool that cannot run for a reason that is not the call's (an MCP server that died and
 could not be restarted: `mcp_tools.MCPServerError`) raises `ToolUnavailableError`, which
 `ToolEnv.step` lets through: the rollout ends that episode as an environment error
-(`env/errors`, `rollout/python_runner.py`), and the model is charged nothing for it.
+(`env/errors`, `rollout/python_runner.py`), and the model is charged nothing for it. So does
+a tool function that returns anything but a `str` (`ToolResultTypeError`, a subclass): the
+tool's bug, which `str(...)` would hide (`None` from a forgotten `return` would reach the
+model as the text "None").
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from typing import Any
 from jaxrl_agentic.envs.base import INVALID_ACTION
 from jaxrl_agentic.envs.parsing import ANSWER_TAG as _ANSWER  # one answer-tag rule for every env
 from jaxrl_agentic.envs.python_env import PyStep, PythonTextEnv, text_state_hash
+from jaxrl_agentic.registration import same_registration
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 CALL_STYLES = ("qwen", "compact")
@@ -64,8 +68,10 @@ _JSON_TYPES: dict[str, tuple[type, ...]] = {
 @dataclasses.dataclass(frozen=True)
 class Tool:
     """A function the model may call. `fn(**arguments) -> str`; raising means a bad call
-    (the message goes back to the model). `parameters` is a JSON schema of an object whose
-    properties are flat JSON types (string, integer, number, boolean, object, array)."""
+    (the message goes back to the model); returning anything but a `str` ends the episode
+    as an environment error (`ToolResultTypeError`). `parameters` is a JSON schema of an
+    object whose properties are flat JSON types (string, integer, number, boolean, object,
+    array)."""
 
     name: str
     description: str
@@ -85,10 +91,17 @@ _TOOLS: dict[str, Tool] = {}
 
 def register_tool(tool: Tool, *, replace: bool = False) -> None:
     """Makes `tool` available by name: a tool environment's `extra_tools=("name", …)` adds
-    it to the tools of every episode (schema in the system turn, calls routed to `fn`)."""
+    it to the tools of every episode (schema in the system turn, calls routed to `fn`).
+
+    Registering the same definition again (equal name, description and schema, `fn`
+    defined in the same place: `registration.same_registration`; a recipe runs again each
+    time its config is read) is a no-op that keeps the first; another tool under a
+    registered name is a ValueError unless `replace=True`."""
     if not isinstance(tool, Tool):
         raise TypeError(f"register_tool takes a Tool, got {type(tool).__name__}")
     if tool.name in _TOOLS and not replace:
+        if same_registration(_TOOLS[tool.name], tool):
+            return
         raise ValueError(f"tool {tool.name!r} is already registered")
     _TOOLS[tool.name] = tool
 
@@ -107,6 +120,12 @@ class ToolUnavailableError(RuntimeError):
     """The tool cannot run, through no fault of the call (its server died, say). Not a tool
     error of the model: `run_tool_call` and `ToolEnv.step` raise it, and the episode ends as
     an environment error (module docstring)."""
+
+
+class ToolResultTypeError(ToolUnavailableError, TypeError):
+    """A tool function returned something other than `str`: a programming error of the
+    tool, never converted and never charged to the model; the episode ends as an
+    environment error, like any `ToolUnavailableError`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,8 +250,9 @@ class ToolResult:
 
 
 def run_tool_call(call: ToolCall, tools: Mapping[str, Tool], timeout_s: float) -> ToolResult:
-    """Executes one parsed call → the tool message. Raises only the tool's
-    `ToolUnavailableError` (the tool cannot run: not the call's fault, so no tool error).
+    """Executes one parsed call → the tool message. Raises only a `ToolUnavailableError`:
+    the tool's own (it cannot run), or `ToolResultTypeError` for a result that is not a
+    `str`; neither is the call's fault, so neither is a tool error.
 
     With `timeout_s > 0` the function runs on a daemon thread and is abandoned past the
     deadline (a Python thread cannot be killed; the tools here return in microseconds, so
@@ -250,7 +270,12 @@ def run_tool_call(call: ToolCall, tools: Mapping[str, Tool], timeout_s: float) -
 
     def target():
         try:
-            outcome["value"] = str(tool.fn(**call.arguments))
+            value = tool.fn(**call.arguments)
+            if not isinstance(value, str):  # inside the try: handed on as unavailable
+                raise ToolResultTypeError(
+                    f"tool {tool.name!r} returned {type(value).__name__}, not str: a tool "
+                    "function returns its message as text")
+            outcome["value"] = value
         except TimeoutError as exc:  # the tool's own deadline (an MCP server's, say)
             outcome["error"], outcome["timeout"] = str(exc) or "timed out", True
         except ToolUnavailableError as exc:  # handed to the caller: not the model's mistake

@@ -1,8 +1,10 @@
 """Tool calls: parsing (hand cases and a fuzz test), execution, errors, timeouts, metrics."""
 
+import dataclasses
 import json
 import threading
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -231,3 +233,61 @@ def test_fuzz_parsing_and_stepping_never_raise(reply):
 def test_deeply_nested_json_is_a_garbled_call_not_a_crash():
     calls = parse_tool_calls(CALL_OPEN + "[" * 100_000 + CALL_CLOSE)
     assert len(calls) == 1 and calls[0].error
+
+
+def test_a_tool_that_returns_no_str_ends_the_episode_as_an_environment_error():
+    """`Tool.fn` returns the tool message: anything else (a number, a forgotten `return`)
+    is the tool's bug, not the model's. It is neither converted with `str` nor charged as a
+    tool error: it raises out of `step`, and the runner ends the episode as an environment
+    error (`env/errors`), as for any step that raises."""
+    from jaxrl_agentic.envs.tools import ToolResultTypeError, ToolUnavailableError
+
+    number = Tool("number", "returns an int", {"type": "object", "properties": {}},
+                  fn=lambda: 7)
+    nothing = Tool("nothing", "returns None", {"type": "object", "properties": {}},
+                   fn=lambda: None)
+    tools = {"number": number, "nothing": nothing}
+    for timeout_s in (0.0, 5.0):  # called inline, and on its own thread
+        with pytest.raises(ToolResultTypeError, match="tool 'number' returned int, not str"):
+            run_tool_call(ToolCall("number", {}), tools, timeout_s)
+        with pytest.raises(ToolUnavailableError, match="tool 'nothing' returned NoneType"):
+            run_tool_call(ToolCall("nothing", {}), tools, timeout_s)
+    env = Adder(extra_tools=[number])
+    env.reset(0)
+    with pytest.raises(ToolUnavailableError, match="'number' returned int"):
+        env.step(_call({"name": "number", "arguments": {}}))
+    assert env.step(_call({"name": "add", "arguments": {"a": 3, "b": 4}})).tool_messages == (
+        "7",)  # a str result, as before
+
+
+def test_registering_the_same_tool_again_is_a_no_op_and_another_one_an_error():
+    """A recipe runs again each time its config is read (the override check reads it
+    twice): the same definition registered again changes nothing; another tool under the
+    name is still refused unless `replace=True`."""
+    from jaxrl_agentic.envs.tools import get_tool, register_tool
+
+    def make(description="Echo the text."):
+        def echo(text: str) -> str:
+            return text
+
+        return Tool("test_echo_again", description, {
+            "type": "object", "properties": {"text": {"type": "string"}},
+            "required": ["text"]}, fn=echo)
+
+    first = make()
+    register_tool(first)
+    try:
+        register_tool(make())  # new objects, the same definition: a no-op
+        assert get_tool("test_echo_again") is first
+        with pytest.raises(ValueError, match="already registered"):
+            register_tool(make("Echo it louder."))
+        with pytest.raises(ValueError, match="already registered"):
+            register_tool(dataclasses.replace(first, fn=lambda text: text))
+        assert get_tool("test_echo_again") is first
+        louder = make("Echo it louder.")
+        register_tool(louder, replace=True)
+        assert get_tool("test_echo_again") is louder
+    finally:
+        from jaxrl_agentic.envs import tools as tools_module
+
+        tools_module._TOOLS.pop("test_echo_again", None)
