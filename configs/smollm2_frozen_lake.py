@@ -38,6 +38,9 @@ def get_config():
     c.init_kl_coef = 0.0
     c.max_input_length = 480
     c.sequence_length = 512
+    # A group's 4 episodes start from one ~170-token prompt (the rules and the map): tree
+    # packing computes it once per row.
+    c.share_group_prefix = True
     c.micro_batch_max_tokens = 2048
     c.generation.temperature = 1.0
     c.format_warmup.steps = 0  # zero-shot the format is reachable (one action token)
