@@ -9,7 +9,25 @@ from tests.test_train import RECIPES, check_outputs, tiny_overrides
 # tool_multistep is the calculator recipe (its settings, by recipe_config) on the shop env,
 # whose episodes, oracle and warm-up policy tests/envs/test_shop.py plays: its config is
 # validated below instead of a third tool run at tiny size.
-TINY_RUNS = [r for r in RECIPES if r not in ("frozen_lake", "tool_multistep")]
+# The SmolLM2 recipes are the FrozenLake and calculator recipes' shapes on a real model
+# (their runs are in docs/benchmarks.md); at tiny size they would repeat those two runs, so
+# their configs are validated below instead.
+REAL_MODEL_RECIPES = ("smollm2_frozen_lake", "smollm2_tool_calculator")
+TINY_RUNS = [r for r in RECIPES
+             if r not in ("frozen_lake", "tool_multistep", *REAL_MODEL_RECIPES)]
+
+
+@pytest.mark.parametrize("recipe", REAL_MODEL_RECIPES)
+def test_the_real_model_recipes_validate_and_name_the_packaged_model(recipe):
+    import os
+
+    from jaxrl_agentic.config import validate
+    from jaxrl_agentic.models.packaged import PACKAGED_MODELS
+    from tests.test_train import ROOT
+
+    c = train.parse_config(["train", f"--config={os.path.join(ROOT, 'configs', recipe)}.py"])
+    validate(c)  # names the model without fetching it
+    assert c.pretrain in PACKAGED_MODELS and c.lora_rank > 0 and c.eval_before_training
 
 
 def test_the_multistep_tool_recipe_is_the_calculator_recipe_on_the_shop():
