@@ -7,7 +7,11 @@ sampler/learner logprob agreement, time. Prints one JSON line.
 
 The recipe is configs/qwen2_5_0_5b_frozen_lake.py (fp32 parameters, AdamW, bf16 compute,
 a KL reference) with the episode counts and lengths given here; extra `--config.*`
-overrides follow `--`. `--steps N` runs N steps and reports the last: with N ≥ 2 its time
+overrides follow `--`. `--recipe configs/<other>.py` runs another recipe at its own shape
+(its model unless `--model`; the shape flags then apply only where given):
+
+    python scripts/analysis/real_shape_step.py --recipe configs/smollm2_frozen_lake.py --steps 3
+ `--steps N` runs N steps and reports the last: with N ≥ 2 its time
 and `breakdown_s` (exclusive seconds per `jaxrl_agentic.runtime.timing` span: rollout/prefill,
 rollout/decode, rollout/env, learner, ...) hold no compilation; `peak_growth_gib` covers
 every step. Peak RSS is the process's (Linux ru_maxrss), which includes the weights read
@@ -54,32 +58,51 @@ class PeakGrowth:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--remat", default="layer")
-    parser.add_argument("--episodes", type=int, default=8)
-    parser.add_argument("--turns", type=int, default=3)
-    parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--row", type=int, default=2048, help="micro_batch_max_tokens")
+    default_recipe = os.path.join(ROOT, "configs", "qwen2_5_0_5b_frozen_lake.py")
+    parser.add_argument("--recipe", default=default_recipe)
+    parser.add_argument("--model", default=None, help="default: the recipe's pretrain")
+    parser.add_argument("--remat", default=None)
+    parser.add_argument("--episodes", type=int, default=None)
+    parser.add_argument("--turns", type=int, default=None)
+    parser.add_argument("--new-tokens", type=int, default=None)
+    parser.add_argument("--row", type=int, default=None, help="micro_batch_max_tokens")
     parser.add_argument("--steps", type=int, default=1, help="steps run; the last is reported")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
+    if os.path.abspath(args.recipe) == default_recipe:  # the 0.5B shape's defaults
+        if args.model is None:
+            parser.error("--model is required with the default recipe")
+        for name, value in (("remat", "layer"), ("episodes", 8), ("turns", 3),
+                            ("new_tokens", 32), ("row", 2048)):
+            if getattr(args, name) is None:
+                setattr(args, name, value)
 
     from jaxrl_agentic.pipeline import Pipeline
     from jaxrl_agentic.runtime import timing
     from jaxrl_agentic.train import parse_config
 
-    groups = max(args.episodes // 4, 1)
+    recipe = parse_config(["train", f"--config={args.recipe}"])
+    tag = next(iter(recipe.custom_envs))
+    shape = [f"--config.pretrain={args.model}"] if args.model else []
+    if args.remat:
+        shape.append(f"--config.remat={args.remat}")
+    if args.episodes:
+        groups = max(args.episodes // 4, 1)
+        shape += [f"--config.train_env_manager.num_env_groups={groups}",
+                  f"--config.train_env_manager.group_size={args.episodes // groups}",
+                  f"--config.mini_batch_size={args.episodes}"]
+    if args.turns:
+        shape.append(f"--config.custom_envs.{tag}.max_turns={args.turns}")
+    if args.new_tokens:
+        shape.append(f"--config.custom_envs.{tag}.max_tokens_per_step={args.new_tokens}")
+    if args.row:
+        shape += ["--config.max_input_length=1024",
+                  f"--config.sequence_length={min(args.row, 2048)}",
+                  f"--config.micro_batch_max_tokens={args.row}"]
     c = parse_config([
-        "train", f"--config={os.path.join(ROOT, 'configs', 'qwen2_5_0_5b_frozen_lake.py')}",
-        f"--config.pretrain={args.model}", "--config.output_dir=/tmp/real_shape_step",
-        f"--config.max_steps={args.steps}", f"--config.remat={args.remat}",
-        f"--config.train_env_manager.num_env_groups={groups}",
-        f"--config.train_env_manager.group_size={args.episodes // groups}",
-        f"--config.mini_batch_size={args.episodes}",
-        f"--config.custom_envs.frozen_lake.max_turns={args.turns}",
-        f"--config.custom_envs.frozen_lake.max_tokens_per_step={args.new_tokens}",
-        "--config.max_input_length=1024", f"--config.sequence_length={min(args.row, 2048)}",
-        f"--config.micro_batch_max_tokens={args.row}", *args.overrides])
+        "train", f"--config={args.recipe}", "--config.output_dir=/tmp/real_shape_step",
+        f"--config.max_steps={args.steps}", *shape,
+        *args.overrides])
     start = time.perf_counter()
     pipe = Pipeline(c, log=lambda *a: print(*a, file=sys.stderr))
     init_s, init_peak = time.perf_counter() - start, peak_rss_bytes()
@@ -94,10 +117,12 @@ def main(argv=None) -> int:
     plan = pipe.memory_plan
     pipe.close()
     keys = ("tokens/real", "tokens/loss", "tokens/computed", "tokens/efficiency",
-            "rollout/logprob_mismatch", "actor/grad_norm", "time/rollout", "time/train")
+            "tokens/shared_saved", "rollout/logprob_mismatch", "actor/grad_norm",
+            "time/rollout", "time/train", "perf/tokens_per_s")
     print(json.dumps({
-        "model": args.model, "remat": args.remat, "episodes": args.episodes,
-        "turns": args.turns, "steps": args.steps, "new_tokens": args.new_tokens, "row": args.row,
+        "recipe": os.path.relpath(args.recipe, ROOT), "model": c.pretrain, "remat": c.remat,
+        "episodes": len(samples) if c.sample_mode == "trajectory" else None,
+        "steps": args.steps, "row": c.micro_batch_max_tokens,
         "samples": len(samples), "peak_rss_gib": round(peak_rss_bytes() / GIB, 2),
         "peak_rss_after_init_gib": round(init_peak / GIB, 2),
         "peak_growth_gib": {k: round(v / GIB, 2) for k, v in recorder.growth.items()},
