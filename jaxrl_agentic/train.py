@@ -231,23 +231,19 @@ def run(c, *, log=print) -> dict[str, float]:
                 log(f"step {step}: non-finite loss or gradient; update skipped "
                     f"({nonfinite_streak} in a row)")
             if nonfinite_streak >= MAX_CONSECUTIVE_NONFINITE:
-                if writer:
-                    writer.write(step, metrics)
-                raise NonFiniteError(
+                _stop(writer, step, metrics, NonFiniteError(
                     f"non-finite loss or gradient in {nonfinite_streak} consecutive steps "
                     f"(last at step {step}); stopping. The last checkpoint holds finite params."
-                )
+                ))
             failed_streak = failed_streak + 1 if every_episode_failed(trajs) else 0
             metrics["env/failed_streak"] = float(failed_streak)
             if failed_streak >= MAX_CONSECUTIVE_ENV_FAILURES:
-                if writer:
-                    writer.write(step, metrics)
-                raise EnvFailureError(
+                _stop(writer, step, metrics, EnvFailureError(
                     f"every episode's environment failed in {failed_streak} consecutive "
                     f"steps (last at step {step}: env/errors={metrics.get('env/errors', 0):g}, "
                     f"env/timeouts={metrics.get('env/timeouts', 0):g}); stopping. The log "
                     "names each exception ('python env ... raised'); a timeout needs a larger "
-                    "step_timeout_s.")
+                    "step_timeout_s."))
             if r.debug_dump_dir and samples and main_process:
                 dump_batch(r.debug_dump_dir, step, pipeline.learner_cfg.packing.pack(samples))
             eval_trajs = []
@@ -288,6 +284,13 @@ def run(c, *, log=print) -> dict[str, float]:
         if writer:
             writer.close()
     return metrics
+
+
+def _stop(writer, step: int, metrics: dict, error: Exception):
+    """Writes the step's metrics (they say why), then ends the run with `error`."""
+    if writer:
+        writer.write(step, metrics)
+    raise error
 
 
 def main(argv=None) -> int:
