@@ -78,6 +78,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels._per_shard import P, batch_spec, kernel_mesh, per_shard
+from pallas_kernels._target import per_target
 from pallas_kernels.token_logprobs import default_platform
 
 LOG_RATIO_CLAMP = 20.0
@@ -111,17 +112,16 @@ class _PPOConfig:
     kl_estimator: str
     has_ref: bool
     block_rows: int
-    interpret: bool
+    interpret: bool | None  # None: chosen for the platform lowered for (`_target`)
     surrogate: str = "clip"
     platform: str = "cpu"
 
-    @property
-    def compiler_params(self):
+    def compiler_params(self, interpret: bool):
         """Triton's, named, on a GPU: a ``pallas_call`` without them lowers to Mosaic GPU
         where JAX's ``jax_pallas_use_mosaic_gpu`` is on (the default of JAX 0.10), which
         cannot lower this kernel's row sums ("No support for axes yet";
         ``tests/pallas_kernels/test_lowering.py``). TPU: Mosaic's defaults."""
-        if self.interpret or self.platform != "gpu":
+        if interpret or self.platform != "gpu":
             return None
         return pltriton.CompilerParams(num_warps=4, num_stages=1)
 
@@ -338,16 +338,20 @@ def _pallas_sums(cfg: _PPOConfig, logprobs, old, adv, w, ref):
     n_blocks = rows // cfg.block_rows
     block = pl.BlockSpec((cfg.block_rows, _LANES), lambda i: (i, 0))
     partial = pl.BlockSpec((None, 1, _LANES), lambda i: (i, 0, 0))
-    parts = pl.pallas_call(
-        functools.partial(_fwd_kernel, cfg=cfg),
-        out_shape=[jax.ShapeDtypeStruct((n_blocks, 1, _LANES), _F32)] * _N_SUMS,
-        grid=(n_blocks,),
-        in_specs=[block] * len(tiles),
-        out_specs=[partial] * _N_SUMS,
-        compiler_params=cfg.compiler_params,
-        interpret=cfg.interpret,
-        name="masked_ppo_loss_fwd",
-    )(*tiles)
+
+    def run(interpret, *tiles):
+        return pl.pallas_call(
+            functools.partial(_fwd_kernel, cfg=cfg),
+            out_shape=[jax.ShapeDtypeStruct((n_blocks, 1, _LANES), _F32)] * _N_SUMS,
+            grid=(n_blocks,),
+            in_specs=[block] * len(tiles),
+            out_specs=[partial] * _N_SUMS,
+            compiler_params=cfg.compiler_params(interpret),
+            interpret=interpret,
+            name="masked_ppo_loss_fwd",
+        )(*tiles)
+
+    parts = per_target(run, *tiles, interpret=cfg.interpret)
     return PPOLossSums(*(jnp.sum(p) for p in parts))
 
 
@@ -366,16 +370,20 @@ def _pallas_ppo_bwd(cfg, residuals, g):
     # Only pg and kl carry gradient; the diagnostics are stop_gradient by definition.
     g_rows = jnp.broadcast_to(jnp.stack([g.pg_loss, g.kl]).astype(_F32)[:, None], (2, _LANES))
     block = pl.BlockSpec((cfg.block_rows, _LANES), lambda i: (i, 0))
-    grad = pl.pallas_call(
-        functools.partial(_bwd_kernel, cfg=cfg),
-        out_shape=jax.ShapeDtypeStruct((rows, _LANES), _F32),
-        grid=(rows // cfg.block_rows,),
-        in_specs=[block] * len(tiles) + [pl.BlockSpec((2, _LANES), lambda i: (0, 0))],
-        out_specs=block,
-        compiler_params=cfg.compiler_params,
-        interpret=cfg.interpret,
-        name="masked_ppo_loss_bwd",
-    )(*tiles, g_rows)
+
+    def run(interpret, *operands):
+        return pl.pallas_call(
+            functools.partial(_bwd_kernel, cfg=cfg),
+            out_shape=jax.ShapeDtypeStruct((rows, _LANES), _F32),
+            grid=(rows // cfg.block_rows,),
+            in_specs=[block] * len(tiles) + [pl.BlockSpec((2, _LANES), lambda i: (0, 0))],
+            out_specs=block,
+            compiler_params=cfg.compiler_params(interpret),
+            interpret=interpret,
+            name="masked_ppo_loss_bwd",
+        )(*operands)
+
+    grad = per_target(run, *tiles, g_rows, interpret=cfg.interpret)
     dlogp = grad.reshape(-1)[: logprobs.shape[0]].astype(logprobs.dtype)
     return dlogp, None, None, None, None
 
@@ -399,7 +407,9 @@ def masked_ppo_loss(logprobs, old_logprobs, advantages, loss_weights, ref_logpro
     All inputs are 1-D ``[N]``; ``clip_high=None`` means ``clip_low``; ``dual_clip`` (e.g.
     3.0) enables the dual clip for negative advantages (``surrogate="clip"``). ``surrogate``
     is one of ``SURROGATES``; ``sequence_ratio`` needs ``segment_ids`` ``[N]`` (module doc)
-    and always runs the reference path. See the module docstring.
+    and always runs the reference path. ``interpret`` None: interpret mode in the program
+    lowered for a CPU, the kernel in one lowered for a TPU or GPU (``_target``). See the
+    module docstring.
     """
     if impl not in ("auto", "reference", "pallas"):
         raise ValueError(f"unknown impl {impl!r}; expected 'auto', 'reference' or 'pallas'")
@@ -421,7 +431,7 @@ def masked_ppo_loss(logprobs, old_logprobs, advantages, loss_weights, ref_logpro
         raise ValueError(f"block_rows must be a power of two and a multiple of 8, "
                          f"got {block_rows}")
     cfg = _PPOConfig(clip_low, clip_high, dual_clip, kl_estimator, ref_logprobs is not None,
-                     block_rows, platform == "cpu" if interpret is None else bool(interpret),
+                     block_rows, None if interpret is None else bool(interpret),
                      surrogate, platform)
     return _sums_per_device(cfg, logprobs, old_logprobs, advantages, loss_weights, ref_logprobs)
 

@@ -42,6 +42,7 @@ from pallas_kernels._per_shard import P, batch_spec, head_spec, per_shard
 from pallas_kernels._same_bits import keeps_same_bits
 from pallas_kernels._segment_blocks import needed_block_pairs, pad_to_blocks
 from pallas_kernels._splash_attention import splash_segment_attention
+from pallas_kernels._target import per_target
 
 IMPLS = ("auto", "reference", "blocksparse", "pallas", "splash", "cudnn")
 # Tokens per block of the block-sparse paths. 128 was the fastest at the tiny and 25m
@@ -112,18 +113,22 @@ def segment_attention(q, k, v, segment_ids, *, prefix_ids=None, impl: str = "aut
         return blocksparse_segment_attention(q, k, v, segment_ids, prefix_ids, block=block)
     if prefix_ids is not None:
         return _tree_kernel(impl, q, k, v, segment_ids, prefix_ids, block, dkdv_grid)
-    interpret = jax.default_backend() == "cpu"
 
-    def pallas(q, k, v, segment_ids):
+    def run(interpret, q, k, v, segment_ids):
+        if impl == "splash":
+            return splash_segment_attention(q, k, v, segment_ids, interpret=interpret)
         return pallas_segment_attention(q, k, v, segment_ids, block_q=block, block_k=block,
                                         interpret=interpret, dkdv_grid=dkdv_grid)
 
     def kernel(q, k, v, segment_ids):
-        if impl == "splash":
-            return splash_segment_attention(q, k, v, segment_ids, interpret=interpret)
+        # Interpret mode is chosen for the platform lowered for, not the default backend
+        # (`_target`); cuDNN's own calls are not Pallas, its fallback (the GPU kernel) is.
         if impl == "cudnn":
             return cudnn_segment_attention(q, k, v, segment_ids, fallback=pallas)
         return pallas(q, k, v, segment_ids)
+
+    def pallas(q, k, v, segment_ids):
+        return per_target(run, q, k, v, segment_ids)
 
     return per_shard(kernel, lambda mesh: _row_specs(mesh, q, k))(q, k, v, segment_ids)
 
@@ -133,15 +138,17 @@ def _tree_kernel(impl, q, k, v, segment_ids, prefix_ids, block, dkdv_grid):
     prefix and own key-block ranges; splash (TPU) takes the prefix ids too; cuDNN's packed
     layout (one offset and length per sequence) cannot say "and that prefix", so its rows
     run the GPU kernel, as the rows it cannot express already do."""
-    interpret = jax.default_backend() == "cpu"
 
-    def kernel(q, k, v, segment_ids, prefix_ids):
+    def run(interpret, q, k, v, segment_ids, prefix_ids):
         if impl == "splash":
             return splash_segment_attention(q, k, v, segment_ids, prefix_ids=prefix_ids,
                                             interpret=interpret)
         return pallas_segment_attention(q, k, v, segment_ids, prefix_ids=prefix_ids,
                                         block_q=block, block_k=block, interpret=interpret,
                                         dkdv_grid=dkdv_grid)
+
+    def kernel(*operands):  # interpret mode for the platform lowered for (`_target`)
+        return per_target(run, *operands)
 
     def specs(mesh):
         (x, _, _, ids), out = _row_specs(mesh, q, k)

@@ -42,6 +42,7 @@ from pallas_kernels._logprob_pallas import gpu_shared_bytes, pallas_backward, pa
 from pallas_kernels._per_shard import P, batch_spec, per_shard
 from pallas_kernels._shapes import is_pow2, round_up
 from pallas_kernels._softmax_math import matmul_precision
+from pallas_kernels._target import per_target
 
 IMPLS = ("auto", "reference", "chunked", "pallas")
 FAMILIES = ("tpu", "gpu")
@@ -175,28 +176,36 @@ class _FusedConfig:
     temperature: float
     with_entropy: bool
     blocks: LogprobBlocks
-    interpret: bool
+    interpret: bool | None  # None: chosen for the platform lowered for (`_target`)
 
 
 def _forward(cfg: _FusedConfig, hidden, lm_head, targets):
     if cfg.impl == "chunked":
         return chunked_forward(hidden, lm_head, targets, temperature=cfg.temperature,
                                block_v=cfg.blocks.block_v, with_entropy=cfg.with_entropy)
-    return pallas_forward(hidden, lm_head, targets, temperature=cfg.temperature,
-                          with_entropy=cfg.with_entropy, family=cfg.family,
-                          block_n=cfg.blocks.block_n, block_v=cfg.blocks.block_v,
-                          block_d=cfg.blocks.block_d, vocab_splits=cfg.blocks.vocab_splits,
-                          interpret=cfg.interpret)
+
+    def run(interpret, hidden, lm_head, targets):
+        return pallas_forward(hidden, lm_head, targets, temperature=cfg.temperature,
+                              with_entropy=cfg.with_entropy, family=cfg.family,
+                              block_n=cfg.blocks.block_n, block_v=cfg.blocks.block_v,
+                              block_d=cfg.blocks.block_d,
+                              vocab_splits=cfg.blocks.vocab_splits, interpret=interpret)
+
+    return per_target(run, hidden, lm_head, targets, interpret=cfg.interpret)
 
 
 def _backward(cfg: _FusedConfig, hidden, lm_head, targets, lse, g_lp, g_h, entropy):
     if cfg.impl == "chunked":
         return chunked_backward(hidden, lm_head, targets, lse, g_lp, g_h, entropy,
                                 temperature=cfg.temperature, block_v=cfg.blocks.block_v)
-    return pallas_backward(hidden, lm_head, targets, lse, g_lp, g_h, entropy,
-                           temperature=cfg.temperature, family=cfg.family,
-                           block_n=cfg.blocks.block_n, block_v=cfg.blocks.block_v,
-                           block_d=cfg.blocks.block_d, interpret=cfg.interpret)
+
+    def run(interpret, *operands):
+        return pallas_backward(*operands, temperature=cfg.temperature, family=cfg.family,
+                               block_n=cfg.blocks.block_n, block_v=cfg.blocks.block_v,
+                               block_d=cfg.blocks.block_d, interpret=interpret)
+
+    return per_target(run, hidden, lm_head, targets, lse, g_lp, g_h, entropy,
+                      interpret=cfg.interpret)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -298,15 +307,16 @@ def pallas_token_logprobs(hidden, lm_head, targets, temperature=1.0, *, return_e
 
     ``family`` picks the kernel layout ("tpu": Mosaic grid with sequential vocab axis; "gpu":
     Triton with in-kernel vocab loop and atomics). Default: "gpu" on GPU, else "tpu".
-    ``interpret`` defaults to True on CPU, where either family runs in interpret mode.
+    ``interpret`` None (default): interpret mode in the program lowered for a CPU, the
+    compiled kernel in one lowered for a TPU or GPU, whatever the default backend
+    (``_target``: a program compiled ahead of time for a TPU on a CPU host holds the Mosaic
+    kernels); True / False force it.
     """
     temperature = _check_inputs(hidden, lm_head, targets, temperature)
     platform = default_platform()
     family = family or ("gpu" if platform == "gpu" else "tpu")
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES}")
-    if interpret is None:
-        interpret = platform == "cpu"
     n, d = hidden.shape
     blocks = choose_blocks(n, d, lm_head.shape[1], hidden.dtype, family)
     overrides = {"block_n": block_n, "block_v": block_v, "block_d": block_d,
@@ -314,5 +324,5 @@ def pallas_token_logprobs(hidden, lm_head, targets, temperature=1.0, *, return_e
     blocks = blocks._replace(**{k: int(x) for k, x in overrides.items() if x is not None})
     _check_blocks(blocks, family)
     cfg = _FusedConfig("pallas", family, temperature, bool(return_entropy), blocks,
-                       bool(interpret))
+                       None if interpret is None else bool(interpret))
     return _fused(cfg, hidden, lm_head, targets)
