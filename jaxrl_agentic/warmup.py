@@ -212,6 +212,7 @@ def warmup_cache_key(base_model_dir: str, cfg: RunConfig) -> str:
         # Only non-default settings enter the key: earlier warm-ups keep theirs.
         **({"lr_schedule": w.lr_schedule} if w.lr_schedule != "constant" else {}),
         **({"replies": list(w.replies)} if w.replies else {}),
+        **({"system_prompt": rollout.system_prompt} if rollout.system_prompt else {}),
     }, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
@@ -251,7 +252,9 @@ def format_warmup(base_model_dir: str, cfg: RunConfig, out_dir: str, *,
     packing = cfg.learner.packing
     model, tokenizer = load_pretrained(base_model_dir,
                                        untie_word_embeddings=cfg.model.untie_word_embeddings)
-    formatter = ChatFormatter(tokenizer, reply_prefix=rollout.reply_prefix,
+    # The prompts RL will see: the run's system prompt too (else the template's default).
+    formatter = ChatFormatter(tokenizer, system_prompt=rollout.system_prompt or None,
+                              reply_prefix=rollout.reply_prefix,
                               reply_suffix=rollout.reply_suffix)
     w = cfg.format_warmup
     graphdef, params = nnx.split(model)

@@ -144,3 +144,30 @@ def test_warmup_learning_rate_schedules_by_hand():
     assert warmup.warmup_learning_rate(cosine, 4) == pytest.approx(2e-4)
     constant = FormatWarmupConfig(steps=5, learning_rate=2e-3)
     assert {warmup.warmup_learning_rate(constant, t) for t in range(5)} == {2e-3}
+
+
+def test_the_warmup_renders_the_runs_system_prompt(tiny_model_dir, tmp_path, monkeypatch):
+    """The warm-up's episodes start as RL's will: with the run's system prompt (before, the
+    warm-up rendered none and trained on prompts RL never shows), and its cache key holds it."""
+    from jaxrl_agentic.run_config import build_run_config
+
+    c = small_config(steps=1)
+    c.system_prompt = "You walk on ice."
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def capture(cfg, formatter):
+        seen["formatter"] = formatter
+        raise Stop
+
+    monkeypatch.setattr(warmup, "warmup_runners", capture)
+    with pytest.raises(Stop):
+        warmup.format_warmup(tiny_model_dir, c, str(tmp_path / "warm"))
+    ids = seen["formatter"].first_prompt("Move.")
+    assert seen["formatter"].tokenizer.decode(ids).startswith(
+        "<|im_start|>system\nYou walk on ice.<|im_end|>")
+    plain = small_config(steps=1)
+    assert (warmup.warmup_cache_key(tiny_model_dir, build_run_config(c))
+            != warmup.warmup_cache_key(tiny_model_dir, build_run_config(plain)))
