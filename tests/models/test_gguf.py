@@ -42,6 +42,21 @@ def reference(smollm2_gguf, smollm2_dir):
 
 
 @pytest.fixture(scope="module")
+def smollm2_reader(smollm2_gguf):
+    """The real file opened once (a GGUFReader takes seconds to read the metadata)."""
+    import gguf
+
+    return gguf.GGUFReader(smollm2_gguf)
+
+
+@pytest.fixture(scope="module")
+def smollm2_fields(smollm2_reader):
+    reader = smollm2_reader
+    return {k: reader.fields[f"tokenizer.{k}"].contents() for k in (
+        "ggml.tokens", "ggml.token_type", "ggml.merges", "chat_template")}
+
+
+@pytest.fixture(scope="module")
 def ours(smollm2_dir):
     return load_pretrained(smollm2_dir, dtype="float32")
 
@@ -63,10 +78,9 @@ def _theirs(tensor, cfg):
     return LlamaTensorProcessor(config=heads).process(w, tensor.name).weights
 
 
-def test_tensors_equal_transformers_dequantisation(smollm2_gguf, smollm2_dir):
+def test_tensors_equal_transformers_dequantisation(smollm2_reader, smollm2_dir):
     """Q4_1, Q8_0 and F32 tensors of the first and last blocks and the embedding,
     dequantised by numpy with the Q/K rows put back: equal to `transformers`' reading."""
-    import gguf
 
     with open(os.path.join(smollm2_dir, "config.json")) as f:
         config = json.load(f)
@@ -76,7 +90,7 @@ def test_tensors_equal_transformers_dequantisation(smollm2_gguf, smollm2_dir):
         "llama", 30, 576, 9, 3, 49152, True)
     mine = load_file(os.path.join(smollm2_dir, "model.safetensors"))
     assert len(mine) == 2 + 30 * 9  # embedding, final norm, 9 tensors a block (tied head)
-    reader = gguf.GGUFReader(smollm2_gguf)
+    reader = smollm2_reader
     checked = set()
     for tensor in reader.tensors:
         if not tensor.name.startswith(("blk.0.", "blk.29.", "token_embd")):
@@ -232,15 +246,14 @@ def _permute(w, heads):
     return w.reshape(heads, 2, d // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _write_small_gguf(path, smollm2_gguf):
+def _write_small_gguf(path, fields):
     """A 2-layer Llama with SmolLM2's tokenizer, each matrix in another ggml type, written
     as llama.cpp writes one; returns the PyTorch model holding the exact dequantised values."""
     import gguf
     from gguf import GGMLQuantizationType as Q
     from gguf.quants import dequantize, quantize
 
-    reader = gguf.GGUFReader(smollm2_gguf)
-    tokens = reader.fields["tokenizer.ggml.tokens"].contents()
+    tokens = fields["ggml.tokens"]
     cfg = transformers.LlamaConfig(vocab_size=len(tokens), hidden_size=64,
                                    intermediate_size=96, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2,
@@ -264,11 +277,11 @@ def _write_small_gguf(path, smollm2_gguf):
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
     w.add_token_list(tokens)
-    w.add_token_types(reader.fields["tokenizer.ggml.token_type"].contents())
-    w.add_token_merges(reader.fields["tokenizer.ggml.merges"].contents())
+    w.add_token_types(fields["ggml.token_type"])
+    w.add_token_merges(fields["ggml.merges"])
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
-    w.add_chat_template(reader.fields["tokenizer.chat_template"].contents())
+    w.add_chat_template(fields["chat_template"])
     state = ref.state_dict()
 
     def add(name, value, kind=Q.F32, heads=None):
@@ -308,10 +321,10 @@ def _write_small_gguf(path, smollm2_gguf):
     return ref
 
 
-def test_each_quantised_type_and_the_qk_row_order_load_exactly(tmp_path, smollm2_gguf):
+def test_each_quantised_type_and_the_qk_row_order_load_exactly(tmp_path, smollm2_fields):
     """A small Llama written here as llama.cpp writes one (Q/K rows reordered; F16, BF16,
     Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 matrices): its logits equal PyTorch's on the exact values."""
-    ref = _write_small_gguf(tmp_path / "small.gguf", smollm2_gguf)
+    ref = _write_small_gguf(tmp_path / "small.gguf", smollm2_fields)
     model, tok = load_pretrained(str(tmp_path / "small.gguf"))
     assert not model.cfg.tie_word_embeddings and model.cfg.num_hidden_layers == 2
     ids = tok(CHATS[0][0]["content"])["input_ids"]
@@ -327,24 +340,28 @@ def test_each_quantised_type_and_the_qk_row_order_load_exactly(tmp_path, smollm2
         str(tmp_path / "small.gguf"))
 
 
-def _metadata_only_gguf(path, smollm2_gguf, arch, tensors=()):
-    """A GGUF file with SmolLM2's tokenizer, `arch`'s numbers and the given tensors."""
+def _metadata_only_gguf(path, fields, arch, tensors=()):
+    """A GGUF file with SmolLM2's first 1,000 tokens (and the merges among them), a
+    30-layer Llama's numbers under `arch` and the given tensors."""
     import gguf
 
-    reader = gguf.GGUFReader(smollm2_gguf)
     w = gguf.GGUFWriter(str(path), arch)
-    for key in ("block_count", "context_length", "embedding_length", "feed_forward_length",
-                "attention.head_count", "attention.head_count_kv",
-                "attention.layer_norm_rms_epsilon"):
-        value = reader.fields[f"llama.{key}"].contents()
-        (w.add_float32 if isinstance(value, float) else w.add_uint32)(f"{arch}.{key}", value)
+    for key, value in (("block_count", 30), ("context_length", 8192),
+                       ("embedding_length", 576), ("feed_forward_length", 1536),
+                       ("attention.head_count", 9), ("attention.head_count_kv", 3)):
+        w.add_uint32(f"{arch}.{key}", value)
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
+    tokens = fields["ggml.tokens"][:1000]
+    kept = set(tokens)
+    merges = [m for m in fields["ggml.merges"]
+              if m.replace(" ", "") in kept and all(p in kept for p in m.split(" "))]
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
-    w.add_token_list(reader.fields["tokenizer.ggml.tokens"].contents())
-    w.add_token_types(reader.fields["tokenizer.ggml.token_type"].contents())
-    w.add_token_merges(reader.fields["tokenizer.ggml.merges"].contents())
+    w.add_token_list(tokens)
+    w.add_token_types(fields["ggml.token_type"][:1000])
+    w.add_token_merges(merges)
     w.add_eos_token_id(2)
-    w.add_chat_template(reader.fields["tokenizer.chat_template"].contents())
+    w.add_chat_template(fields["chat_template"])
     for name in tensors:
         w.add_tensor(name, np.zeros(8, np.float32))
     w.write_header_to_file()
@@ -353,12 +370,12 @@ def _metadata_only_gguf(path, smollm2_gguf, arch, tensors=()):
     w.close()
 
 
-def test_unsupported_files_are_one_line_errors(tmp_path, smollm2_gguf):
-    _metadata_only_gguf(tmp_path / "gemma.gguf", smollm2_gguf, "gemma")
+def test_unsupported_files_are_one_line_errors(tmp_path, smollm2_fields):
+    _metadata_only_gguf(tmp_path / "gemma.gguf", smollm2_fields, "gemma")
     with pytest.raises(GGUFError, match=r"architecture 'gemma' is not supported") as e:
         convert_gguf(str(tmp_path / "gemma.gguf"), str(tmp_path / "out"))
     assert "\n" not in str(e.value)
-    _metadata_only_gguf(tmp_path / "odd.gguf", smollm2_gguf, "llama",
+    _metadata_only_gguf(tmp_path / "odd.gguf", smollm2_fields, "llama",
                         tensors=["output_norm.weight", "blk.0.odd.weight"])
     with pytest.raises(GGUFError, match=r"tensor 'blk.0.odd.weight' has no counterpart"):
         convert_gguf(str(tmp_path / "odd.gguf"), str(tmp_path / "out"))
