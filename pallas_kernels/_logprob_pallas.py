@@ -6,7 +6,8 @@ blocks ``[block_n, 1]`` do not depend on j, so they stay resident and serve as t
 accumulators of the online max/sum-exp. The ragged last vocab block reads past V: those
 columns are garbage (NaN in interpret mode) and are masked by column id. The backward is two
 kernels with the same tiling: ``dh`` accumulates over j on grid (i, j), ``dW`` accumulates over
-i on grid (j, i), both recomputing the logit tile.
+i on grid (j, i), both recomputing the logit tile; dW leaves it in W's dtype (a bf16 head's
+fp32 sums stay in a VMEM accumulator), so no fp32 copy of the whole head exists.
 
 ``gpu`` family (Triton). Triton runs every grid point in parallel, so nothing can be
 accumulated across the grid. The forward uses grid ``(token blocks, vocab splits)`` and a
@@ -182,23 +183,31 @@ def _tpu_dh_kernel(h_ref, w_ref, tgt_ref, lse_ref, glp_ref, *rest, temperature, 
 def _tpu_dw_kernel(h_ref, w_ref, tgt_ref, lse_ref, glp_ref, *rest, temperature, vocab_size,
                    block_v, with_entropy_grad):
     if with_entropy_grad:
-        gh_ref, ent_ref, dw_ref = rest
+        gh_ref, ent_ref, dw_ref, *scratch = rest
         g_h, ent = gh_ref[...], ent_ref[...]
     else:
-        (dw_ref,) = rest
+        dw_ref, *scratch = rest
         g_h = ent = None
+    # fp32 sums: in the output block itself for an fp32 W, else in a VMEM accumulator that is
+    # cast once into the (W-dtype) output block after the last token block.
+    acc_ref = scratch[0] if scratch else dw_ref
     j, i = pl.program_id(0), pl.program_id(1)
 
     @pl.when(i == 0)
     def _init():
-        dw_ref[...] = jnp.zeros(dw_ref.shape, _F32)
+        acc_ref[...] = jnp.zeros(acc_ref.shape, _F32)
 
     h = h_ref[...]
     dlogits = _tile_cotangent(h, w_ref[...], j, tgt_ref[...], lse_ref[...], glp_ref[...], g_h,
                               ent, temperature=temperature, vocab_size=vocab_size,
                               block_v=block_v)
     # Garbage columns of dW's ragged last block are dropped when the block is written back.
-    dw_ref[...] += _dot_tn(h, dlogits.astype(h.dtype))
+    acc_ref[...] += _dot_tn(h, dlogits.astype(h.dtype))
+
+    if scratch:
+        @pl.when(i == pl.num_programs(1) - 1)
+        def _store():
+            dw_ref[...] = acc_ref[...].astype(dw_ref.dtype)
 
 
 def _tpu_backward(hidden, lm_head, tgt, lse, g_lp, g_h, ent, *, temperature, block_n, block_v,
@@ -224,9 +233,13 @@ def _tpu_backward(hidden, lm_head, tgt, lse, g_lp, g_h, ent, *, temperature, blo
         name="token_logprobs_bwd_dh",
     )(hidden, lm_head, *row_inputs)
 
+    # dW leaves the kernel in W's dtype: an fp32 [D, V] output would be a whole-head
+    # temporary (519 MiB at the Qwen2.5-0.5B head) before the cast to bf16.
+    fp32_head = lm_head.dtype == _F32
     dw = pl.pallas_call(
         functools.partial(_tpu_dw_kernel, **static),
-        out_shape=jax.ShapeDtypeStruct((d, v), _F32),
+        out_shape=jax.ShapeDtypeStruct((d, v), lm_head.dtype),
+        scratch_shapes=[] if fp32_head else [pltpu.VMEM((d, block_v), _F32)],
         grid=(v_blocks, n_blocks),
         in_specs=[
             pl.BlockSpec((block_n, d), lambda j, i: (i, 0)),

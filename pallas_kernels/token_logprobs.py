@@ -85,8 +85,9 @@ def choose_blocks(n: int, d: int, v: int, dtype, layout: str) -> LogprobBlocks:
     chunked: ``block_v`` = the power of two giving a ~64 MiB fp32 [N, block_v] tile,
              clamped to [1024, 32768] and to V.
     tpu:     ``block_n`` a multiple of the sublane tile (8 rows fp32, 16 bf16) up to 256;
-             ``block_v`` a multiple of 128 lanes, as wide as fits the VMEM budget (W tile
-             and fp32 dW tile double-buffered, three fp32 [block_n, block_v] temporaries),
+             ``block_v`` a multiple of 128 lanes, as wide as fits the VMEM budget (W and
+             dW tiles double-buffered with dW's fp32 sums, 2·D·itemsize + 2·D·4 bytes a
+             column for bf16 and fp32 alike; three fp32 [block_n, block_v] temporaries),
              at most 2048.
     gpu:     powers of two: ``block_n`` in [16, 64], ``block_v`` = 128 (64 for tiny V),
              ``block_d`` the largest power of two ≤ 128 dividing D whose pipelined tiles
