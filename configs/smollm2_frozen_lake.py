@@ -9,9 +9,10 @@ Left/Down/Right/Up in this tokenizer, and the code closes the turn), so the form
 reachable zero-shot and a step stays cheap: four decisions an episode, each one generated
 token. The full instructions, not the brief ones: after the brief "Reply
 <answer>ACTION</answer>" the model writes the word ACTION (probability 0.00 on the four
-moves over 12 maps), after the full rules 0.23, greedy valid on 9 of 12. LoRA adapters (rank 16 on every projection) rather than the whole model: the
-weights' gradients are not computed, and the 135M parameters need no Adam state. Measured
-result and step costs: docs/benchmarks.md, "A real model on CPU".
+moves over 12 maps), after the full rules 0.23, greedy valid on 9 of 12. LoRA adapters
+(rank 16 on every projection) rather than the whole model: the weights' gradients are not
+computed, and the 135M parameters need no Adam state. Measured result and step costs:
+docs/benchmarks.md, "A real model on CPU".
 """
 
 from jaxrl_agentic.config import default_config, env_manager, env_spec
