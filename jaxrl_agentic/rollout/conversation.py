@@ -84,6 +84,14 @@ TOOLS_SYSTEM_FOOTER = (
     '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
 
 
+def _between(text: str, before: str, after: str) -> str | None:
+    """r where ``text == before + r + after``, or None when `text` is not of that form."""
+    if len(text) < len(before) + len(after) or not text.startswith(before) \
+            or not text.endswith(after):
+        return None
+    return text[len(before):len(text) - len(after)]
+
+
 def tools_system_text(tools: list[dict]) -> str:
     """The tools block of a system turn: header, one JSON schema a line, footer."""
     schemas = "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools)
@@ -146,10 +154,7 @@ class ChatFormatter:
         if with_system.count(mark) != 1:
             return None
         before, after = with_system.split(mark)
-        if alone == before + after or not (alone.startswith(before) and alone.endswith(after)) \
-                or len(alone) < len(before) + len(after):
-            return None
-        return alone[len(before):len(alone) - len(after)]
+        return _between(alone, before, after) or None
 
     def _system(self) -> list[dict]:
         return [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
@@ -188,13 +193,11 @@ class ChatFormatter:
                                  "once, as given; cannot keep its special-token text plain")
             end = start + len(holes[i])
             alone = render(with_holes[:i] + [contents[i]] + with_holes[i + 1:])
-            tail = len(spaced) - end
-            if (len(alone) < start + tail or not alone.startswith(spaced[:start])
-                    or not alone.endswith(spaced[end:])):
+            shown = _between(alone, spaced[:start], spaced[end:])  # what it renders for it
+            if shown is None:
                 raise ValueError("the chat template renders the text around a message "
                                  "differently for different contents; cannot keep its "
                                  "special-token text plain")
-            shown = alone[start:len(alone) - tail]  # what the template renders for it
             ids += self.encode(spaced[pos:start]) + self.encode_plain(shown)
             rebuilt += [spaced[pos:start], shown]
             pos = end

@@ -246,6 +246,24 @@ def _permute(w, heads):
     return w.reshape(heads, 2, d // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def _add_tokenizer(w, fields, n):
+    """SmolLM2's tokenizer metadata on GGUF writer `w`: its first `n` tokens and the merges
+    among them (all of it when `n` is the whole vocabulary), EOS and chat template."""
+    tokens = fields["ggml.tokens"][:n]
+    merges = fields["ggml.merges"]
+    if n < len(fields["ggml.tokens"]):
+        kept = set(tokens)
+        merges = [m for m in merges
+                  if m.replace(" ", "") in kept and all(p in kept for p in m.split(" "))]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types(fields["ggml.token_type"][:n])
+    w.add_token_merges(merges)
+    w.add_eos_token_id(2)
+    w.add_chat_template(fields["chat_template"])
+
+
 def _write_small_gguf(path, fields):
     """A 2-layer Llama with SmolLM2's tokenizer, each matrix in another ggml type, written
     as llama.cpp writes one; returns the PyTorch model holding the exact dequantised values."""
@@ -274,14 +292,8 @@ def _write_small_gguf(path, fields):
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(100000.0)
     w.add_vocab_size(len(tokens))
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    w.add_token_list(tokens)
-    w.add_token_types(fields["ggml.token_type"])
-    w.add_token_merges(fields["ggml.merges"])
+    _add_tokenizer(w, fields, len(tokens))
     w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_chat_template(fields["chat_template"])
     state = ref.state_dict()
 
     def add(name, value, kind=Q.F32, heads=None):
@@ -351,17 +363,7 @@ def _metadata_only_gguf(path, fields, arch, tensors=()):
                        ("attention.head_count", 9), ("attention.head_count_kv", 3)):
         w.add_uint32(f"{arch}.{key}", value)
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
-    tokens = fields["ggml.tokens"][:1000]
-    kept = set(tokens)
-    merges = [m for m in fields["ggml.merges"]
-              if m.replace(" ", "") in kept and all(p in kept for p in m.split(" "))]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    w.add_token_list(tokens)
-    w.add_token_types(fields["ggml.token_type"][:1000])
-    w.add_token_merges(merges)
-    w.add_eos_token_id(2)
-    w.add_chat_template(fields["chat_template"])
+    _add_tokenizer(w, fields, 1000)
     for name in tensors:
         w.add_tensor(name, np.zeros(8, np.float32))
     w.write_header_to_file()
