@@ -145,14 +145,22 @@ def check_warmup_replies(cfg) -> None:
 
 
 def text_policy_replies(formatter, make_policy, seed: int):
-    """reply_ids(row, new_ids) for a text policy that reads the new messages of its row."""
+    """reply_ids(row, new_ids) for a text policy that reads the new messages of its row.
+
+    Tool results reach the policy as `<tool_response>` blocks (`envs.tools.tool_responses`
+    reads them back) whatever the template makes of the `tool` role: SmolLM2's renders bare
+    `tool` turns, and a policy that found no result there would call again instead of
+    answering, teaching the warmed model to do the same."""
+    from jaxrl_agentic.envs.tools import tool_response_text
+
     rng = random.Random(seed)
     policies: dict[int, object] = {}
 
     def reply_ids(row, new_ids):
         policy = policies.setdefault(row, make_policy(rng))
         text = formatter.tokenizer.decode(list(new_ids), skip_special_tokens=False)
-        return formatter.reply_ids(policy(text))
+        results = formatter.tool_results(text)
+        return formatter.reply_ids(policy(tool_response_text(results) if results else text))
 
     return reply_ids
 
@@ -207,8 +215,9 @@ def warmup_cache_key(base_model_dir: str, cfg: RunConfig) -> str:
         "reply_suffix": rollout.reply_suffix,
         "untie_word_embeddings": cfg.model.untie_word_embeddings,
         # 2: the calculator's warm-up keeps the problem's order of numbers; 3: its
-        # "two_digit" products have a one-digit last factor.
-        "version": 3,
+        # "two_digit" products have a one-digit last factor; 4: text policies read tool
+        # results in any template's rendering.
+        "version": 4,
         # Only non-default settings enter the key: earlier warm-ups keep theirs.
         **({"lr_schedule": w.lr_schedule} if w.lr_schedule != "constant" else {}),
         **({"replies": list(w.replies)} if w.replies else {}),

@@ -171,3 +171,26 @@ def test_the_warmup_renders_the_runs_system_prompt(tiny_model_dir, tmp_path, mon
     plain = small_config(steps=1)
     assert (warmup.warmup_cache_key(tiny_model_dir, build_run_config(c))
             != warmup.warmup_cache_key(tiny_model_dir, build_run_config(plain)))
+
+
+@pytest.mark.parametrize("template", ["smollm2", "qwen2.5"])
+def test_the_calculator_warmup_answers_a_tool_result_in_any_templates_rendering(
+        template, request):
+    """SmolLM2's template renders tool results as bare `tool` turns, not `<tool_response>`
+    blocks: a policy that found no result there called again instead of answering, and the
+    warmed model learned to call forever."""
+    from jaxrl_agentic.envs.calculator import random_calculator_policy
+    from jaxrl_agentic.models.hf_io import load_tokenizer
+
+    fixture = {"smollm2": "smollm2_dir", "qwen2.5": "qwen_fixture_dir"}[template]
+    tok = load_tokenizer(request.getfixturevalue(fixture))
+    formatter = ChatFormatter(tok)
+    replies = warmup.text_policy_replies(formatter, random_calculator_policy, seed=0)
+    first = formatter.first_prompt("Problem: Ann has 17 apples and buys 25 more. How many?")
+    call = tok.decode(replies(0, first), skip_special_tokens=True)
+    assert '"name": "calculate"' in call and "17" in call and "25" in call
+    for results in (["42"], ["42", "error: division by zero"]):
+        assert formatter.tool_results(tok.decode(formatter.tool_prompt(results))) == results
+    answer = replies(0, formatter.tool_prompt(["42"]))
+    assert answer == formatter.reply_ids("<answer>42</answer>")
+    assert formatter.tool_results(tok.decode(formatter.next_prompt("no tools here"))) == []

@@ -69,6 +69,7 @@ action token, and the code closes the turn with EOS (loss mask 0).
 
 from __future__ import annotations
 
+import functools
 import json
 
 # How tools are listed for a model whose chat template has no tools block (its rendering
@@ -278,6 +279,36 @@ class ChatFormatter:
             return self._appended_text([{"role": "tool", "content": c} for c in contents])
 
         return self._encode_rendered(render, list(results)) + self._prefix_ids
+
+    @functools.cached_property
+    def _tool_wrapping(self) -> tuple[str, str, str]:
+        """(A, M, B) with ``T(tool H_1) = A + H_1 + B`` and ``T(tool H_1, tool H_2) = A + H_1
+        + M + H_2 + B``: how the template wraps `tool` messages (module doc)."""
+        h1, h2 = self._placeholders(["", ""])
+        one = self._appended_text([{"role": "tool", "content": h1}])
+        two = self._appended_text([{"role": "tool", "content": h} for h in (h1, h2)])
+        if one.count(h1) != 1 or two.count(h1) != 1 or two.count(h2) != 1:
+            raise ValueError("the chat template does not render each tool message's "
+                             "content once; cannot read tool results back")
+        before, after = one.split(h1)
+        middle = two.split(h1)[1].split(h2)[0]
+        if not (two.startswith(before + h1) and two.endswith(h2 + after)):
+            raise ValueError("the chat template wraps one tool message differently from "
+                             "several; cannot read tool results back")
+        return before, middle, after
+
+    def tool_results(self, text: str) -> list[str]:
+        """The contents of the tool messages in `text`, a decoded `tool_prompt` piece, as the
+        template rendered them, whatever it makes of the `tool` role (Qwen2.5's
+        `<tool_response>` blocks in a user turn, SmolLM2's bare `tool` turns); [] when
+        `text` holds no tool messages. The inverse of `tool_prompt` that the format
+        warm-up's text policies read (`warmup.text_policy_replies`)."""
+        before, middle, after = self._tool_wrapping
+        start = text.find(before)
+        end = text.rfind(after)
+        if start < 0 or end < start + len(before):
+            return []
+        return text[start + len(before):end].split(middle)
 
     def decode_reply(self, ids) -> str:
         """The reply text as the environment parses it: prefix + generated text + suffix."""
