@@ -20,6 +20,8 @@ from jaxrl_agentic.envs.frozen_lake import FrozenLake, FrozenLakeParams, FrozenL
 from jaxrl_agentic.envs.gymnax_adapter import GymnaxTextAdapter, GymnaxTextParams, GymnaxTextState
 from jaxrl_agentic.envs.lookup import lookup_factory
 from jaxrl_agentic.envs.metrics import episode_metrics
+from jaxrl_agentic.envs.outside_agent import ENV_TYPE as OUTSIDE_AGENT
+from jaxrl_agentic.envs.outside_agent import outside_agent_factory
 from jaxrl_agentic.envs.parsing import parse_action
 from jaxrl_agentic.envs.python_env import register_python_env
 
@@ -44,6 +46,8 @@ from jaxrl_agentic.envs.tools import (
 register_python_env("calculator", calculator_factory)
 register_python_env("lookup", lookup_factory)
 register_python_env("shop", shop_factory)
+# Agents written against the OpenAI API, played through the trainer's endpoint (`serving/`).
+register_python_env(OUTSIDE_AGENT, outside_agent_factory)
 register_tool(CALCULATE)  # a tool any tool environment can offer (`extra_tools`)
 
 __all__ = [

@@ -5,6 +5,10 @@ trajectories, token for token the same for the same seeds (a JAX environment run
 Python adapter included); what differs is the environment side (vmapped and jitted in
 `loop.py`, stateful objects on a thread pool in `python_runner.py`). `make_runner` builds
 the one a registered environment needs (`envs/registry.py`: each declares its backend).
+A Python environment whose episodes another runner plays names it: its factory's `runner`
+attribute, a ``"module:function"`` path called as ``(factory, sampler, formatter, tag=…,
+max_turns=…, …)`` (`openai_agent`'s is `jaxrl_agentic.serving.AgentRolloutRunner`, above
+this layer, so it is named, not imported).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from jaxrl_agentic.data.trajectory import Trajectory
+from jaxrl_agentic.envs.outside_agent import load_callable
 from jaxrl_agentic.envs.python_env import make_python_env
 from jaxrl_agentic.envs.registry import make, resolve_backend
 from jaxrl_agentic.rollout.groups import EpisodeSpec
@@ -51,6 +56,10 @@ def make_runner(env_type: str, env_config: dict[str, Any], sampler, formatter, *
                   decode_chunk=decode_chunk)
     if resolve_backend(env_type, backend) == "python":  # host-side envs, thread pool
         factory = make_python_env(env_type, format_penalty=format_penalty, **env_config)
+        own_runner = getattr(factory, "runner", None)
+        if own_runner is not None:  # e.g. openai_agent: `serving.AgentRolloutRunner`
+            return load_callable(own_runner, f"{env_type} runner")(
+                factory, sampler, formatter, **common)
         return PythonRolloutRunner(factory, sampler, formatter, step_timeout_s=step_timeout_s,
                                    max_workers=max_workers, **common)
     env, env_params = make(env_type, format_penalty=format_penalty, **env_config)
