@@ -19,10 +19,12 @@ env_config:
   or a list) run per episode with ``OPENAI_BASE_URL``, ``OPENAI_API_KEY`` and
   ``AGENT_TASK`` (the task as JSON) in its environment, whose last line of output is the
   reward. Exactly one of the two.
-- ``tasks``: a list; episode seed s plays ``tasks[s % len(tasks)]``. Or ``task_fn``: a
-  ``"module:function"`` path, ``task_fn(seed) -> task``. Without either, the task is the
-  seed. Members of a group share their seed (`rollout/groups.py`), hence their task: GRPO
-  compares attempts at the same task.
+- ``tasks``: a list; episode seed s plays ``tasks[(s // 2) % len(tasks)]``: training seeds
+  are even, 2·(cursor + group), validation's odd, 2·group + 1 (`rollout/groups.py`), so
+  both walk the list in order (a validation manager's ``env_config`` may give it a list of
+  its own: held-out tasks). Or ``task_fn``: a ``"module:function"`` path,
+  ``task_fn(seed) -> task``. Without either, the task is the seed. Members of a group share
+  their seed, hence their task: GRPO compares attempts at the same task.
 - ``agent_timeout_s`` (default 600): an agent still running then is abandoned (its thread
   cannot be killed); its episode gets reward 0 and counts in ``agent/timeouts``.
 
@@ -147,7 +149,7 @@ def outside_agent_factory(*, agent_fn: str | Callable | None = None,
     def factory(spec, run_seed: int) -> OutsideAgentEpisode:
         del run_seed
         if tasks is not None:
-            task = tasks[spec.seed % len(tasks)]
+            task = tasks[(spec.seed // 2) % len(tasks)]
         elif make_task is not None:
             task = make_task(spec.seed)
         else:
