@@ -158,3 +158,11 @@ def outside_agent_factory(*, agent_fn: str | Callable | None = None,
 
     factory.runner = RUNNER  # rollout/runner.py: these episodes are played by it
     return factory
+
+
+def agent_metrics(episode_metrics: Sequence[dict], prefix: str = "") -> dict[str, float]:
+    """Totals over a batch of the ``agent/*`` counts its outside agents' trajectories carry
+    (an episode's counts ride on its first sample: `serving.agent_runner`), as
+    ``{prefix}agent/<count>``; {} for a batch without them."""
+    names = sorted({k for m in episode_metrics for k in m if k.startswith("agent/")})
+    return {f"{prefix}{k}": float(sum(m.get(k, 0.0) for m in episode_metrics)) for k in names}

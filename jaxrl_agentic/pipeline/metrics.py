@@ -1,10 +1,11 @@
 """Episode metrics of a rollout: the env-side means the run logs (per tag when there are
-several), tool-call totals of tool envs."""
+several), tool-call totals of tool envs, outside agents' `agent/*` totals."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from jaxrl_agentic.envs.outside_agent import agent_metrics
 from jaxrl_agentic.envs.tools import tool_metrics
 
 
@@ -31,6 +32,8 @@ def trajectory_metrics(trajs, prefix: str) -> dict[str, float]:
         out[f"{p}errors"] = mean_of(t.metrics.get("env_error", 0.0) for t in group)
         # Tool envs: call totals, calls per episode, valid-call share ({} for other envs).
         out.update(tool_metrics([t.metrics for t in group], p))
+        # Outside agents: requests, rewritten histories, failures, ... (batch totals).
+        out.update(agent_metrics([t.metrics for t in group], p))
     out[f"{prefix}truncated_by_length"] = mean_of(t.truncated_by_length for t in trajs)
     return out
 

@@ -69,6 +69,8 @@ def test_two_training_steps_on_the_agents_trajectories(pipe):
         assert firsts[0] == firsts[1] != firsts[2] == firsts[3]
         assert [t.score for t in trajs] == [float(t.metrics["success"]) for t in trajs]
         assert abs(metrics["rollout/logprob_mismatch"]) < 1e-4
+        assert (metrics["env/agent/requests"], metrics["env/agent/failures"],
+                metrics["env/agent/rewritten_histories"]) == (8.0, 0.0, 0.0)
         seed = pipe.config.run.seed * 1_000_003 + step * 2
         for t in trajs:
             for k, turn in enumerate(t.turns):
