@@ -17,7 +17,9 @@ def _probe():
     return load_script("scripts/analysis/probe_reply_format.py")
 
 
-@pytest.mark.parametrize("seed", [0, 1])
+# One seed each (the two tests between them cover seeds 0 and 1): each ~45 s on a 2-core
+# CPU; the sweeps over more seeds are the script's (`probe_reply_format.py`).
+@pytest.mark.parametrize("seed", [0])
 def test_decision_after_a_generated_tag_is_learned_with_an_untied_head(seed):
     right = _probe().run_pattern("oy", updates=120, warmup_steps=100, lr=1e-3, seed=seed,
                                  report_every=20, untie=True)
@@ -25,7 +27,7 @@ def test_decision_after_a_generated_tag_is_learned_with_an_untied_head(seed):
     assert right[-1] >= 0.6, right
 
 
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed", [1])
 def test_trailing_tokens_that_carry_no_advantage_cost_the_decision_nothing(seed):
     """[y, CLOSE, EOS] with the tags forced valid and given advantage 0 (`format_credit`:
     the reply's centred validity, 0 when every reply is well formed) learns y at the rate of
