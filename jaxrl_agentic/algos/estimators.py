@@ -39,6 +39,7 @@ from jaxrl_agentic.algos.advantages import (
     rloo,
     turn_grpo,
 )
+from jaxrl_agentic.data.trajectory import episode_segments, joined_episode
 from jaxrl_agentic.registration import same_registration
 
 LEVELS = ("turn", "token")
@@ -134,11 +135,27 @@ def turn_advantages(trajectories, *, adv_estimator: str, reward_norm_by: str = "
 
     An episode without turns (its reset failed or timed out) gets an empty array and stays
     out of its group's statistics: it is no 0-score member, since nothing was played.
+
+    An episode in segments (a rewritten history: `Trajectory.segment`) is one member of its
+    group: the estimator sees the segments joined (`joined_episode`: all turns, the
+    episode's reward once) and each segment gets its own turns' share of the result.
     """
     spec = get_advantage_estimator(adv_estimator)
     if spec.level != "turn":
         raise ValueError(f"turn_advantages does not handle {adv_estimator!r}; token-level "
                          "estimators use token_advantages")
+    episodes = episode_segments(trajectories)
+    if len(episodes) < len(trajectories):
+        joined = [joined_episode([trajectories[i] for i in e]) for e in episodes]
+        per_episode = turn_advantages(joined, adv_estimator=adv_estimator,
+                                      reward_norm_by=reward_norm_by, settings=settings)
+        out = [np.zeros(0, np.float32) for _ in trajectories]
+        for indices, advantages in zip(episodes, per_episode, strict=True):
+            start = 0
+            for i in indices:
+                out[i] = advantages[start:start + len(trajectories[i].turns)]
+                start += len(trajectories[i].turns)
+        return out
     played = [i for i, t in enumerate(trajectories) if t.turns]
     out = [np.zeros(0, np.float32) for _ in trajectories]
     kept = [trajectories[i] for i in played]
@@ -209,6 +226,12 @@ def token_advantages(trajectories, *, adv_estimator: str,
         raise ValueError(f"adv_estimator={adv_estimator!r} needs critic values")
     if not trajectories:
         return [], [] if spec.needs_critic else None
+    split = next((t for t in trajectories if getattr(t, "segment", 0) > 0), None)
+    if split is not None:  # returns would stop at a segment's end, with no reward there
+        raise ValueError(f"adv_estimator={adv_estimator!r} credits tokens within one "
+                         f"stream; episode (group {split.group_id}, member {split.member}) "
+                         "continues in segments (a rewritten history): use a turn-level "
+                         "estimator (grpo, rloo, reinforce, gigpo, turn_grpo)")
     result = spec.fn(trajectories, settings, values)
     if not (isinstance(result, tuple) and len(result) == 2):
         raise ValueError(f"advantage estimator {adv_estimator!r} must return (advantages, "

@@ -47,6 +47,11 @@ class Trajectory:
     truncated_by_length: bool = False  # the next prompt would have exceeded max_input_length
     metrics: dict = dataclasses.field(default_factory=dict)
     member: int = 0  # index within the group (selects the dynamics noise for replays)
+    # 0 for an episode's first (or only) sample. An episode whose history was rewritten (an
+    # outside agent's summary: `serving/`) continues in segments 1, 2, …: trajectories of
+    # their own, with the episode's (tag, group_id, member), its reward on the last
+    # segment's last turn, and its group statistics (`episode_segments`, `joined_episode`).
+    segment: int = 0
 
     @property
     def score(self) -> float:
@@ -73,6 +78,56 @@ class Trajectory:
         parts = [np.full(len(t.generated), -1, np.int32) if t.versions is None
                  else np.asarray(t.versions, np.int32) for t in self.turns]
         return np.concatenate(parts) if parts else np.zeros(0, np.int32)
+
+
+def episode_segments(trajs) -> list[list[int]]:
+    """Indices of `trajs` grouped by episode, each episode's segments in `segment` order,
+    episodes in the order their first trajectory appears. Segments of one episode share
+    (tag, group_id, member) and differ in `segment`; a trajectory of segment 0 whose key no
+    later segment shares is an episode of its own (trajectories built without a `member`
+    may share one)."""
+    # (getattr: estimators are also given duck-typed trajectories without these fields)
+    keys = [(t.tag, t.group_id, getattr(t, "member", 0)) for t in trajs]
+    split = {k for k, t in zip(keys, trajs, strict=True) if getattr(t, "segment", 0) > 0}
+    out, at = [], {}
+    for i, key in enumerate(keys):
+        if key not in split:
+            out.append([i])
+        elif key in at:
+            out[at[key]].append(i)
+        else:
+            at[key] = len(out)
+            out.append([i])
+    for indices in out:
+        if len(indices) == 1:
+            continue
+        indices.sort(key=lambda i: trajs[i].segment)
+        segments = [trajs[i].segment for i in indices]
+        if segments != list(range(len(segments))):
+            t = trajs[indices[0]]
+            raise ValueError(f"episode (tag {t.tag!r}, group {t.group_id}, member "
+                             f"{t.member}) has segments {segments}, not 0, 1, …: two "
+                             "episodes share a member, or a segment is missing")
+    return out
+
+
+def joined_episode(segments) -> Trajectory:
+    """The whole episode of its segments (in order) as one trajectory, for what is computed
+    per episode (advantages, episode metrics): their turns in order, the last segment's end
+    flags, the segments' numeric metrics summed. Its `tokens` are the first segment's; the
+    turns' `context_len` are those of their own segments' streams, so it is no stream to
+    train on."""
+    if len(segments) == 1:
+        return segments[0]
+    first, last = segments[0], segments[-1]
+    metrics: dict = {}
+    for seg in segments:
+        for key, value in seg.metrics.items():
+            metrics[key] = metrics.get(key, 0.0) + value
+    return dataclasses.replace(
+        first, turns=[u for seg in segments for u in seg.turns], metrics=metrics,
+        terminated=last.terminated, truncated=last.truncated,
+        truncated_by_length=any(seg.truncated_by_length for seg in segments), segment=0)
 
 
 def version_range(turns) -> tuple[int, int]:

@@ -14,6 +14,7 @@ import dataclasses
 import numpy as np
 
 from jaxrl_agentic.algos import diagnostics, filters
+from jaxrl_agentic.pipeline.metrics import whole_episodes
 
 
 class BatchFilters:
@@ -100,8 +101,9 @@ class BatchFilters:
     def collapse_metrics(self, trajs) -> dict[str, float]:
         """``batch/group_reward_std``, ``batch/zero_variance_groups`` (of the episode
         scores the advantages see) and ``batch/distinct_replies_per_group`` (an episode's
-        replies as one token tuple) over the episodes played (``algos/diagnostics.py``)."""
-        played = [t for t in trajs if t.turns]
+        replies as one token tuple) over the episodes played (``algos/diagnostics.py``); an
+        episode in segments is one (``whole_episodes``)."""
+        played = [t for t in whole_episodes(trajs) if t.turns]
         groups = [t.group_id for t in played]
         replies = [tuple(tok for u in t.turns for tok in (*u.generated, -1)) for t in played]
         return {**diagnostics.group_reward_metrics([t.score for t in played], groups),

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from jaxrl_agentic.data.trajectory import episode_segments, joined_episode
+from jaxrl_agentic.envs.metrics import episode_metrics
 from jaxrl_agentic.envs.outside_agent import agent_metrics
 from jaxrl_agentic.envs.tools import tool_metrics
 
@@ -14,9 +16,28 @@ def mean_of(values) -> float:
     return float(np.mean(values)) if values else 0.0
 
 
+def whole_episodes(trajs) -> list:
+    """One trajectory per episode: an episode in segments (`Trajectory.segment`) joined,
+    its episode metrics recomputed over all its turns and its counters summed."""
+    out = []
+    for indices in episode_segments(trajs):
+        if len(indices) == 1:
+            out.append(trajs[indices[0]])
+            continue
+        joined = joined_episode([trajs[i] for i in indices])
+        joined.metrics.update(episode_metrics(
+            [u.reward for u in joined.turns],
+            [{"action_is_valid": u.action_is_valid, "action_is_effective":
+              u.action_is_effective, "success": u.success} for u in joined.turns]))
+        out.append(joined)
+    return out
+
+
 def trajectory_metrics(trajs, prefix: str) -> dict[str, float]:
     """Means over episodes of the env-side metrics (and per tag when there are several);
-    tool envs add `tool/*` totals and rates (`envs.tools.tool_metrics`)."""
+    tool envs add `tool/*` totals and rates (`envs.tools.tool_metrics`). An episode in
+    segments counts once (`whole_episodes`)."""
+    trajs = whole_episodes(trajs)
     out = {}
     tags = sorted({t.tag for t in trajs})
     for tag in [None] + (tags if len(tags) > 1 else []):

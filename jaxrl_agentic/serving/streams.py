@@ -174,11 +174,16 @@ class AgentEpisode:
         return eos_appended
 
     def finish(self, reward: float, *, failed: bool) -> list[Trajectory]:
-        """Every sample's trajectory with the episode's reward on its last turn (a sample
-        without turns keeps none); a failed episode ends truncated, the others terminated."""
+        """Every sample's trajectory, as segments 0, 1, … of the episode
+        (`Trajectory.segment`): the episode's reward on the last turn of the last segment
+        that has turns, once, so the episode counts once in its group's statistics
+        (`algos.estimators.turn_advantages` joins the segments); a failed episode ends
+        truncated, the others terminated, each segment as the episode."""
         trajs = [s.trajectory for s in self.samples]
-        for traj in trajs:
-            if traj.turns:
+        last = max((k for k, t in enumerate(trajs) if t.turns), default=None)
+        for k, traj in enumerate(trajs):
+            traj.segment = k
+            if k == last:
                 traj.turns[-1].reward = float(reward)
                 traj.turns[-1].success = reward > 0
                 traj.turns[-1].done = not failed

@@ -58,3 +58,35 @@ def test_an_estimator_registered_from_outside_is_used_by_name():
             validate(c)
     finally:
         estimators._ESTIMATORS.pop("test_best_in_group")
+
+
+def _played(group_id, member, rewards, segment=0):
+    from jaxrl_agentic.data.trajectory import Trajectory, Turn
+
+    turns = [Turn(context_len=4 * k, generated=[1], logprobs=np.zeros(1, np.float32),
+                  stop_reason="eos", eos_appended=False, reward=r, action=0,
+                  action_is_valid=True, action_is_effective=True, success=r > 0,
+                  done=False, state_hash=bytes([k])) for k, r in enumerate(rewards)]
+    return Trajectory(traj_id=10 * member + segment, group_id=group_id, tag="t", seed=0,
+                      tokens=[0] * (4 * len(rewards)), turns=turns, member=member,
+                      segment=segment)
+
+
+@pytest.mark.parametrize("name", ["grpo", "rloo", "turn_grpo"])
+def test_an_episode_in_segments_is_one_member_of_its_group(name):
+    """An outside agent that rewrote its history leaves an episode in two samples, its
+    reward on the last. Counted as two members (the bug), its group of scores [1, 0, 1]
+    would become [0, 1, 0, 1]; joined, each segment gets the whole episode's advantage."""
+    split = [_played(0, 0, [0.0]), _played(0, 0, [1.0], segment=1)]
+    others = [_played(0, 1, [0.0]), _played(0, 2, [1.0])]
+    got = turn_advantages(others[:1] + split + others[1:], adv_estimator=name)
+    whole = turn_advantages([_played(0, 0, [0.0, 1.0])] + others, adv_estimator=name)
+    np.testing.assert_allclose(np.concatenate(got[1:3]), whole[0])
+    np.testing.assert_allclose(got[0], whole[1])
+    np.testing.assert_allclose(got[3], whole[2])
+    if name == "grpo":  # by hand: scores [1, 0, 1], mean 2/3, unbiased std 1/√3
+        np.testing.assert_allclose(got[1], [(1 - 2 / 3) * np.sqrt(3)], rtol=1e-5)
+    with pytest.raises(ValueError, match="segments"):
+        estimators.token_advantages(split, adv_estimator="reinforce_plus_plus")
+    with pytest.raises(ValueError, match="has segments \\[0, 2\\]"):
+        turn_advantages([split[0], _played(0, 0, [1.0], segment=2)], adv_estimator=name)

@@ -198,7 +198,9 @@ def test_rewrites_failures_and_caps_are_counted(tiny, server):
     assert r.stats["rewritten_histories"] == 1 and r.stats["failures"] == 2
     assert rewrite.metrics["agent/rewritten_histories"] == 1.0 == rewrite.metrics[
         "agent/samples"] - 1
-    assert (rewrite.score, second.score, rewrite.group_id, second.group_id) == (0.5, 0.5, 0, 0)
+    # One episode in two segments: the reward once, on the second.
+    assert (rewrite.score, second.score, rewrite.group_id, second.group_id) == (0.0, 0.5, 0, 0)
+    assert (rewrite.segment, second.segment) == (0, 1)
     assert len(rewrite.turns[0].generated) == 2  # max_tokens cut the reply
     assert raised.turns == [] and raised.truncated and raised.metrics["agent/failures"] == 1.0
     assert nan.score == 0.0 and nan.truncated and nan.metrics["agent/failures"] == 1.0

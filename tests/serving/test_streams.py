@@ -3,11 +3,15 @@ messages and keeps the sampled ids of every reply (never its text re-tokenised),
 stream is the chat template's own rendering of the whole chat; a rewritten history starts a
 new sample, counted, that shares the episode's reward."""
 
+import dataclasses
+
 import pytest
 import transformers
 
 from jaxrl_agentic.envs.tools import format_tool_call
+from jaxrl_agentic.pipeline.metrics import trajectory_metrics
 from jaxrl_agentic.rollout.groups import EpisodeSpec
+from jaxrl_agentic.rollout.turns import set_episode_metrics
 from jaxrl_agentic.serving.protocol import assistant_message, parse_chat_request
 from jaxrl_agentic.serving.streams import EXTRA_SAMPLE_ID_BASE, AgentEpisode, Formatters
 
@@ -116,8 +120,18 @@ def test_a_rewritten_history_starts_a_new_sample_that_shares_the_reward(tokenize
     trajs = ep.finish(0.75, failed=False)
     assert [t.traj_id for t in trajs] == [7, EXTRA_SAMPLE_ID_BASE + 7 * 64 + 1,
                                           EXTRA_SAMPLE_ID_BASE + 7 * 64 + 2]
-    assert [t.score for t in trajs] == [0.75, 0.75, 0.0]  # the third has no reply yet
+    # Segments of one episode: the reward once, on the last that has a reply (the third
+    # has none yet), so the episode is one member of its group, not three.
+    assert [t.segment for t in trajs] == [0, 1, 2]
+    assert [t.score for t in trajs] == [0.0, 0.75, 0.0]
     assert all((t.group_id, t.member, t.seed, t.terminated) == (2, 1, 4, True) for t in trajs)
+    # ... and one episode in the logged means: success and return once, its turns summed.
+    other = dataclasses.replace(trajs[1], member=0, segment=0, metrics={})
+    other.turns = [dataclasses.replace(u, reward=0.0, success=False) for u in other.turns]
+    set_episode_metrics(trajs + [other])
+    logged = trajectory_metrics(trajs + [other], "env/")
+    assert (logged["env/success"], logged["env/return"], logged["env/num_turns"]) == (
+        0.5, 0.375, 1.5)
 
 
 def test_a_prompt_over_the_length_limit_is_a_400_and_truncates(tokenizer):
