@@ -204,6 +204,13 @@ def default_config() -> ml_collections.ConfigDict:
     # DAPO's soft overlong punishment over the last L_cache tokens of the budget (0 = off)
     c.overlong_penalty_length = 0
     c.overlong_penalty = 1.0
+    # on-policy distillation (pipeline/distillation.py): a frozen teacher judges each
+    # generated token, advantage −distill_coef·(log π_student − log π_teacher), added to the
+    # shaped task advantage ("add") or alone ("only"). teacher.pretrain: "" = none, else what
+    # pretrain accepts or a training run's output directory; teacher.dtype: "" = dtype
+    c.teacher = ml_collections.ConfigDict(dict(pretrain="", dtype=""))
+    c.distill_coef = 1.0
+    c.distill_mode = "add"
     c.critic_learning_rate = 1e-5  # gae only: the critic's AdamW learning rate
     c.value_clip = 0.2  # gae only: ε_v of the clipped value loss (0 = unclipped)
     c.kernel_impl = "auto"
@@ -352,7 +359,7 @@ def validate(c) -> None:
     if unknown:
         field = sorted(unknown)[0]
         fail_unknown_field(field, defaults.keys())
-    for field in ("generation", "mesh", "debug", "format_warmup", "distributed"):
+    for field in ("generation", "mesh", "debug", "format_warmup", "distributed", "teacher"):
         extra = set(c[field].keys()) - set(defaults[field].keys())
         if extra:
             fail_unknown_field(f"{field}.{sorted(extra)[0]}", defaults[field].keys())
@@ -516,6 +523,11 @@ def validate(c) -> None:
             names = ", ".join(("tiny", "tiny-tools", *packaged_model_names()))
             _fail("pretrain", f"{problem} (a Hugging Face directory, a .gguf file, or one "
                   f"of {names})")
+    if c.teacher.pretrain:
+        from jaxrl_agentic.pipeline.distillation import teacher_source_problem
+
+        if problem := teacher_source_problem(c.teacher.pretrain):
+            _fail("teacher.pretrain", problem)
     if c.mesh.data == 0 or c.mesh.fsdp == 0 or c.mesh.tensor == 0:
         _fail("mesh", "axis sizes must be >= 1, or -1 to fill the remaining devices")
     _positive(c, "mesh.sampler_devices", allow_zero=True)

@@ -13,6 +13,7 @@ onto :class:`RunConfig`, a tree of frozen dataclasses, one per part::
     ├── advantages AdvantageConfig     estimator, sample mode, reward shaping, filters
     ├── learner    LearnerConfig       policy loss, optimizer, packing (training/)
     ├── critic     CriticConfig | None value model (gae)
+    ├── distillation DistillationConfig  on-policy distillation's teacher
     ├── schedule   ScheduleConfig      learning-rate plan
     ├── format_warmup, mesh, distributed
 
@@ -37,6 +38,7 @@ from jaxrl_agentic.rollout.groups import EnvManagerConfig
 from jaxrl_agentic.rollout.turns import GenerationConfig
 from jaxrl_agentic.training.critic import CriticConfig
 from jaxrl_agentic.training.learner_config import LearnerConfig
+from jaxrl_agentic.training.teacher import DistillationConfig
 
 
 def generation_budget(c, sample_mode: str | None = None) -> int:
@@ -207,10 +209,17 @@ def loading_unties_head(c) -> bool:
         return False
 
 
+def distillation_config(c) -> DistillationConfig:
+    """The teacher and its objective (``teacher.dtype`` "" = the student's ``dtype``)."""
+    return DistillationConfig(teacher=c.teacher.pretrain, dtype=c.teacher.dtype or c.dtype,
+                              coef=c.distill_coef, mode=c.distill_mode)
+
+
 def check_typed_configs(c, fail) -> None:
     """Builds every typed config of run config `c`; the first rule one breaks is reported as
     `fail(run-config field, why)`."""
-    builders = [("", lambda: learner_config(c)), ("", lambda: lora_config(c))]
+    builders = [("", lambda: learner_config(c)), ("", lambda: lora_config(c)),
+                ("", lambda: distillation_config(c))]
     if get_advantage_estimator(c.adv_estimator).needs_critic:
         builders.append(("", lambda: critic_config(c)))
     for name in ("train_env_manager", "val_env_manager"):
@@ -404,6 +413,7 @@ class RunConfig:
     mesh: MeshSettings
     distributed: DistributedSettings
     source_json: str = "{}"
+    distillation: DistillationConfig = DistillationConfig()
 
     @property
     def max_turns(self) -> int:
@@ -513,7 +523,8 @@ def build_run_config(c) -> RunConfig:
                                             "replies": tuple(c.format_warmup.replies)}),
         mesh=mesh_settings(c),
         distributed=distributed_settings(c),
-        source_json=c.to_json_best_effort(indent=2))
+        source_json=c.to_json_best_effort(indent=2),
+        distillation=distillation_config(c))
 
 
 def as_run_config(c) -> RunConfig:

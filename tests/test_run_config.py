@@ -10,6 +10,7 @@ from jaxrl_agentic.config import ConfigError, default_config, validate
 from jaxrl_agentic.run_config import build_run_config
 from jaxrl_agentic.training.critic import CriticConfig
 from jaxrl_agentic.training.learner_config import LearnerConfig
+from jaxrl_agentic.training.teacher import DistillationConfig
 
 
 def test_typed_defaults_equal_the_run_defaults():
@@ -27,6 +28,7 @@ def test_typed_defaults_equal_the_run_defaults():
     assert typed_configs.critic_config(c) == dataclasses.replace(
         CriticConfig(), learning_rate=c.critic_learning_rate, packing=packing)
     assert typed_configs.packing_config(c) == packing
+    assert typed_configs.distillation_config(c) == DistillationConfig()
 
 
 def test_run_config_fields_reach_the_typed_configs():
@@ -150,7 +152,8 @@ OTHER_STRINGS = {
     "system_prompt": "be brief", "reply_prefix": "<a>", "reply_suffix": "</a>",
     "debug.dump_dir": "/tmp/d", "distributed.coordinator_address": "h:1",
     "sampler_backend": "other", "lora_train_head": "never", "env_id": "gymnax:CartPole-v1",
-    "format_warmup.lr_schedule": "cosine",
+    "format_warmup.lr_schedule": "cosine", "distill_mode": "only", "teacher.pretrain": "/t",
+    "teacher.dtype": "bfloat16",
 }
 
 

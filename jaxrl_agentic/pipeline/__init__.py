@@ -2,7 +2,8 @@
 
 :class:`Pipeline` (``pipeline.py``) holds the run's long-lived pieces and makes the steps;
 ``batch_filters.py`` holds DAPO's filters and the collapse diagnostics it applies,
-``samples.py`` builds the samples of per-token estimators, ``metrics.py`` the episode
+``samples.py`` builds the samples of per-token estimators, ``distillation.py`` adds a
+teacher's per-token judgement to them (on-policy distillation), ``metrics.py`` the episode
 metrics, ``run_checks.py`` what a run checks before it trains.
 """
 

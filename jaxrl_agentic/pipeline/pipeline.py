@@ -35,6 +35,7 @@ from jaxrl_agentic.data.trajectory import stamp_versions
 from jaxrl_agentic.models import load_pretrained, lora
 from jaxrl_agentic.models.hf_io import read_model_config
 from jaxrl_agentic.pipeline.batch_filters import BatchFilters
+from jaxrl_agentic.pipeline.distillation import distill, load_teacher
 from jaxrl_agentic.pipeline.metrics import mean_of, trajectory_metrics, version_lag_metrics
 from jaxrl_agentic.pipeline.run_checks import (
     check_python_env_options,
@@ -143,6 +144,8 @@ class Pipeline(BatchFilters):
         if cfg.critic is not None:  # from the policy's backbone
             self.critic = Critic(self.graphdef, full_params(params, frozen), cfg.critic, mesh)
         self.learner = Learner(self.graphdef, params, self.learner_cfg, mesh, frozen=frozen)
+        self.teacher = (load_teacher(cfg.distillation, self.learner_cfg, mesh, tokenizer, log=log)
+                        if cfg.distillation.enabled else None)
         self.sampler.set_params(None)  # the learner owns the params from here on
         # One runner per tag with the tag's own env_config; a manager that overrides env
         # parameters (`env_manager(env_config=...)`) gets its own runners for its tags.
@@ -264,7 +267,8 @@ class Pipeline(BatchFilters):
     # ---- advantages and samples ---------------------------------------------------------------
     @timing.spanned("samples")
     def make_samples(self, trajs):
-        """Advantages → samples (``build_samples``), shaped, and their counts."""
+        """Advantages → samples (``build_samples``), shaped, with a teacher's distillation
+        advantages, and their counts."""
         a = self.config.advantages
         if get_advantage_estimator(a.estimator).level == "token":
             samples, stats = token_estimator_samples(
@@ -273,7 +277,12 @@ class Pipeline(BatchFilters):
             samples, stats = build_samples(trajs, self.turn_advantages(trajs),
                                            sample_mode=a.sample_mode,
                                            merge_stepwise=a.merge_stepwise)
-        return self._shape_advantages(samples), stats
+        samples = self._shape_advantages(samples)
+        if self.teacher is not None:  # after the shaping (pipeline/distillation.py says why)
+            samples, judged = distill(samples, self.teacher, self.config.distillation,
+                                      self.sequence_length)
+            stats = {**stats, **judged}
+        return samples, stats
 
     def turn_advantages(self, trajs) -> list[np.ndarray]:
         """Per-turn advantages of `trajs` under the run's outcome or step estimator."""

@@ -315,7 +315,7 @@ def make_train_step(graphdef, config: LearnerConfig, mesh, state_shardings,
 
 def make_compute_logprobs(graphdef, config: LearnerConfig, mesh, param_shardings,
                           compiler_options: dict | None = None,
-                          logprob_filter: tuple[int, float] | None = None):
+                          logprob_filter: tuple[int, float] | None = None, mark=None):
     """Jitted ``compute_logprobs(params, batch) -> [n_micro, row_len]`` fp32 token logprobs.
 
     Entry ``t`` is ``log π(token_t | tokens < t of its segment)`` at ``config.temperature``
@@ -324,7 +324,9 @@ def make_compute_logprobs(graphdef, config: LearnerConfig, mesh, param_shardings
     softmax) and for recomputed old logprobs, which are only read on loss tokens.
     ``logprob_filter``: ``(top_k, top_p)``, default ``config.logprob_filter``. ``batch``
     needs ``LOGPROB_BATCH_KEYS``; rows are scanned in groups of ``data · fsdp`` like the
-    train step.
+    train step. ``mark(hidden, head, targets, logprobs) -> logprobs`` (optional) rewrites
+    the gathered positions' logprobs in the same pass, from the same hidden states (the
+    teacher's argmax mark, ``training/teacher.py``).
     """
     top_k, top_p = config.logprob_filter if logprob_filter is None else logprob_filter
 
@@ -341,6 +343,8 @@ def make_compute_logprobs(graphdef, config: LearnerConfig, mesh, param_shardings
             logprobs = restricted_token_logprobs(*args, top_k=top_k, top_p=top_p)
         else:
             logprobs = token_logprobs(*args, impl=config.kernel_impl)
+        if mark is not None:
+            logprobs = mark(*args[:3], logprobs)
         # Scatter back; empty slots write out of bounds and are dropped.
         index = jnp.where(valid, micro["loss_index"].reshape(-1), t).reshape(b, -1)
         rows = jnp.broadcast_to(jnp.arange(b)[:, None], index.shape)

@@ -1,0 +1,187 @@
+"""On-policy distillation: a teacher's per-token judgement of the student's own episodes.
+
+The student plays its episodes as in RL; a frozen teacher (``training/teacher.py``) then
+scores every token the student generated, and each token gets the advantage
+
+    A_t = −β · (log π_s(y_t | y_<t) − log π_T(y_t | y_<t))        (loss mask 1)
+
+the negative of a one-sample estimate of the per-token reverse KL(π_s ‖ π_T) at the
+student's own state. There is no bootstrapping across tokens (discount 0): a token is
+credited with its own term only, not with the KL of the tokens it leads to, as in GKD
+(Agarwal et al. 2024, "On-Policy Distillation of Language Models: Learning from
+Self-Generated Mistakes") and Thinking Machines' "On-Policy Distillation" (2025): a dense,
+low-variance signal where the task reward is one number per episode. Its expectation
+under π_s is ``−β·KL(π_s ‖ π_T)`` at each state, so the policy gradient with it lowers the
+reverse KL of the states the student visits; a token the teacher finds likelier than the
+student does gets a positive advantage.
+
+**Which student logprob.** ``log π_s`` is the sampler's logprob of the sampled token: the
+samples' ``old_logprobs`` as ``build_samples`` makes them from the rollout, before the
+learner recomputes them (``recompute_old_logprobs``) or masks out-of-support ones; that
+is the policy that sampled (under ``async_generation_ratio`` or in-flight updates an older
+version than the learner's), whose reverse KL the sample estimates. The teacher's is its
+full softmax at the run's sampling temperature, as the student's logprob is.
+
+**Which tokens.** Those the learner trains on: loss mask 1 (what the model generated:
+observations, tool results, template tokens and a post-hoc EOS are 0), within
+``sequence_length`` and with a real logprob on both sides
+(``training.off_policy.comparable_masks``). Elsewhere "add" leaves the advantage as it was
+and "only" sets it to 0. Trajectory-wise and step-wise samples (merged or not) alike: the
+teacher reads each sample's own context.
+
+**Modes.** ``distill_mode="add"``: A_t is added to the task advantage *after* that is
+shaped (``whiten_advantages``, ``advantage_clip``). Shaped first, the task advantage keeps
+the scale the run chose and β is in its units; shaped together, whitening would subtract
+the batch mean of the KL term (the mean penalty every token pays, which is the point) and
+divide it by the task advantage's spread, and clipping would cut off the tokens the teacher
+disagrees with most, the most informative ones. ``"only"``: A_t alone (pure
+distillation); rewards are still played, shaped and logged (``env/*``). β = 0 with "add"
+trains on the task alone and logs the teacher's judgement (a monitor).
+
+**Metrics** (over the tokens above): ``distill/reverse_kl`` mean of log π_s − log π_T;
+``distill/teacher_logprob`` mean log π_T of the student's tokens;
+``distill/teacher_prefers_other`` share where the teacher's argmax is another token;
+``distill/tokens`` how many.
+
+**Where a teacher comes from** (``teacher.pretrain``): whatever ``pretrain`` accepts (a
+Hugging Face directory, a ``.gguf`` file, a packaged model's name, ``"tiny"``,
+``"tiny-tools"``), or a training run (its output directory, ``checkpoints`` directory or one
+step's: the policy at the latest checkpoint or that step, LoRA adapters merged, as
+``run_loading.run_policy`` restores it). It must share the student's tokenizer: the same
+``get_vocab()``, checked before its weights are read; another is one ``config.teacher
+.pretrain`` error line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding
+
+from jaxrl_agentic.config import ConfigError
+from jaxrl_agentic.data import Sample
+from jaxrl_agentic.runtime.parallel import param_partition_spec
+from jaxrl_agentic.training.off_policy import comparable_masks
+from jaxrl_agentic.training.teacher import DistillationConfig, Teacher
+
+
+def distillation_advantages(task: np.ndarray, student_logprobs: np.ndarray,
+                            teacher_logprobs: np.ndarray, mask: np.ndarray, coef: float,
+                            mode: str) -> np.ndarray:
+    """One sample's advantages: ``task + A`` ("add") or ``A`` ("only") where ``mask``, with
+    ``A = −coef·(student − teacher)``; elsewhere ``task`` ("add") or 0 ("only")."""
+    distill = -coef * (np.asarray(student_logprobs, np.float64)
+                       - np.asarray(teacher_logprobs, np.float64))
+    task = np.asarray(task, np.float64) if mode == "add" else np.zeros(distill.shape)
+    return np.where(mask, task + distill, task).astype(np.float32)
+
+
+def distill(samples: Sequence[Sample], teacher: Teacher, config: DistillationConfig,
+            sequence_length: int | None) -> tuple[list[Sample], dict[str, float]]:
+    """``samples`` with the distillation advantages of ``config`` (module doc) from
+    ``teacher``'s judgement, and the ``distill/*`` metrics."""
+    samples = list(samples)
+    if not samples:
+        return samples, {}
+    judged = teacher.judge(samples)
+    masks = comparable_masks(samples, [lp for lp, _ in judged], sequence_length)
+    out, gaps, teacher_lps, others = [], [], [], []
+    for s, (lp, other), mask in zip(samples, judged, masks, strict=True):
+        out.append(dataclasses.replace(s, advantages=distillation_advantages(
+            s.advantages, s.old_logprobs, lp, mask, config.coef, config.mode)))
+        gaps.append(s.old_logprobs[mask] - lp[mask])
+        teacher_lps.append(lp[mask])
+        others.append(other[mask])
+    tokens = sum(len(g) for g in gaps)
+
+    def mean(parts):
+        return float(np.concatenate(parts).astype(np.float64).sum() / max(tokens, 1))
+
+    return out, {"distill/reverse_kl": mean(gaps), "distill/teacher_logprob": mean(teacher_lps),
+                 "distill/teacher_prefers_other": mean(others), "distill/tokens": float(tokens)}
+
+
+# ---- the teacher's source ---------------------------------------------------------------------
+def _is_run(source: str) -> bool:
+    from jaxrl_agentic.models.tiny import PRETRAINED_NAMES
+    from jaxrl_agentic.run_loading import is_run_path
+
+    return source not in PRETRAINED_NAMES and is_run_path(source)
+
+
+def teacher_source_problem(source: str) -> str | None:
+    """Why ``source`` cannot name a teacher (checked without reading weights), or None."""
+    from jaxrl_agentic.models.sources import source_problem
+    from jaxrl_agentic.models.tiny import PRETRAINED_NAMES
+    from jaxrl_agentic.run_loading import find_run_config
+    from jaxrl_agentic.runtime.checkpoint import CheckpointError
+
+    if source in PRETRAINED_NAMES:
+        return None
+    if _is_run(source):
+        try:
+            find_run_config(source)
+        except CheckpointError as e:
+            return str(e)
+        return None
+    problem = source_problem(source)
+    return problem and (f"{problem} (a Hugging Face directory, a .gguf file, a packaged "
+                        "model's name, 'tiny', 'tiny-tools', or a training run's output "
+                        "directory)")
+
+
+def teacher_model_dir(source: str) -> str:
+    """The HF directory of the teacher's tokenizer (and, for a model, weights): for a
+    training run, that of the model the run started from."""
+    from jaxrl_agentic.run_config import ModelSettings
+    from jaxrl_agentic.run_loading import load_run_config
+
+    pretrain = load_run_config(source).pretrain if _is_run(source) else source
+    return ModelSettings(pretrain=pretrain).directory()
+
+
+def check_same_tokenizer(teacher_tokenizer, student_tokenizer, source: str) -> None:
+    """One ``ConfigError`` line unless both tokenizers map the same strings to the same ids."""
+    teacher, student = teacher_tokenizer.get_vocab(), student_tokenizer.get_vocab()
+    if teacher == student:
+        return
+    differ = sum(teacher.get(token) != i for token, i in student.items())
+    raise ConfigError(
+        f"config.teacher.pretrain: {source!r} has another tokenizer than the student "
+        f"({len(teacher)} tokens against {len(student)}, {differ} of the student's mapped "
+        "otherwise); the teacher reads the student's token ids, so it must share its "
+        "tokenizer")
+
+
+def load_teacher(config: DistillationConfig, learner_config, mesh, student_tokenizer,
+                 *, log=print) -> Teacher:
+    """The teacher of ``config`` on the learner's ``mesh``; its tokenizer is checked against
+    the student's before any of its weights is read."""
+    from jaxrl_agentic.models.hf_io import load_pretrained, load_tokenizer
+    from jaxrl_agentic.models.transformer import Transformer
+    from jaxrl_agentic.run_loading import run_policy
+
+    source = config.teacher
+    directory = teacher_model_dir(source)
+    check_same_tokenizer(load_tokenizer(directory), student_tokenizer, source)
+    if _is_run(source):  # the run's policy on the host, in the teacher's compute dtype
+        model, _ = run_policy(os.path.expanduser(source))
+        cfg = dataclasses.replace(model.cfg, dtype=config.dtype)
+        graphdef = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))[0]
+        params = nnx.state(model)
+    else:
+        def shardings(path, shape):  # read straight into its shards, as the student is
+            return NamedSharding(mesh, param_partition_spec(path, shape, mesh.shape))
+
+        graphdef, params = nnx.split(load_pretrained(directory, dtype=config.dtype,
+                                                     param_dtype="float32",
+                                                     shardings=shardings)[0])
+    teacher = Teacher(graphdef, params, config.dtype, learner_config, mesh)
+    cfg = teacher.model_config
+    log(f"teacher: {source} ({cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}), "
+        f"frozen on the learner's mesh in {config.dtype}")
+    return teacher
