@@ -11,6 +11,7 @@ from flax import nnx
 from jaxrl_agentic import train
 from jaxrl_agentic.config import ConfigError, default_config, validate
 from jaxrl_agentic.data import Sample
+from jaxrl_agentic.data.types import trained_loss_mask
 from jaxrl_agentic.models.hf_io import load_pretrained, load_tokenizer, save_pretrained
 from jaxrl_agentic.models.tiny import tiny_model_config
 from jaxrl_agentic.models.transformer import Transformer
@@ -26,6 +27,11 @@ from jaxrl_agentic.training.teacher import DistillationConfig
 
 TEMPERATURE = 0.7
 SEQUENCE_LENGTH = 72
+
+
+def _trained(sample, sequence_length=SEQUENCE_LENGTH):
+    """The tokens distillation reads: generated, within sequence_length."""
+    return trained_loss_mask(sample, sequence_length) > 0
 
 
 def test_the_advantage_is_minus_beta_times_the_logprob_gap_on_generated_tokens():
@@ -112,7 +118,7 @@ def test_teacher_logprobs_equal_a_plain_forward_in_packed_rows(teacher, narrow_t
     assert teacher.model_config.num_hidden_layers == 2  # not the student's architecture
     judged = teacher.judge(samples)
     for s, (lp, other) in zip(samples, judged, strict=True):
-        trained = (s.loss_mask > 0) & (np.arange(len(s)) < SEQUENCE_LENGTH)
+        trained = _trained(s)
         ref_lp, ref_other = _plain_forward(narrow_teacher_dir, s)
         np.testing.assert_allclose(lp[trained], ref_lp[trained], atol=2e-5)
         assert (other[trained] == ref_other[trained]).all()
@@ -127,7 +133,7 @@ def test_distill_applies_the_formula_and_reports_its_metrics(teacher, narrow_tea
     out, metrics = distill(samples, teacher, config, SEQUENCE_LENGTH)
     gaps, teacher_lps, others = [], [], []
     for s, d, (ref_lp, ref_other) in zip(samples, out, refs, strict=True):
-        trained = (s.loss_mask > 0) & (np.arange(len(s)) < SEQUENCE_LENGTH)
+        trained = _trained(s)
         expected = np.where(trained, s.advantages - 0.5 * (s.old_logprobs - ref_lp),
                             s.advantages)
         np.testing.assert_allclose(d.advantages, expected, atol=2e-5)
@@ -232,12 +238,10 @@ def test_a_student_distilled_alone_moves_towards_a_teacher_that_always_says_righ
     assert np.mean(other[-2:]) < np.mean(other[:2]) - 0.2, other
 
 
-def test_step_samples_of_a_lora_student_are_judged_by_its_own_base():
-    """Step-wise samples, a LoRA student, "add": the teacher is the model the student's
-    adapters start on, so before the first update the reverse KL is 0 on every generated
-    token (the sampler's logprobs against the teacher's program); after it, the adapters
-    have moved the student away."""
-    from jaxrl_agentic.data.types import trained_loss_mask
+@pytest.fixture(scope="module")
+def lora_step_run():
+    """Two steps of a LoRA student on step-wise samples, "add", its teacher the model its
+    adapters start on: (pipeline, first step's metrics and samples, second's)."""
     from jaxrl_agentic.pipeline import Pipeline
 
     c = _tiny_run(sample_mode="step", lora_rank=4, learning_rate=1e-2)
@@ -251,8 +255,39 @@ def test_step_samples_of_a_lora_student_are_judged_by_its_own_base():
     pipeline = Pipeline(c, log=lambda _: None)
     first, trajs, samples = pipeline.train_step()
     assert len(samples) > len(trajs)  # one sample per turn
-    assert first["distill/tokens"] == sum(trained_loss_mask(s, c.sequence_length).sum()
-                                          for s in samples) > 0
+    second, _, second_samples = pipeline.train_step()
+    return pipeline, (first, samples), (second, second_samples)
+
+
+def test_step_samples_of_a_lora_student_are_judged_by_its_own_base(lora_step_run):
+    """Before the first update the student is its base, the teacher: the reverse KL is 0
+    on every generated token (the sampler's logprobs against the teacher's program);
+    after it, the adapters have moved the student away."""
+    pipeline, (first, samples), (second, _) = lora_step_run
+    assert first["distill/tokens"] == sum(_trained(s, pipeline.sequence_length)
+                                          .sum() for s in samples) > 0
     assert abs(first["distill/reverse_kl"]) < 1e-5
-    second = pipeline.train_step()[0]
     assert abs(second["distill/reverse_kl"]) > 1e-3
+
+
+def test_a_training_run_is_a_teacher_with_its_latest_policy(lora_step_run, tmp_path,
+                                                            student_tokenizer):
+    """The run's output directory (config.json, checkpoints/) as `teacher.pretrain`: the
+    teacher is the policy of its latest checkpoint, LoRA adapters merged, so its logprobs
+    are the run's learner's own."""
+    from jaxrl_agentic.runtime.checkpoint import Checkpointer
+
+    pipeline, _, (_, samples) = lora_step_run
+    (tmp_path / "config.json").write_text(pipeline.config.source_json)
+    Checkpointer(str(tmp_path / "checkpoints")).save(2, pipeline.train_states(),
+                                                      pipeline.host_state())
+    config = DistillationConfig(teacher=str(tmp_path))
+    teacher = load_teacher(config, pipeline.learner_cfg, pipeline.mesh, student_tokenizer,
+                           log=lambda _: None)
+    learner = pipeline.learner.sample_logprobs(samples)
+    for s, (lp, _), own in zip(samples, teacher.judge(samples), learner, strict=True):
+        trained = _trained(s, pipeline.sequence_length)
+        np.testing.assert_allclose(lp[trained], own[trained], atol=1e-4)
+    base = [lp for lp, _ in pipeline.teacher.judge(samples)]  # the run's own teacher, "tiny"
+    assert max(np.abs(b - o).max() for b, o in zip(base, learner, strict=True)) > 1e-3
+
