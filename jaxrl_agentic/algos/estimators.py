@@ -122,10 +122,12 @@ def validate_estimator(adv_estimator: str, sample_mode: str, group_size: int) ->
 def _norm_keys(trajectories, reward_norm_by: str) -> list:
     if reward_norm_by not in REWARD_NORM_BY:
         raise ValueError(f"reward_norm_by must be one of {REWARD_NORM_BY}, got {reward_norm_by!r}")
+    # Each seat of a multi-seat game against the same seat only (role-conditioned
+    # baselines: a zero-sum game's seats would otherwise cancel out in one mean).
     if reward_norm_by == "group":
-        return [(t.tag, t.group_id) for t in trajectories]
+        return [(t.tag, t.group_id, getattr(t, "seat", 0)) for t in trajectories]
     if reward_norm_by == "tag":
-        return [t.tag for t in trajectories]
+        return [(t.tag, getattr(t, "seat", 0)) for t in trajectories]
     return [0] * len(trajectories)
 
 

@@ -52,6 +52,9 @@ class Trajectory:
     # their own, with the episode's (tag, group_id, member), its reward on the last
     # segment's last turn, and its group statistics (`episode_segments`, `joined_episode`).
     segment: int = 0
+    # The player this trajectory plays in a multi-seat game (`rollout/seats.py`: each
+    # policy seat is a trajectory of its own); a baseline per seat (`_norm_keys`). 0 else.
+    seat: int = 0
 
     @property
     def score(self) -> float:

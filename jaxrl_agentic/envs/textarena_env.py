@@ -148,8 +148,8 @@ def check_env_id(env_id: str) -> None:
     if env_id in catalog:
         return
     if env_id in ENV_REGISTRY:
-        raise ValueError(f"{PREFIX}{env_id} is not a single-player game; {PREFIX} plays "
-                         "TextArena's single-player games only")
+        raise ValueError(f"{PREFIX}{env_id} is neither a single-player nor a two-player "
+                         f"game; {PREFIX} plays TextArena's one- and two-player games")
     by_lower = {i.lower(): i for i in catalog}
     close = [by_lower[m] for m in difflib.get_close_matches(env_id.lower(), by_lower, n=5,
                                                              cutoff=0.6)]
@@ -323,7 +323,8 @@ def textarena_limits(env_id: str, game_kwargs: dict | None = None) -> dict[str, 
 def textarena_builder(env_id: str, *, format_penalty: float = 0.1,
                       max_steps_in_episode: int | None = None, reply_hint: str | None = None,
                       game_kwargs: dict | None = None, **unknown: Any):
-    """`make_python_env("textarena:<env_id>", **config)`: the episode factory.
+    """`make_python_env("textarena:<env_id>", **config)`: the episode factory (a two-player
+    id's is `textarena_games.two_player_builder`'s, with its own config).
 
     format_penalty: the cost of an invalid move the game forgives (>= 0).
     max_steps_in_episode: replies before the runner ends the episode; default the most the
@@ -331,6 +332,13 @@ def textarena_builder(env_id: str, *, format_penalty: float = 0.1,
     reply_hint: a line added to the first message (the games state their own format).
     game_kwargs: the game's constructor arguments over the id's (e.g. max_turns).
     """
+    _import_textarena(env_id)
+    from jaxrl_agentic.envs import textarena_games
+
+    if textarena_games.is_two_player(env_id):  # seats, self-play: textarena_games.py
+        return textarena_games.two_player_builder(
+            env_id, format_penalty=format_penalty, max_steps_in_episode=max_steps_in_episode,
+            reply_hint=reply_hint, game_kwargs=game_kwargs, **unknown)
     if unknown:
         raise ValueError(f"{PREFIX}{env_id}: unknown config {sorted(unknown)}; allowed: "
                          "format_penalty, max_steps_in_episode, reply_hint, game_kwargs")

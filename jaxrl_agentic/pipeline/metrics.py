@@ -1,5 +1,6 @@
 """Episode metrics of a rollout: the env-side means the run logs (per tag when there are
-several), tool-call totals of tool envs, outside agents' `agent/*` totals."""
+several), tool-call totals of tool envs, outside agents' `agent/*` totals, two-player games'
+win / draw / loss rates."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import numpy as np
 from jaxrl_agentic.data.trajectory import episode_segments, joined_episode
 from jaxrl_agentic.envs.metrics import episode_metrics
 from jaxrl_agentic.envs.outside_agent import agent_metrics
+from jaxrl_agentic.envs.textarena_games import game_metrics
 from jaxrl_agentic.envs.tools import tool_metrics
 
 
@@ -55,6 +57,8 @@ def trajectory_metrics(trajs, prefix: str) -> dict[str, float]:
         out.update(tool_metrics([t.metrics for t in group], p))
         # Outside agents: requests, rewritten histories, failures, ... (batch totals).
         out.update(agent_metrics([t.metrics for t in group], p))
+        # Two-player games: the policy seats' win / draw / loss rates, invalid moves.
+        out.update(game_metrics([t.metrics for t in group], p))
     out[f"{prefix}truncated_by_length"] = mean_of(t.truncated_by_length for t in trajs)
     return out
 

@@ -220,7 +220,8 @@ def test_unknown_id_names_close_matches():
 
 @pytest.mark.parametrize("env_id, message", [
     ("Wordle-v0", "needs the network"), ("Hangman-v0-raw", "needs the network"),
-    ("TwentyQuestions-v0", "needs the network"), ("TicTacToe-v0", "not a single-player"),
+    ("TwentyQuestions-v0", "needs the network"),
+    ("ThreePlayerTicTacToe-v0", "neither a single-player nor a two-player"),
     ("Klondike-v0", "does not compile"),
 ])
 def test_ids_that_cannot_run_here_are_refused(env_id, message):
