@@ -144,6 +144,20 @@ def teacher_model_dir(source: str) -> str:
     return ModelSettings(pretrain=pretrain).directory()
 
 
+def teacher_model_config(config: DistillationConfig):
+    """The teacher's ``ModelConfig`` in its compute dtype, from its config.json alone (a
+    training run's: that of the model it started from); None without a teacher."""
+    from jaxrl_agentic.models.hf_io import read_model_config
+    from jaxrl_agentic.run_loading import load_run_config
+
+    if not config.enabled:
+        return None
+    # A run that untied its head on load trained (and exports) a head of its own.
+    untie = _is_run(config.teacher) and load_run_config(config.teacher).untie_word_embeddings
+    return read_model_config(teacher_model_dir(config.teacher), config.dtype,
+                             untie_word_embeddings=bool(untie))
+
+
 def check_same_tokenizer(teacher_tokenizer, student_tokenizer, source: str) -> None:
     """One ``ConfigError`` line unless both tokenizers map the same strings to the same ids."""
     teacher, student = teacher_tokenizer.get_vocab(), student_tokenizer.get_vocab()

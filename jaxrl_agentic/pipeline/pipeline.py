@@ -35,7 +35,7 @@ from jaxrl_agentic.data.trajectory import stamp_versions
 from jaxrl_agentic.models import load_pretrained, lora
 from jaxrl_agentic.models.hf_io import read_model_config
 from jaxrl_agentic.pipeline.batch_filters import BatchFilters
-from jaxrl_agentic.pipeline.distillation import distill, load_teacher
+from jaxrl_agentic.pipeline.distillation import distill, load_teacher, teacher_model_config
 from jaxrl_agentic.pipeline.metrics import mean_of, trajectory_metrics, version_lag_metrics
 from jaxrl_agentic.pipeline.run_checks import (
     check_python_env_options,
@@ -208,6 +208,7 @@ class Pipeline(BatchFilters):
             budget=plans.device_budget(),
             host_devices=jax.local_device_count() if cpu else 1,
             lora_params=lora.adapter_count(cfg, model.lora),
+            teacher=teacher_model_config(self.config.distillation),
             # A mini-batch fits one scan step (one row per batch shard) when its longest
             # possible samples do; otherwise the update accumulates over groups of rows.
             accumulates=(learner.mini_batch_size

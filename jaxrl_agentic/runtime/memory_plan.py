@@ -7,6 +7,9 @@
     reference       P · min(b_param, b_compute) / (fsdp · tensor) when a KL reference is kept
                     (init_kl_coef or target_kl; its matrices are stored in the compute dtype;
                     none with LoRA, whose reference is the frozen base)
+    teacher         P_T · min(4, b_T) / (fsdp · tensor) with on-policy distillation (its
+                    matrices in its compute dtype b_T; its forward runs without a backward
+                    and before the update, so its activations are not counted beside these)
     gradients       P' · 4                                (one group of rows' fp32 gradient)
     accumulator     P' · 4 when a mini-batch may span several groups of rows
                     (``accumulates``): the fp32 sum beside the group's own gradient
@@ -59,7 +62,7 @@ class MemoryPlan:
 
     @property
     def training_state(self) -> float:
-        names = ("parameters", "reference", "gradients", "optimizer")
+        names = ("parameters", "reference", "teacher", "gradients", "optimizer")
         return sum(b for n, b in self.items if n in names)
 
     @property
@@ -114,11 +117,12 @@ def memory_plan(cfg: ModelConfig, *, row_len: int, loss_slots: int, remat: str,
                 kernel_impl: str, reference: bool, shards: int = 1, sampler_rows: int = 0,
                 sampler_len: int = 0, budget: float = 0.0, host_devices: int = 1,
                 attention_impl: str = "auto", accumulates: bool = True,
-                lora_params: int = 0) -> MemoryPlan:
+                lora_params: int = 0, teacher: ModelConfig | None = None) -> MemoryPlan:
     """The plan (module doc). ``shards`` = fsdp · tensor; ``host_devices``: devices sharing
     one host's RAM when the budget is the host's (CPU), whose states all count;
     ``accumulates``: whether a mini-batch may need more than one group of rows;
-    ``lora_params``: the adapters' values when LoRA trains them alone (0 = full training)."""
+    ``lora_params``: the adapters' values when LoRA trains them alone (0 = full training);
+    ``teacher``: on-policy distillation's teacher, its ``dtype`` the one it computes in."""
     p = cfg.num_params()
     pb = _BYTES[cfg.param_dtype]
     per = p / shards
@@ -130,6 +134,8 @@ def memory_plan(cfg: ModelConfig, *, row_len: int, loss_slots: int, remat: str,
     items = (
         ("parameters", (per + lora_params) * pb),
         ("reference", per * min(pb, _BYTES[cfg.dtype]) if reference else 0.0),
+        ("teacher", teacher.num_params() / shards * min(4, _BYTES[teacher.dtype])
+         if teacher is not None else 0.0),
         ("gradients", trained * 4),
         ("accumulator", trained * 4 if accumulates else 0.0),
         ("optimizer", 2 * trained * pb),

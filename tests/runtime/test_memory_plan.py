@@ -39,6 +39,18 @@ def test_training_state_of_qwen2_5_0_5b_is_sixteen_bytes_a_parameter():
     assert plan["lm head"] == 512 * 8192 * 12
 
 
+def test_a_distillation_teacher_counts_its_matrices_in_its_compute_dtype():
+    """Qwen2.5-0.5B distilling from a teacher of the same shape computing in bf16: its
+    494,032,768 parameters at 2 bytes, split over 2 shards, part of the training state."""
+    cfg = qwen25_config()
+    args = dict(row_len=2048, loss_slots=512, remat="layer", kernel_impl="auto",
+                reference=False, shards=2)
+    without = memory_plan(cfg, **args)
+    plan = memory_plan(cfg, teacher=dataclasses.replace(cfg, dtype="bfloat16"), **args)
+    assert dict(plan.items)["teacher"] == 2 * 494_032_768 / 2
+    assert plan.training_state - without.training_state == 494_032_768
+    assert dict(without.items)["teacher"] == 0
+
 @pytest.mark.parametrize("remat", ["none", "layer", "dots"])
 @pytest.mark.parametrize("row_len", [128, 384])
 def test_activation_estimate_bounds_what_jax_keeps_for_the_backward(remat, row_len):
