@@ -1,0 +1,316 @@
+"""A run's compiled programs, built from shapes alone, for a topology this machine lacks.
+
+:func:`run_programs` builds what a run compiles — the learner's update step for each row
+shape its packing can produce, the per-token logprob programs (old policy, and the
+reference when it is stored apart), the sampler's prefill and decode at the largest shapes
+a rollout gives them — on a mesh of the topology's devices made with the run's own
+``config.mesh`` and partition rules (``runtime/parallel.py``). No weight is read: the
+model's config comes from the recipe's ``pretrain`` (its config.json, or
+``models/known_shapes.py`` for a published checkpoint that is not here), and parameters,
+train state and batches are ``ShapeDtypeStruct``s with the shardings the run would give
+them. ``compile_tpu`` compiles each (``runtime/aot.py``) and sets the compiler's figures
+beside :func:`run_memory_plan`, the plan ``Pipeline`` prints.
+
+Shapes, as the run makes them:
+
+- update step: ``[rows, T]`` token arrays and ``[rows, S]`` loss slots, rows = the
+  mini-batch rounded up to the batch shards (``fixed_rows``; else the most rows
+  ``bucket_rows`` gives a mini-batch), T each of ``packing.row_lengths()``, S =
+  ``packing.loss_slots_for(T)`` (its largest: smaller loss-slot buckets only shrink it);
+- logprobs: rows for one step's samples (episodes, × turns with step-wise samples), next
+  power of two, rounded up to the shards (``per_token.per_sample_outputs``);
+- sampler (turn batching): a session of the next power of two of one tag's episodes,
+  prefill of ``next_power_of_two(max_input_length)`` tokens into a cache of the run's
+  ``max_total_len``, decode of ``next_power_of_two(max_tokens_per_step)`` new tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxrl_agentic.data import bucket_rows, round_up_to_bucket
+from jaxrl_agentic.models import lora
+from jaxrl_agentic.models.config import ModelConfig
+from jaxrl_agentic.models.known_shapes import known_model_config
+from jaxrl_agentic.models.transformer import KVCache, Transformer
+from jaxrl_agentic.runtime import memory_plan as plans
+from jaxrl_agentic.runtime.aot import abstract, global_bytes, shard_bytes
+from jaxrl_agentic.runtime.parallel import (
+    kv_cache_sharding,
+    make_mesh,
+    num_batch_shards,
+    replicated,
+    rows_sharding,
+    train_state_shardings,
+)
+from jaxrl_agentic.sampling.buckets import next_power_of_two
+from jaxrl_agentic.sampling.draws import stop_ids_array
+from jaxrl_agentic.sampling.jax_sampler import Sampler
+from jaxrl_agentic.training.learner import (
+    LOGPROB_BATCH_KEYS,
+    TRAIN_BATCH_KEYS,
+    full_params,
+    init_train_state,
+    make_compute_logprobs,
+    policy_update_loss,
+)
+from jaxrl_agentic.training.update import make_update_step
+
+PROGRAM_NAMES = ("update_step", "logprobs", "ref_logprobs", "sampler_prefill", "sampler_decode")
+_INT_KEYS = ("tokens", "positions", "segment_ids", "loss_index", "prefix_ids")
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """One jitted program and the abstract arguments it is compiled for; ``resident``: the
+    bytes per chip of its arguments that live on between programs (the train state)."""
+
+    name: str
+    fn: Any
+    args: tuple
+    shape: dict
+    resident: float
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPrograms:
+    """The programs of a run, and the per-chip bytes of what stays resident."""
+
+    programs: list[Program]
+    mesh: Any
+    model: ModelConfig
+    state_bytes: float  # the train state (+ LoRA's frozen base) per chip
+    param_bytes: float  # the policy's parameters per chip
+    param_global_bytes: float
+    notes: tuple[str, ...]
+
+
+def max_total_len(cfg) -> int:
+    """The sampler's cache length, as ``Pipeline`` sets it."""
+    return -(-(cfg.rollout.max_input_length + cfg.max_tokens_per_step + 1) // 64) * 64
+
+
+def model_config(cfg) -> tuple[ModelConfig, str]:
+    """(the run's model config, where it came from): the checkpoint's config.json when
+    ``pretrain`` resolves to a directory here, else ``models/known_shapes.py``'s table."""
+    from jaxrl_agentic.models.hf_io import read_model_config
+
+    m = cfg.model
+    try:
+        directory = m.directory()
+        return (read_model_config(directory, m.dtype, m.param_dtype, m.untie_word_embeddings),
+                f"{directory}/config.json")
+    except (ValueError, OSError) as e:  # hf_io.CheckpointError is a ValueError
+        known = known_model_config(m.pretrain, m.dtype, m.param_dtype, m.untie_word_embeddings)
+        if known is None:
+            raise ValueError(f"config.pretrain: {e} and {m.pretrain!r} names no shape in "
+                             "models/known_shapes.py") from None
+        return known, f"models/known_shapes.py ({m.pretrain} is not on this machine)"
+
+
+def run_mesh(cfg, devices):
+    """The learner's mesh over ``devices``, as ``Pipeline`` makes it from ``config.mesh``."""
+    if cfg.mesh.sampler_devices:
+        raise ValueError("config.mesh.sampler_devices: compile_tpu compiles the colocated "
+                         "layout only (sampler_devices=0)")
+    try:
+        return make_mesh(data=cfg.mesh.data, fsdp=cfg.mesh.fsdp, tensor=cfg.mesh.tensor,
+                         devices=list(devices))
+    except ValueError as e:
+        raise ValueError(f"config.mesh: {e}") from None
+
+
+def run_memory_plan(cfg, model: ModelConfig, mesh, budget: float) -> plans.MemoryPlan:
+    """The plan ``Pipeline`` prints for this run on ``mesh`` (one chip's HBM as budget)."""
+    learner, packing = cfg.learner, cfg.learner.packing
+    return plans.memory_plan(
+        model, row_len=packing.micro_batch_max_tokens, loss_slots=packing.loss_slots_per_row,
+        remat=learner.remat, kernel_impl=learner.kernel_impl,
+        reference=learner.uses_reference, attention_impl=learner.attention_impl,
+        shards=mesh.shape["fsdp"] * mesh.shape["tensor"],
+        sampler_rows=cfg.train.manager.num_episodes, sampler_len=max_total_len(cfg),
+        budget=budget, lora_params=lora.adapter_count(model, cfg.model.lora),
+        accumulates=(learner.mini_batch_size
+                     * min(packing.sequence_length, packing.micro_batch_max_tokens)
+                     > packing.micro_batch_max_tokens * num_batch_shards(mesh)))
+
+
+def _abstract_model(model: ModelConfig, lora_config, seed: int):
+    def build():
+        m = Transformer(model, rngs=nnx.Rngs(seed))
+        return lora.add_lora(m, lora_config, seed=seed) if lora_config.enabled else m
+
+    return nnx.eval_shape(build)
+
+
+def _batch(keys, rows: int, row_len: int, loss_slots: int, mesh) -> dict:
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(
+        ("data", "fsdp"), None))
+
+    def one(key):
+        width = loss_slots if key == "loss_index" else row_len
+        dtype = jnp.int32 if key in _INT_KEYS else jnp.float32
+        return jax.ShapeDtypeStruct((rows, width), dtype, sharding=sharding)
+
+    return {k: one(k) for k in keys}
+
+
+def _update_rows(cfg, mesh) -> int:
+    learner = cfg.learner
+    shards = num_batch_shards(mesh)
+    if learner.packing.fixed_rows:
+        return round_up_to_bucket(learner.mini_batch_size, shards)
+    return round_up_to_bucket(bucket_rows(learner.mini_batch_size, learner.packing.rows_bucket),
+                              shards)
+
+
+def _logprob_rows(cfg, mesh) -> int:
+    per_episode = cfg.max_turns if cfg.advantages.sample_mode != "trajectory" else 1
+    samples = cfg.train.manager.num_episodes * per_episode
+    return round_up_to_bucket(bucket_rows(samples, 0), num_batch_shards(mesh))
+
+
+def learner_programs(cfg, model: ModelConfig, mesh, row_lens: str = "all"):
+    """(programs, state per chip, params per chip, params in all, graphdef, abstract params
+    with shardings): update step and logprob programs (module doc)."""
+    learner = cfg.learner
+    model_abs = _abstract_model(model, cfg.model.lora, cfg.run.seed)
+    if cfg.model.lora.enabled:
+        graphdef, params, frozen = lora.split_trainable(model_abs)
+    else:
+        (graphdef, params), frozen = nnx.split(model_abs), None
+    state = jax.eval_shape(lambda p, f: init_train_state(p, learner, ref_dtype=model.dtype,
+                                                         frozen=f), params, frozen)
+    shardings = train_state_shardings(state, mesh)
+    state_abs = abstract(state, shardings)
+    frozen_shardings = None if frozen is None else train_state_shardings(frozen, mesh)
+    frozen_abs = None if frozen is None else abstract(frozen, frozen_shardings)
+    full_abs = full_params(state_abs.params, frozen_abs)
+    full_shardings = full_params(shardings.params, frozen_shardings)
+    resident = shard_bytes(state_abs) + (0.0 if frozen_abs is None else shard_bytes(frozen_abs))
+    lr = jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated(mesh))
+
+    update = make_update_step(policy_update_loss(graphdef, learner), learner, mesh,
+                              shardings, None, frozen_shardings)
+    train_keys = learner.packing.batch_keys(
+        TRAIN_BATCH_KEYS + (("ref_logprobs",) if learner.uses_reference else ()))
+    lengths = learner.packing.row_lengths()
+    if row_lens == "longest":
+        lengths = lengths[:1]
+    programs, rows = [], _update_rows(cfg, mesh)
+    for row_len in lengths:
+        slots = learner.packing.loss_slots_for(row_len)
+        batch = _batch(train_keys, rows, row_len, slots, mesh)
+        args = (state_abs, batch, lr) + (() if frozen_abs is None else (frozen_abs,))
+        programs.append(Program("update_step", update, args,
+                                {"rows": rows, "row_len": row_len, "loss_slots": slots},
+                                resident))
+
+    logprob_keys = learner.packing.batch_keys(LOGPROB_BATCH_KEYS)
+    compute = make_compute_logprobs(graphdef, learner, mesh, full_shardings, None)
+    passes = [("logprobs", compute, full_abs)]
+    if learner.uses_reference and frozen is None:  # its own (compute-dtype) copy
+        # The reference's logprobs are always its full softmax's (Learner.sample_logprobs).
+        ref_compute = make_compute_logprobs(graphdef, learner, mesh, shardings.ref_params,
+                                            None, logprob_filter=(0, 1.0))
+        passes.append(("ref_logprobs", ref_compute, state_abs.ref_params))
+    rows = _logprob_rows(cfg, mesh)
+    row_len = lengths[0]
+    slots = learner.packing.loss_slots_for(row_len)
+    for name, fn, weights in passes:
+        batch = _batch(logprob_keys, rows, row_len, slots, mesh)
+        programs.append(Program(name, fn, (weights, batch),
+                                {"rows": rows, "row_len": row_len, "loss_slots": slots},
+                                shard_bytes(weights)))
+    return (programs, resident, shard_bytes(full_abs), global_bytes(full_abs), model_abs,
+            full_abs)
+
+
+def sampler_programs(cfg, model: ModelConfig, mesh, model_abs, params_abs) -> list[Program]:
+    """The JAX sampler's prefill and decode at a turn-batched rollout's largest shapes
+    (module doc), reading the learner's parameters in place (colocated)."""
+    total = max_total_len(cfg)
+    sampler = Sampler(model_abs, None, max_total_len=total, mesh=mesh,
+                      eos_token_id=model.eos_token_id or 0,
+                      logprob_under_filter=cfg.rollout.logprob_under_sampling_filter)
+    episodes = max(len(plan) for plan in _episodes_per_tag(cfg))
+    rows = next_power_of_two(episodes)
+    cache = jax.eval_shape(functools.partial(KVCache.zeros, model, rows, total,
+                                             sampler.cache_dtype))
+    cache = abstract(cache, jax.tree.map(lambda x: kv_cache_sharding(mesh, x.shape), cache))
+    resident = shard_bytes(params_abs)
+
+    def row_input(shape, dtype):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=rows_sharding(mesh, rows))
+
+    length = min(next_power_of_two(cfg.rollout.max_input_length, sampler.min_prefill_bucket),
+                 total)
+    tokens = row_input((rows, length), jnp.int32)
+    prefill_args = (params_abs, cache, tokens, row_input((rows, length), jnp.int32),
+                    row_input((rows, length), jnp.bool_), None)
+    repl = replicated(mesh)
+    scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype, sharding=repl)  # noqa: E731
+    logits = jax.ShapeDtypeStruct((rows, model.vocab_size), jnp.float32,
+                                  sharding=rows_sharding(mesh, rows))
+    stops = stop_ids_array(1.0, 1.0, None)
+    new_bucket = next_power_of_two(cfg.max_tokens_per_step)
+    decode_args = (params_abs, cache, logits, row_input((rows,), jnp.int32),
+                   row_input((rows,), jnp.bool_), row_input((rows,), jnp.int32),
+                   jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=repl),
+                   row_input((rows,), jnp.int32), scalar(jnp.float32), scalar(jnp.int32),
+                   scalar(jnp.float32), scalar(jnp.bool_),
+                   jax.ShapeDtypeStruct(stops.shape, jnp.int32, sharding=repl))
+    return [
+        Program("sampler_prefill", _Bound(sampler.prefill_program, {"key_len": total}),
+                prefill_args, {"rows": rows, "tokens": length, "cache_len": total}, resident),
+        Program("sampler_decode", _Bound(sampler.decode_program,
+                                         {"max_new_bucket": new_bucket}),
+                decode_args, {"rows": rows, "max_new": new_bucket, "cache_len": total},
+                resident),
+    ]
+
+
+class _Bound:
+    """A jitted function with its static keyword arguments fixed, traceable like it."""
+
+    def __init__(self, fn, static: dict):
+        self.fn, self.static = fn, static
+
+    def trace(self, *args):
+        return self.fn.trace(*args, **self.static)
+
+
+def _episodes_per_tag(cfg) -> list[list[int]]:
+    """One list per train tag, as long as that tag's episodes in one step."""
+    from jaxrl_agentic.rollout.groups import plan_episodes
+
+    return list(plan_episodes(cfg.train.manager, split="train", cursor=0).values())
+
+
+def run_programs(cfg, devices, *, row_lens: str = "all", sampler: bool = True
+                 ) -> RunPrograms:
+    """Every program of the run (module doc) on a mesh of ``devices``."""
+    model, source = model_config(cfg)
+    mesh = run_mesh(cfg, devices)
+    programs, resident, params, params_global, model_abs, full_abs = learner_programs(
+        cfg, model, mesh, row_lens)
+    notes = [f"model: {source}"]
+    if sampler:
+        if cfg.rollout.sampler_backend != "jax":
+            notes.append(f"sampler: backend {cfg.rollout.sampler_backend!r} is not compiled")
+        else:
+            programs += sampler_programs(cfg, model, mesh, model_abs, full_abs)
+            if cfg.rollout.batching == "continuous":
+                notes.append("sampler: continuous batching's decode-chunk programs are not "
+                             "compiled; prefill and decode are the turn-batched ones")
+    return RunPrograms(programs, mesh, model, resident, params, params_global, tuple(notes))
+
+
+__all__ = ["PROGRAM_NAMES", "Program", "RunPrograms", "learner_programs", "max_total_len",
+           "model_config", "run_memory_plan", "run_mesh", "run_programs", "sampler_programs"]

@@ -1,0 +1,161 @@
+"""``python -m jaxrl_agentic.compile_tpu``: a run's programs compiled for a topology.
+
+Without libtpu (the test extra does not install it) the command's whole path runs on
+``--topology cpu:8`` in a subprocess, and its refusals are checked (no libtpu: exit 2; a
+train state that cannot fit: exit 1, before any compile). With libtpu (an environment of
+its own, docs/tpu.md), the tiny model's programs are compiled for the four chips of a
+v5e:2x2 with ``mesh.fsdp=4`` and checked against the partition rules: each chip holds a
+quarter of every matrix and all of the norms and biases the rules replicate, and the
+update step all-gathers the sharded weights and reduce-scatters their gradients.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from jaxrl_agentic.models.hf_io import read_model_config
+from jaxrl_agentic.models.tiny import default_tiny_model_dir
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
+
+
+def _tiny_recipe_model():
+    """configs/frozen_lake.py's model: the tiny one, its head untied."""
+    return read_model_config(default_tiny_model_dir(), untie_word_embeddings=True)
+
+
+def _command(*args, env=None):
+    env = {**os.environ, **(env or {})}
+    env.pop("XLA_FLAGS", None)  # the command sets the host device count itself
+    return subprocess.run([sys.executable, "-m", "jaxrl_agentic.compile_tpu", *args],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _errors(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+def _per_chip_param_bytes(cfg, fsdp: int) -> int:
+    """By hand, from the rules in runtime/parallel.py: every matrix is split over fsdp on
+    its hidden dimension (D = 128 divides by fsdp); norms and the q/k/v biases (which
+    follow the tensor axis only) are whole on each chip. fp32; the recipe unties the head."""
+    d, f, v, layers = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, \
+        cfg.num_hidden_layers
+    q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    head = 0 if cfg.tie_word_embeddings else d * v
+    matrices = v * d + head + layers * (d * q + 2 * d * kv + q * d + 3 * d * f)
+    replicated = layers * (2 * d + q + 2 * kv) + d
+    return 4 * (matrices // fsdp + replicated)
+
+
+@pytest.mark.skipif(HAS_LIBTPU, reason="libtpu is installed here")
+def test_without_libtpu_says_how_to_install_it():
+    out = _command("--config", "configs/frozen_lake.py", "--topology", "v5e:2x2")
+    assert out.returncode == 2
+    errors = _errors(out.stderr)
+    assert len(errors) == 1 and out.stdout == ""
+    assert "libtpu" in errors[0] and "venv" in errors[0] and "--topology cpu:N" in errors[0]
+
+
+def test_cpu_topology_prints_one_json_line_per_program():
+    """Logprobs on 8 host devices, fsdp 2: one program line, then the total line."""
+    out = _command("--config", "configs/frozen_lake.py", "--topology", "cpu:8",
+                   "--programs", "logprobs", "--config.mesh.fsdp=2")
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [line["program"] for line in lines] == ["logprobs", "total"]
+    program, total = lines
+    # Rows: one step's samples (one per episode) rounded up to a power of two.
+    assert (program["rows"], program["row_len"]) == (64, 512)
+    for key in ("argument_bytes", "output_bytes", "temp_bytes", "generated_code_bytes"):
+        assert program[key] >= 0
+    assert program["output_bytes"] == 64 * 512 * 4 // 8  # fp32 logprobs, rows over 8
+    assert set(program["collectives"]) >= {"all-gather", "all-reduce", "reduce-scatter"}
+    assert total["mesh"] == {"data": 4, "fsdp": 2, "tensor": 1}
+    assert total["chips"] == 8 and total["fits"] is True
+    cfg = _tiny_recipe_model()
+    assert total["param_bytes"] == _per_chip_param_bytes(cfg, 2)
+    assert total["param_global_bytes"] == 4 * cfg.num_params()
+    assert sum(total["plan_bytes"].values()) == total["plan_total_bytes"]
+
+
+def test_a_state_that_cannot_fit_fails_before_compiling():
+    """Qwen2.5-7B (a known shape, not on disk) replicated over 8 host devices, each with an
+    eighth of this machine's RAM: its fp32 state alone is ~100 GB a device."""
+    out = _command("--config", "configs/qwen2_5_0_5b_frozen_lake.py", "--topology", "cpu:8",
+                   "--config.pretrain=/models/Qwen2.5-7B-Instruct")
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert out.stdout == ""
+    errors = _errors(out.stderr)
+    assert len(errors) == 1 and "mesh.fsdp" in errors[0] and "train state" in errors[0]
+
+
+def test_an_unknown_program_is_one_line():
+    out = _command("--config", "configs/frozen_lake.py", "--topology", "cpu:8",
+                   "--programs", "update")
+    assert out.returncode == 2
+    assert _errors(out.stderr) == [
+        "error: --programs: unknown program 'update'; choose from update_step, logprobs, "
+        "ref_logprobs, sampler_prefill, sampler_decode"]
+
+
+# ---- with libtpu ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tpu_runs():
+    """The tiny recipe's update step compiled for a v5e:2x2, fsdp=4 and data-only."""
+    if not HAS_LIBTPU:
+        pytest.skip("no TPU compiler here (libtpu is not installed)")
+    import jax
+
+    from jaxrl_agentic.pipeline.aot_programs import run_programs
+    from jaxrl_agentic.run_config import build_run_config
+    from jaxrl_agentic.runtime import aot
+    from jaxrl_agentic.train import parse_config
+
+    option = "jax_persistent_cache_min_compile_time_secs"  # TPU executables: not cached
+    before = getattr(jax.config, option)
+    jax.config.update(option, float("inf"))
+    topology = aot.topology("v5e:2x2")
+    runs = {}
+    for name, fsdp in (("fsdp", 4), ("data", 1)):
+        with aot.traced_for("tpu"):
+            c = parse_config(["compile_tpu", "--config", "configs/frozen_lake.py",
+                              f"--config.mesh.fsdp={fsdp}"])
+            run = run_programs(build_run_config(c), topology.devices, row_lens="longest",
+                               sampler=False)
+        update = run.programs[0]
+        compiled = aot.compile_abstract(update.fn, *update.args, platform="tpu")
+        runs[name] = (run, compiled)
+    yield runs
+    jax.config.update(option, before)
+
+
+def test_each_chip_holds_its_share_of_the_parameters(tpu_runs):
+    run, _ = tpu_runs["fsdp"]
+    assert dict(run.mesh.shape) == {"data": 1, "fsdp": 4, "tensor": 1}
+    assert run.param_bytes == _per_chip_param_bytes(_tiny_recipe_model(), 4)
+    data_run, _ = tpu_runs["data"]
+    assert data_run.param_bytes == data_run.param_global_bytes  # replicated over data
+
+
+def test_update_step_gathers_weights_and_scatters_gradients(tpu_runs):
+    """fsdp: weights all-gathered for the matmuls, gradients reduce-scattered back to their
+    shards; data-only: gradients all-reduced, nothing reduce-scattered; both hold the
+    Mosaic (Pallas) kernels, not their interpreted form."""
+    from jaxrl_agentic.runtime.aot import collective_counts
+
+    _, fsdp = tpu_runs["fsdp"]
+    _, data = tpu_runs["data"]
+    sharded, replicated = (collective_counts(c.as_text()) for c in (fsdp, data))
+    assert sharded["reduce-scatter"] > 0 and replicated["reduce-scatter"] == 0
+    assert sharded["all-gather"] > replicated["all-gather"]
+    assert replicated["all-reduce"] > 0
+    for compiled in (fsdp, data):
+        assert "tpu_custom_call" in compiled.as_text()
