@@ -3,6 +3,7 @@ own API (`textarena.make(id)` with its `LLMObservationWrapper` per-player view),
 observations, zero-sum rewards, random seats, invalid moves, config errors."""
 
 import random
+from pathlib import Path
 
 import pytest
 import textarena as ta
@@ -186,3 +187,15 @@ def test_two_player_ids():
     assert "WordChains-v0" not in ids and "WordChains-v0" in G.two_player_ids()
     with pytest.raises(ValueError, match="needs the network"):
         make_python_env("textarena:WordChains-v0")
+
+
+def test_recipe_with_a_misspelt_seat_kind_is_one_config_error():
+    from jaxrl_agentic.config import ConfigError, recipe_config, validate
+
+    c = recipe_config(str(Path(__file__).parents[2] / "configs" / "textarena_selfplay.py"))
+    validate(c)
+    c.custom_envs.game.env_config = {"seats": ("policy", "radnom")}
+    with pytest.raises(ConfigError) as e:
+        validate(c)
+    assert str(e.value) == ("config.custom_envs.game.env_type: seats: unknown seat kind "
+                            "'radnom'; allowed: policy, random")
