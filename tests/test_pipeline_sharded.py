@@ -78,6 +78,11 @@ def small_overrides(out: str) -> list[str]:
         # One CPU device per process, in this process and in the subprocesses alike (the
         # recipe's one-per-core would apply only in a fresh process).
         "--config.mesh.cpu_devices=1",
+        # Continuous rollouts (here and in test_async / test_in_flight, which share these
+        # settings) compile only the slot programs they run: the up-front grid of every
+        # row count × prompt length (tests/sampling/test_slot_decoder.py,
+        # tests/rollout/test_continuous.py) cost most of their cold time, once per pipeline.
+        "--config.rollout_precompile=False",
     ]
 
 
