@@ -211,6 +211,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.teacher = ml_collections.ConfigDict(dict(pretrain="", dtype=""))
     c.distill_coef = 1.0
     c.distill_mode = "add"
+    c.distill_center = False  # subtract the batch's mean reverse KL (a baseline)
     c.critic_learning_rate = 1e-5  # gae only: the critic's AdamW learning rate
     c.value_clip = 0.2  # gae only: ε_v of the clipped value loss (0 = unclipped)
     c.kernel_impl = "auto"

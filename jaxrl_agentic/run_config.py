@@ -212,7 +212,8 @@ def loading_unties_head(c) -> bool:
 def distillation_config(c) -> DistillationConfig:
     """The teacher and its objective (``teacher.dtype`` "" = the student's ``dtype``)."""
     return DistillationConfig(teacher=c.teacher.pretrain, dtype=c.teacher.dtype or c.dtype,
-                              coef=c.distill_coef, mode=c.distill_mode)
+                              coef=c.distill_coef, mode=c.distill_mode,
+                              center=c.distill_center)
 
 
 def check_typed_configs(c, fail) -> None:

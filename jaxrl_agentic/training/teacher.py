@@ -63,13 +63,15 @@ ARGMAX_CHUNK_LOGITS = 1 << 22
 @dataclasses.dataclass(frozen=True)
 class DistillationConfig:
     """``teacher``: the teacher's source ("" = no distillation); ``dtype``: its compute
-    dtype; ``coef``: β; ``mode``: "add" (to the shaped task advantage) or "only"
-    (``pipeline/distillation.py``). Errors name the run-config fields."""
+    dtype; ``coef``: β; ``mode``: "add" (to the shaped task advantage) or "only";
+    ``center``: subtract the batch's mean reverse KL (``pipeline/distillation.py``).
+    Errors name the run-config fields."""
 
     teacher: str = ""
     dtype: str = "float32"
     coef: float = 1.0
     mode: str = "add"
+    center: bool = False
 
     def __post_init__(self):
         if self.mode not in DISTILL_MODES:
@@ -81,6 +83,8 @@ class DistillationConfig:
         if self.mode == "only" and self.coef == 0:
             raise ValueError("distill_coef: 0 with distill_mode='only' leaves every "
                              "advantage 0 (nothing to learn); use a coefficient > 0")
+        if not isinstance(self.center, bool):
+            raise ValueError(f"distill_center: must be True or False, got {self.center!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"teacher.dtype: {self.dtype!r} is not allowed; choose one of "
                              f"{', '.join(DTYPES)} (or '' for the student's dtype)")

@@ -45,6 +45,9 @@ def test_the_advantage_is_minus_beta_times_the_logprob_gap_on_generated_tokens()
     np.testing.assert_allclose(added, [0, 0, 0.5 - 1.0, 0.5 + 2.0, 0.3, 0.5, 0.5])
     alone = distillation_advantages(task, student, teacher, mask, 2.0, "only")
     np.testing.assert_allclose(alone, [0, 0, -1.0, 2.0, 0, 0, 0])
+    # Centred on the batch's mean gap s − t, here (0.5 − 1 + 0) / 3 = −1/6: A = −2·(gap + 1/6).
+    centred = distillation_advantages(task, student, teacher, mask, 2.0, "only", -1 / 6)
+    np.testing.assert_allclose(centred, [0, 0, -4 / 3, 5 / 3, 0, -1 / 3, 0], rtol=1e-6)
 
 
 # ---- the teacher against a plain forward --------------------------------------------------------
@@ -146,10 +149,14 @@ def test_distill_applies_the_formula_and_reports_its_metrics(teacher, narrow_tea
         np.concatenate(teacher_lps).mean(), abs=1e-5)
     assert metrics["distill/teacher_prefers_other"] == pytest.approx(
         np.concatenate(others).mean())
-    only, _ = distill(samples, teacher, dataclasses.replace(config, mode="only"),
+    mean_gap = np.concatenate(gaps).mean()
+    only, _ = distill(samples, teacher, dataclasses.replace(config, mode="only", center=True),
                       SEQUENCE_LENGTH)
-    for s, d in zip(samples, only, strict=True):
-        assert not d.advantages[s.loss_mask == 0].any()
+    for s, d, (ref_lp, _) in zip(samples, only, refs, strict=True):
+        trained = _trained(s)
+        np.testing.assert_allclose(d.advantages[trained], -0.5 * (
+            s.old_logprobs - ref_lp - mean_gap)[trained], atol=2e-5)
+        assert not d.advantages[~trained].any()
 
 
 # ---- one-line errors --------------------------------------------------------------------------
@@ -178,6 +185,11 @@ def test_bad_distillation_fields_are_config_errors_naming_the_field(field, value
     with pytest.raises(ConfigError) as e:
         validate(c)
     assert str(e.value).startswith(fragment) and "\n" not in str(e.value)
+
+
+def test_a_baseline_switch_that_is_not_a_bool_names_its_field():
+    with pytest.raises(ValueError, match="^distill_center: must be True or False, got 'yes'$"):
+        DistillationConfig(center="yes")
 
 
 def test_a_missing_teacher_stops_the_run_with_one_error_line(tmp_path, capsys):
