@@ -22,9 +22,24 @@ def find_run_config(checkpoint_path: str) -> str:
     raise CheckpointError(f"no run config.json found above {checkpoint_path}")
 
 
+# Fields keyed by the user's own names (env tags): a run's are all it has, none is added.
+_USER_KEYED = ("custom_envs", "env_specific")
+
+
 def load_run_config(checkpoint_path: str) -> ml_collections.ConfigDict:
+    """The run's flat config, as its config.json stored it; a field the run's version of
+    the trainer did not have yet (e.g. `teacher`, `distill_center`) takes its default, so an
+    older run still loads (as a teacher, for evaluation, export or play)."""
+    from jaxrl_agentic.config import default_config
+
     with open(find_run_config(checkpoint_path)) as f:
-        return ml_collections.ConfigDict(json.load(f))
+        stored = json.load(f)
+    for key, default in default_config().to_dict().items():
+        if key not in stored:
+            stored[key] = default
+        elif isinstance(default, dict) and key not in _USER_KEYED:
+            stored[key] = {**default, **stored[key]}
+    return ml_collections.ConfigDict(stored)
 
 
 def restore_pipeline(c, checkpoint_path: str):

@@ -286,11 +286,16 @@ def test_a_training_run_is_a_teacher_with_its_latest_policy(lora_step_run, tmp_p
                                                             student_tokenizer):
     """The run's output directory (config.json, checkpoints/) as `teacher.pretrain`: the
     teacher is the policy of its latest checkpoint, LoRA adapters merged, so its logprobs
-    are the run's learner's own."""
+    are the run's learner's own. The run's config.json is one written before distillation
+    existed (no `teacher`, `distill_*` fields): those take their defaults."""
+    import json
+
     from jaxrl_agentic.runtime.checkpoint import Checkpointer
 
     pipeline, _, (_, samples) = lora_step_run
-    (tmp_path / "config.json").write_text(pipeline.config.source_json)
+    older = {k: v for k, v in json.loads(pipeline.config.source_json).items()
+             if k != "teacher" and not k.startswith("distill_")}
+    (tmp_path / "config.json").write_text(json.dumps(older))
     Checkpointer(str(tmp_path / "checkpoints")).save(2, pipeline.train_states(),
                                                       pipeline.host_state())
     config = DistillationConfig(teacher=str(tmp_path))
