@@ -15,8 +15,10 @@ recipe with many row-length buckets compiles one program per bucket). ``--progra
 only those (``update_step``, ``logprobs``, ``ref_logprobs``, ``sampler_prefill``,
 ``sampler_decode``); the sampler's are built only when named or by default.
 
-Exit codes: 0 every program fits; 1 one does not (one ``error:`` line naming what to
-change); 2 bad input, or no libtpu here (one line saying how to install it).
+Exit codes: 0 every program fits; 1 one does not (its peak is over one chip's HBM, the
+compiler refused it with RESOURCE_EXHAUSTED, or the train state alone is too big, found
+before compiling anything): one ``error:`` line naming what to change; 2 bad input, or no
+libtpu here (one line saying how to install it).
 """
 
 from __future__ import annotations
@@ -34,13 +36,17 @@ EXIT_BAD_INPUT = 2
 
 def _split_argv(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """(this command's flags, the rest: --config and its overrides, for ``parse_config``)."""
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--topology", default="v5e:2x2")
-    parser.add_argument("--row-lens", choices=("all", "longest"), default="all")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    parser.add_argument("--config", required=True, help="recipe file (configs/*.py)")
+    parser.add_argument("--topology", default="v5e:2x2",
+                        help="a TPU topology (v5e:2x2, v5p:2x2x1, v6e:2x4, ...) or cpu:N")
+    parser.add_argument("--row-lens", choices=("all", "longest"), default="all",
+                        help="the update step at every row length of the packing, or the "
+                             "longest only")
     parser.add_argument("--programs", default="",
                         help="comma-separated program names (default: all)")
-    args, rest = parser.parse_known_args(argv[1:])
-    return args, argv[:1] + rest
+    args, rest = parser.parse_known_args(argv[1:])  # rest: the --config.<key>=<value>s
+    return args, [*argv[:1], "--config", args.config, *rest]
 
 
 def _host_devices(topology_name: str) -> None:
@@ -147,12 +153,23 @@ def main(argv: list[str] | None = None) -> int:
               f"{topology.devices[0].device_kind} chip: "
               + _advice("state", {}, run.state_bytes, hbm), file=sys.stderr)
         return EXIT_DOES_NOT_FIT
-    worst = (0.0, None, None)
+    worst, refused = (0.0, None, None), []
     for program in run.programs:
         if wanted and program.name not in wanted:
             continue
         start = time.perf_counter()
-        compiled = aot.compile_abstract(program.fn, *program.args, platform=topology.platform)
+        try:
+            compiled = aot.compile_abstract(program.fn, *program.args,
+                                            platform=topology.platform)
+        except jax.errors.JaxRuntimeError as e:  # XLA:TPU refuses what cannot fit its HBM
+            if "RESOURCE_EXHAUSTED" not in str(e):
+                raise
+            message = str(e).splitlines()[0]
+            print(json.dumps({"program": program.name, **program.shape,
+                              "compile_s": round(time.perf_counter() - start, 1),
+                              "error": message}), flush=True)
+            refused.append((program, message))
+            continue
         seconds = time.perf_counter() - start
         figures = aot.program_figures(compiled)
         peak = aot.peak_bytes(figures, run.state_bytes, program.resident)
@@ -163,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
                           "peak_bytes": int(peak)}), flush=True)
     plan = run_memory_plan(cfg, run.model, run.mesh, hbm)
     peak, program, figures = worst
-    fits = not hbm or peak <= hbm
+    fits = (not hbm or peak <= hbm) and not refused
     print(json.dumps({
         "program": "total", "topology": topology.name, "chips": topology.chips,
         "device_kind": topology.devices[0].device_kind, "mesh": dict(run.mesh.shape),
@@ -171,8 +188,15 @@ def main(argv: list[str] | None = None) -> int:
         "param_bytes": int(run.param_bytes), "param_global_bytes": int(run.param_global_bytes),
         "peak_program": None if program is None else program.name,
         "peak_bytes": int(peak), "fits": fits,
+        "refused": [p.name for p, _ in refused],
         "plan_bytes": {name: int(b) for name, b in plan.items},
         "plan_total_bytes": int(plan.total)}), flush=True)
+    if refused:
+        program, message = refused[0]
+        print(f"error: {program.name} {program.shape} does not fit one "
+              f"{topology.devices[0].device_kind} chip (the compiler: {message}): "
+              + _advice(program.name, {}, run.state_bytes, hbm), file=sys.stderr)
+        return EXIT_DOES_NOT_FIT
     if not fits:
         gib = aot.GIB
         print(f"error: {program.name} {program.shape} needs {peak / gib:.2f} GiB per chip, "
