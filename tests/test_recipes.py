@@ -15,6 +15,9 @@ from tests.test_train import RECIPES, check_outputs, tiny_overrides
 REAL_MODEL_RECIPES = ("smollm2_frozen_lake", "smollm2_tool_calculator")
 TINY_RUNS = [r for r in RECIPES
              if r not in ("frozen_lake", "tool_multistep", *REAL_MODEL_RECIPES)]
+# The distillation recipe's teacher is a run of configs/frozen_lake.py; at tiny size the
+# tiny model stands in (a run's directory as the teacher: tests/pipeline/test_distillation.py).
+STAND_INS = {"tiny_distill_frozen_lake": ["--config.teacher.pretrain=tiny"]}
 
 
 @pytest.mark.parametrize("recipe", REAL_MODEL_RECIPES)
@@ -48,13 +51,15 @@ def test_the_multistep_tool_recipe_is_the_calculator_recipe_on_the_shop():
 @pytest.mark.parametrize("recipe", TINY_RUNS)
 def test_recipe_runs_at_tiny_size(recipe, tmp_path):
     out = str(tmp_path / recipe)
-    assert train.main(["train", *tiny_overrides(recipe, out)]) == 0
+    assert train.main(["train", *tiny_overrides(recipe, out), *STAND_INS.get(recipe, [])]) == 0
     tools = "tool" in recipe
     # Tool, reasoning-gym and TextArena environments have no picture: no GIFs.
     pictureless = tools or recipe in ("reasoning_gym", "textarena")
     records = check_outputs(out, 2, gifs=not pictureless)
     assert records[1]["time/elapsed"] > records[0]["time/elapsed"]  # one uninterrupted run
     assert records[-1]["rollout/logprob_mismatch"] < 1e-2 or recipe.startswith("qwen")
+    if recipe in STAND_INS:  # the teacher judged the student's tokens
+        assert records[-1]["distill/tokens"] > 0 and "distill/reverse_kl" in records[-1]
     if tools:
         for key in ("env/tool/calls", "env/tool/calls_per_episode", "eval/tool/calls",
                     "render/skipped"):
