@@ -44,8 +44,6 @@ TextArena is imported by the builder, not by this module.
 from __future__ import annotations
 
 import difflib
-import inspect
-import os
 import re
 from functools import lru_cache
 from typing import Any
@@ -54,8 +52,8 @@ from jaxrl_agentic.envs import thread_random
 from jaxrl_agentic.envs.base import INVALID_ACTION
 from jaxrl_agentic.envs.python_env import PyStep, PythonTextEnv, text_state_hash
 from jaxrl_agentic.envs.registry import register_prefix
+from jaxrl_agentic.envs.textarena_source import PREFIX, entry_source, import_textarena, unwrap
 
-PREFIX = "textarena:"
 # When the game states no turn limit: steps before the runner ends the episode.
 DEFAULT_MAX_STEPS = 100
 # Games (TextArena 0.7.4) that download NLTK word lists at run time or ask an LLM judge
@@ -64,36 +62,8 @@ NEEDS_NETWORK = frozenset({"GuessWho", "Hangman", "TwentyQuestions", "WordLadder
                            "WordSearch", "Wordle"})
 
 
-def _import_textarena(env_id: str):
-    try:
-        import textarena
-    except ImportError as e:
-        raise ImportError(f"{PREFIX}{env_id} needs the textarena package: "
-                          "pip install -e '.[envs]'") from e
-    return textarena
-
-
 def _game_name(env_id: str) -> str:
     return env_id.split("-v", 1)[0]
-
-
-def _entry_source(ta, entry_point) -> str:
-    """Source text of an id's game module, read without importing it (TextArena 0.7.4 ships
-    modules that do not import, e.g. Klondike's); "" if not found."""
-    if not isinstance(entry_point, str):
-        try:
-            return inspect.getsource(inspect.getmodule(entry_point))
-        except (OSError, TypeError):
-            return ""
-    parts = entry_point.split(":")[0].split(".")
-    if parts[0] != "textarena":
-        return ""
-    path = os.path.join(os.path.dirname(ta.__file__), *parts[1:])
-    for candidate in (path + ".py", os.path.join(path, "__init__.py")):
-        if os.path.isfile(candidate):
-            with open(candidate, encoding="utf-8") as f:
-                return f.read()
-    return ""
 
 
 @lru_cache(maxsize=1)
@@ -102,12 +72,12 @@ def _catalog() -> dict[str, bool]:
     game is single-player when its module builds a `SinglePlayerState` (the registry does
     not record player counts); TextArena 0.7.4 ships two that do not compile (Klondike,
     UltimateTexasHoldem), found by compiling, not importing, the source."""
-    ta = _import_textarena("<id>")
+    ta = import_textarena("<id>")
     from textarena.envs.registration import ENV_REGISTRY
 
     catalog, compiles = {}, {}
     for env_id, spec in ENV_REGISTRY.items():
-        source = _entry_source(ta, spec.entry_point)
+        source = entry_source(ta, spec.entry_point)
         if "SinglePlayerState" not in source:
             continue
         if source not in compiles:
@@ -133,7 +103,7 @@ def offline_ids() -> tuple[str, ...]:
 
 def check_env_id(env_id: str) -> None:
     """ValueError unless `env_id` is a single-player TextArena id that runs offline."""
-    _import_textarena(env_id)
+    import_textarena(env_id)
     from textarena.envs.registration import ENV_REGISTRY
 
     catalog = _catalog()
@@ -156,15 +126,6 @@ def check_env_id(env_id: str) -> None:
     hint = f"; close matches: {', '.join(close)}" if close else ""
     raise ValueError(f"unknown TextArena single-player id {env_id!r}{hint} "
                      "(jaxrl_agentic.envs.textarena_env.offline_ids() lists those that run)")
-
-
-def _unwrap(game):
-    """The game under TextArena's wrappers (observations are read from it directly)."""
-    from textarena.core import Wrapper
-
-    while isinstance(game, Wrapper):
-        game = game.env
-    return game
 
 
 def _render(ta, state, messages) -> str:
@@ -201,7 +162,7 @@ class TextArenaEnv(PythonTextEnv):
     def __init__(self, env_id: str, *, format_penalty: float = 0.1,
                  max_steps_in_episode: int | None = None, reply_hint: str | None = None,
                  game_kwargs: dict | None = None):
-        self.ta = _import_textarena(env_id)
+        self.ta = import_textarena(env_id)
         self.env_id = env_id
         self.format_penalty = float(format_penalty)
         self.reply_hint = reply_hint
@@ -219,7 +180,7 @@ class TextArenaEnv(PythonTextEnv):
         with thread_random.own_states(self._rng):
             # Made here, seeded: some games draw from `random` in their constructor.
             self.game = self.ta.make(self.env_id, **self.game_kwargs)
-            self.base = _unwrap(self.game)
+            self.base = unwrap(self.game)
             self.game.reset(num_players=1, seed=seed)
             _, messages = self.base.get_observation()
         self._done = False
@@ -286,7 +247,7 @@ def _limits_of(game) -> dict[str, Any]:
     from textarena.core import Wrapper
     from textarena.wrappers import ClipCharactersActionWrapper, ClipWordsActionWrapper
 
-    state = _unwrap(game).state
+    state = unwrap(game).state
     limits = {"max_turns": getattr(state, "max_turns", None),
               "error_allowance": getattr(state, "error_allowance", None),
               "max_reply_chars": None, "max_reply_words": None}
@@ -332,7 +293,7 @@ def textarena_builder(env_id: str, *, format_penalty: float = 0.1,
     reply_hint: a line added to the first message (the games state their own format).
     game_kwargs: the game's constructor arguments over the id's (e.g. max_turns).
     """
-    _import_textarena(env_id)
+    import_textarena(env_id)
     from jaxrl_agentic.envs import textarena_games
 
     if textarena_games.is_two_player(env_id):  # seats, self-play: textarena_games.py

@@ -48,6 +48,7 @@ from typing import Any
 from jaxrl_agentic.envs import thread_random
 from jaxrl_agentic.envs.base import INVALID_ACTION
 from jaxrl_agentic.envs.python_env import PyStep, PythonTextEnv, text_state_hash
+from jaxrl_agentic.envs.textarena_source import PREFIX, entry_source, import_textarena, unwrap
 
 SEAT_KINDS = ("policy", "random")
 NUM_SEATS = 2
@@ -63,23 +64,16 @@ NEEDS_NETWORK = frozenset({"Debate", "DontSayIt", "LetterAuction", "ScenarioPlan
 _LISTED_MOVE = re.compile(r"'(\[[^\[\]'\n]{1,24}\])'")
 
 
-def _ta():
-    from jaxrl_agentic.envs import textarena_env
-
-    return textarena_env
-
-
 @lru_cache(maxsize=1)
 def _catalog() -> dict[str, bool]:
     """{two-player id: whether its game module compiles} over TextArena's registry (a game
     is two-player when its module builds a `TwoPlayerState`)."""
-    T = _ta()
-    ta = T._import_textarena("<id>")
+    ta = import_textarena("<id>")
     from textarena.envs.registration import ENV_REGISTRY
 
     catalog = {}
     for env_id, spec in ENV_REGISTRY.items():
-        source = T._entry_source(ta, spec.entry_point)
+        source = entry_source(ta, spec.entry_point)
         if "TwoPlayerState" not in source:
             continue
         try:
@@ -142,7 +136,7 @@ class TextArenaMatch(PythonTextEnv):
                  max_steps_in_episode: int = DEFAULT_MAX_STEPS, reply_hint: str | None = None,
                  game_kwargs: dict | None = None,
                  random_fallback_reply: str = DEFAULT_FALLBACK_REPLY):
-        self.ta = _ta()._import_textarena(env_id)
+        self.ta = import_textarena(env_id)
         self.env_id, self.seats = env_id, tuple(seats)
         self.max_steps_in_episode = int(max_steps_in_episode)
         self.reply_hint, self.game_kwargs = reply_hint, dict(game_kwargs or {})
@@ -167,7 +161,7 @@ class TextArenaMatch(PythonTextEnv):
         self._rng = thread_random.States(seed)
         with thread_random.own_states(self._rng):
             self.game = self.ta.make(self.env_id, **self.game_kwargs)
-            self.base = _ta()._unwrap(self.game)
+            self.base = unwrap(self.game)
             self.game.reset(num_players=NUM_SEATS, seed=seed)
         self._seen = {i: [] for i in range(NUM_SEATS)}
         self.invalid_moves = [0] * NUM_SEATS
@@ -336,9 +330,8 @@ def two_player_builder(env_id: str, *, seats=("policy", "policy"),
     format_penalty: taken and unused (the reward is the game's zero-sum outcome).
     """
     del format_penalty
-    T = _ta()
     if unknown:
-        raise ValueError(f"{T.PREFIX}{env_id}: unknown config {sorted(unknown)}; allowed: "
+        raise ValueError(f"{PREFIX}{env_id}: unknown config {sorted(unknown)}; allowed: "
                          "seats, alternate_seats, max_steps_in_episode, reply_hint, "
                          "game_kwargs, random_fallback_reply")
     seats = check_seats(seats)
@@ -362,11 +355,11 @@ def two_player_builder(env_id: str, *, seats=("policy", "policy"),
         except (TypeError, ValueError):
             raise ValueError(f"game_kwargs: must be a dict, got {game_kwargs!r}") from None
     if not _catalog()[env_id]:
-        raise ValueError(f"{T.PREFIX}{env_id}: the installed TextArena's source of this game "
+        raise ValueError(f"{PREFIX}{env_id}: the installed TextArena's source of this game "
                          "does not compile")
     if env_id.split("-v", 1)[0] in NEEDS_NETWORK:
         games = sorted({i.split("-v", 1)[0] for i in offline_two_player_ids()})
-        raise ValueError(f"{T.PREFIX}{env_id} needs the network at run time (an LLM jury or "
+        raise ValueError(f"{PREFIX}{env_id} needs the network at run time (an LLM jury or "
                          f"word lists); two-player games that run offline: {', '.join(games)}")
     options = dict(reply_hint=reply_hint, game_kwargs=dict(game_kwargs or {}),
                    random_fallback_reply=random_fallback_reply)
@@ -374,7 +367,7 @@ def two_player_builder(env_id: str, *, seats=("policy", "policy"),
     try:
         probe.start(0)
     except Exception as e:
-        raise ValueError(f"{T.PREFIX}{env_id} does not start: {type(e).__name__}: {e}") from e
+        raise ValueError(f"{PREFIX}{env_id} does not start: {type(e).__name__}: {e}") from e
     if max_steps_in_episode is None:
         state = probe.base.state
         turns, allowance = getattr(state, "max_turns", None), getattr(state, "error_allowance",
