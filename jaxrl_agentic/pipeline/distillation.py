@@ -9,8 +9,8 @@ the negative of a one-sample estimate of the per-token reverse KL(π_s ‖ π_T)
 student's own state. There is no bootstrapping across tokens (discount 0): a token is
 credited with its own term only, not with the KL of the tokens it leads to, as in GKD
 (Agarwal et al. 2024, "On-Policy Distillation of Language Models: Learning from
-Self-Generated Mistakes") and Thinking Machines' "On-Policy Distillation" (2025): a dense,
-low-variance signal where the task reward is one number per episode. Its expectation
+Self-Generated Mistakes") and Thinking Machines' "On-Policy Distillation" (2025): a dense
+signal where the task reward is one number per episode. Its expectation
 under π_s is ``−β·KL(π_s ‖ π_T)`` at each state, so the policy gradient with it lowers the
 reverse KL of the states the student visits; a token the teacher finds likelier than the
 student does gets a positive advantage.
