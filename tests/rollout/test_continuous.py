@@ -43,18 +43,25 @@ def generation(setup):  # noqa: F811
     return GenerationConfig(max_tokens_per_step=MAX_NEW, stop_token_ids=stops)
 
 
-def with_row_blocks(setup, blocks: int):  # noqa: F811
-    """`setup` with a sampler whose sessions split into `blocks` row blocks (each decodes on
-    its own thread, `SlotDecoder.launch`) from 2 rows a block."""
+def lazy_setup(setup, **sampler_kwargs):  # noqa: F811
+    """`setup` with a sampler of the same weights that compiles only the slot programs a
+    rollout runs (`precompile_slots=False`): the up-front grid of every row count × prompt
+    length is compiled once, by the shared sampler, for the tests that need it."""
     from flax import nnx
 
     from jaxrl_agentic.sampling import Sampler
 
     env, params, sampler, formatter, max_input_length = setup
-    split = Sampler(nnx.merge(sampler.graphdef, sampler.params), sampler.tokenizer,
-                    max_total_len=sampler.max_total_len, decode_threads=blocks,
-                    min_rows_per_thread=2, precompile_slots=False)  # compiles what it runs
-    return env, params, split, formatter, max_input_length
+    lazy = Sampler(nnx.merge(sampler.graphdef, sampler.params), sampler.tokenizer,
+                   max_total_len=sampler.max_total_len, precompile_slots=False,
+                   **sampler_kwargs)
+    return env, params, lazy, formatter, max_input_length
+
+
+def with_row_blocks(setup, blocks: int):  # noqa: F811
+    """`setup` with a sampler whose sessions split into `blocks` row blocks (each decodes on
+    its own thread, `SlotDecoder.launch`) from 2 rows a block."""
+    return lazy_setup(setup, decode_threads=blocks, min_rows_per_thread=2)
 
 
 @pytest.mark.parametrize("backend,slots,chunk,blocks", [("jax", 3, 3, 1), ("python", 0, 2, 2)])
@@ -113,7 +120,7 @@ class _Rendezvous(PythonTextEnv):
 
 def test_environment_steps_overlap_decoding(setup):  # noqa: F811
     event = threading.Event()
-    runner = python_runner(setup, lambda spec, seed: _Rendezvous(spec, seed, event),
+    runner = python_runner(lazy_setup(setup), lambda spec, seed: _Rendezvous(spec, seed, event),
                            batching="continuous", decode_chunk=2)
     trajs = runner.run(episodes(1, group_size=2), sample_seed=0)
     assert event.is_set()
@@ -125,13 +132,8 @@ def test_without_precompile_the_same_trajectories_compile_on_first_use(setup, ge
     """`rollout_precompile=False` (`Sampler(precompile_slots=False)`): nothing is compiled
     up front, only what the rollout reaches, and the trajectories are those of the
     precompiled sampler."""
-    from flax import nnx
-
-    from jaxrl_agentic.sampling import Sampler
-
     env, params, sampler, formatter, max_input_length = setup
-    lazy = Sampler(nnx.merge(sampler.graphdef, sampler.params), sampler.tokenizer,
-                   max_total_len=sampler.max_total_len, precompile_slots=False)
+    lazy = lazy_setup(setup)[2]
     plan = episodes(2)
     eager = runner(setup, "jax", generation, batching="continuous", slots=3,
                    decode_chunk=3).run(plan, sample_seed=5)
