@@ -525,7 +525,7 @@ def validate(c) -> None:
             _fail("pretrain", f"{problem} (a Hugging Face directory, a .gguf file, or one "
                   f"of {names})")
     if c.teacher.pretrain:
-        from jaxrl_agentic.pipeline.distillation import teacher_source_problem
+        from jaxrl_agentic.run_paths import teacher_source_problem
 
         if problem := teacher_source_problem(c.teacher.pretrain):
             _fail("teacher.pretrain", problem)

@@ -14,9 +14,22 @@ import sys
 from jaxrl_agentic.config import ConfigError
 
 
+def evaluate_checkpoint(argv: list[str], checkpoint_path: str):
+    """(pipeline, eval metrics, eval trajectories) of a checkpoint. `argv` as
+    `train.parse_config` takes it: [program, --config=RECIPE, --config.<key>=<value>, ...]."""
+    from jaxrl_agentic.config import validate
+    from jaxrl_agentic.run_loading import restore_pipeline
+    from jaxrl_agentic.train import parse_config
+
+    c = parse_config(argv)
+    validate(c)
+    pipeline = restore_pipeline(c, checkpoint_path)
+    metrics, trajs = pipeline.evaluate()
+    return pipeline, metrics, trajs
+
+
 def main(argv=None) -> int:
     from jaxrl_agentic.models import CheckpointError as ModelError
-    from jaxrl_agentic.run_loading import evaluate_checkpoint
     from jaxrl_agentic.runtime.checkpoint import CheckpointError
     from jaxrl_agentic.train import EXIT_BAD_INPUT
 

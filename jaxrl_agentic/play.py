@@ -78,7 +78,8 @@ def model_policy(model_dir: str, stdout: TextIO, *, max_new_tokens: int = 64,
     from jaxrl_agentic.models import load_pretrained
     from jaxrl_agentic.models.tiny import pretrained_dir
     from jaxrl_agentic.rollout.conversation import ChatFormatter
-    from jaxrl_agentic.run_loading import is_run_path, run_policy
+    from jaxrl_agentic.run_loading import run_policy
+    from jaxrl_agentic.run_paths import is_run_path
     from jaxrl_agentic.sampling import Sampler
 
     builtin = pretrained_dir(model_dir)

@@ -8,19 +8,8 @@ import os
 import ml_collections
 
 from jaxrl_agentic.run_config import as_run_config
-from jaxrl_agentic.runtime.checkpoint import Checkpointer, CheckpointError, resolve_checkpoint
-
-
-def find_run_config(checkpoint_path: str) -> str:
-    """The `config.json` of the run a checkpoint path belongs to (searched upwards)."""
-    path = os.path.abspath(os.path.expanduser(checkpoint_path))
-    for _ in range(4):
-        candidate = os.path.join(path, "config.json")
-        if os.path.exists(candidate) and os.path.isdir(os.path.join(path, "checkpoints")):
-            return candidate
-        path = os.path.dirname(path)
-    raise CheckpointError(f"no run config.json found above {checkpoint_path}")
-
+from jaxrl_agentic.run_paths import find_run_config
+from jaxrl_agentic.runtime.checkpoint import Checkpointer, resolve_checkpoint
 
 # Fields keyed by the user's own names (env tags): a run's are all it has, none is added.
 _USER_KEYED = ("custom_envs", "env_specific")
@@ -49,34 +38,11 @@ def restore_pipeline(c, checkpoint_path: str):
 
     cfg = as_run_config(c)
     directory, step = resolve_checkpoint(checkpoint_path, cfg.run.output_dir)
-    pipeline = Pipeline(cfg)
+    pipeline = Pipeline(cfg, run_policy=run_policy)
     states, host = Checkpointer(directory).restore(step, pipeline.train_states())
     pipeline.load_train_states(states)
     pipeline.load_host_state(host)
     return pipeline
-
-
-def evaluate_checkpoint(argv: list[str], checkpoint_path: str):
-    """(pipeline, eval metrics, eval trajectories) of a checkpoint. `argv` as
-    `train.parse_config` takes it: [program, --config=RECIPE, --config.<key>=<value>, ...]."""
-    from jaxrl_agentic.config import validate
-    from jaxrl_agentic.train import parse_config
-
-    c = parse_config(argv)
-    validate(c)
-    pipeline = restore_pipeline(c, checkpoint_path)
-    metrics, trajs = pipeline.evaluate()
-    return pipeline, metrics, trajs
-
-
-def is_run_path(path: str) -> bool:
-    """Whether `path` is a training run's output directory, its `checkpoints` directory or
-    one step's directory inside it (not a Hugging Face model directory)."""
-    path = os.path.abspath(os.path.expanduser(path))
-    parent = os.path.basename(os.path.dirname(path))
-    return (os.path.isdir(os.path.join(path, "checkpoints"))
-            or os.path.basename(path) == "checkpoints"
-            or (os.path.basename(path).isdigit() and parent == "checkpoints"))
 
 
 def run_policy(path: str):

@@ -169,6 +169,7 @@ def run(c, *, log=print) -> dict[str, float]:
     log(f"devices: {len(devices)} × {devices[0].platform} ({jax.process_count()} process(es))")
     from jaxrl_agentic.data.debug import dump_batch
     from jaxrl_agentic.pipeline import Pipeline
+    from jaxrl_agentic.run_loading import run_policy
     from jaxrl_agentic.runtime import timing
     from jaxrl_agentic.runtime.checkpoint import Checkpointer, resolve_checkpoint
     from jaxrl_agentic.runtime.metrics_writer import MetricsWriter, console_line
@@ -190,7 +191,7 @@ def run(c, *, log=print) -> dict[str, float]:
     checkpointer = Checkpointer(os.path.join(r.output_dir, "checkpoints"))
     if r.resume_from_checkpoint:  # a bad path fails before any model is built
         directory, step = resolve_checkpoint(r.resume_from_checkpoint, r.output_dir)
-    pipeline = Pipeline(cfg, log=log)
+    pipeline = Pipeline(cfg, log=log, run_policy=run_policy)
     if r.resume_from_checkpoint:
         source = checkpointer if directory == checkpointer.directory else Checkpointer(directory)
         states, host = source.restore(step, pipeline.train_states())

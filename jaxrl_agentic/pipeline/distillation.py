@@ -57,9 +57,9 @@ reverse KL to 0.15 in 30 (docs/algorithms.md, "On-policy distillation").
 Hugging Face directory, a ``.gguf`` file, a packaged model's name, ``"tiny"``,
 ``"tiny-tools"``), or a training run (its output directory, ``checkpoints`` directory or one
 step's: the policy at the latest checkpoint or that step, LoRA adapters merged, as
-``run_loading.run_policy`` restores it). It must share the student's tokenizer: the same
-``get_vocab()``, checked before its weights are read; another is one ``config.teacher
-.pretrain`` error line.
+``run_loading.run_policy`` restores it, passed in by the entry points). It must share the
+student's tokenizer: the same ``get_vocab()``, checked before its weights are read; another
+is one ``config.teacher.pretrain`` error line.
 """
 
 from __future__ import annotations
@@ -74,6 +74,7 @@ from jax.sharding import NamedSharding
 
 from jaxrl_agentic.config import ConfigError
 from jaxrl_agentic.data import Sample
+from jaxrl_agentic.run_paths import is_teacher_run, run_setting
 from jaxrl_agentic.runtime.parallel import param_partition_spec
 from jaxrl_agentic.training.off_policy import comparable_masks
 from jaxrl_agentic.training.teacher import DistillationConfig, Teacher
@@ -117,41 +118,12 @@ def distill(samples: Sequence[Sample], teacher: Teacher, config: DistillationCon
 
 
 # ---- the teacher's source ---------------------------------------------------------------------
-def _is_run(source: str) -> bool:
-    from jaxrl_agentic.models.tiny import PRETRAINED_NAMES
-    from jaxrl_agentic.run_loading import is_run_path
-
-    return source not in PRETRAINED_NAMES and is_run_path(source)
-
-
-def teacher_source_problem(source: str) -> str | None:
-    """Why ``source`` cannot name a teacher (checked without reading weights), or None."""
-    from jaxrl_agentic.models.sources import source_problem
-    from jaxrl_agentic.models.tiny import PRETRAINED_NAMES
-    from jaxrl_agentic.run_loading import find_run_config
-    from jaxrl_agentic.runtime.checkpoint import CheckpointError
-
-    if source in PRETRAINED_NAMES:
-        return None
-    if _is_run(source):
-        try:
-            find_run_config(source)
-        except CheckpointError as e:
-            return str(e)
-        return None
-    problem = source_problem(source)
-    return problem and (f"{problem} (a Hugging Face directory, a .gguf file, a packaged "
-                        "model's name, 'tiny', 'tiny-tools', or a training run's output "
-                        "directory)")
-
-
 def teacher_model_dir(source: str) -> str:
     """The HF directory of the teacher's tokenizer (and, for a model, weights): for a
     training run, that of the model the run started from."""
     from jaxrl_agentic.run_config import ModelSettings
-    from jaxrl_agentic.run_loading import load_run_config
 
-    pretrain = load_run_config(source).pretrain if _is_run(source) else source
+    pretrain = run_setting(source, "pretrain", "tiny") if is_teacher_run(source) else source
     return ModelSettings(pretrain=pretrain).directory()
 
 
@@ -159,12 +131,12 @@ def teacher_model_config(config: DistillationConfig):
     """The teacher's ``ModelConfig`` in its compute dtype, from its config.json alone (a
     training run's: that of the model it started from); None without a teacher."""
     from jaxrl_agentic.models.hf_io import read_model_config
-    from jaxrl_agentic.run_loading import load_run_config
 
     if not config.enabled:
         return None
     # A run that untied its head on load trained (and exports) a head of its own.
-    untie = _is_run(config.teacher) and load_run_config(config.teacher).untie_word_embeddings
+    untie = is_teacher_run(config.teacher) and run_setting(config.teacher,
+                                                           "untie_word_embeddings", False)
     return read_model_config(teacher_model_dir(config.teacher), config.dtype,
                              untie_word_embeddings=bool(untie))
 
@@ -183,17 +155,24 @@ def check_same_tokenizer(teacher_tokenizer, student_tokenizer, source: str) -> N
 
 
 def load_teacher(config: DistillationConfig, learner_config, mesh, student_tokenizer,
-                 *, log=print) -> Teacher:
+                 *, run_policy=None, log=print) -> Teacher:
     """The teacher of ``config`` on the learner's ``mesh``; its tokenizer is checked against
-    the student's before any of its weights is read."""
+    the student's before any of its weights is read. A training run as the teacher is
+    restored by ``run_policy(path) -> (model, tokenizer)``
+    (``run_loading.run_policy``, which builds that run's own pipeline: the entry points pass
+    it, so this layer does not import the one above it)."""
     from jaxrl_agentic.models.hf_io import load_pretrained, load_tokenizer
     from jaxrl_agentic.models.transformer import Transformer
-    from jaxrl_agentic.run_loading import run_policy
 
     source = config.teacher
     directory = teacher_model_dir(source)
     check_same_tokenizer(load_tokenizer(directory), student_tokenizer, source)
-    if _is_run(source):  # the run's policy on the host, in the teacher's compute dtype
+    if is_teacher_run(source):  # the run's policy on the host, in the teacher's compute dtype
+        if run_policy is None:
+            raise ConfigError(f"config.teacher.pretrain: {source} is a training run; a "
+                              "Pipeline built in code restores it with "
+                              "Pipeline(config, run_policy=jaxrl_agentic.run_loading.run_policy)"
+                              " (train, evaluate, export and play pass it)")
         model, _ = run_policy(os.path.expanduser(source))
         cfg = dataclasses.replace(model.cfg, dtype=config.dtype)
         graphdef = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))[0]

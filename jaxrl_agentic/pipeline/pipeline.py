@@ -66,9 +66,11 @@ class Pipeline(BatchFilters):
     """``config``: the run's :class:`RunConfig` (a flat ``ConfigDict`` is mapped onto it
     once, here). ``devices``: the learner's devices (default: all, less any reserved for the
     sampler by ``mesh.sampler_devices``); tests pass a subset to compare meshes in one
-    process."""
+    process. ``run_policy``: how a distillation teacher that is a training run is restored
+    (``run_loading.run_policy``; the entry points pass it)."""
 
-    def __init__(self, config, *, model_dir: str | None = None, devices=None, log=print):
+    def __init__(self, config, *, model_dir: str | None = None, devices=None, log=print,
+                 run_policy=None):
         self.config = cfg = as_run_config(config)
         self.log = log
         check_python_env_options(cfg)  # before any weight is read: a typo costs no start-up
@@ -144,7 +146,8 @@ class Pipeline(BatchFilters):
         if cfg.critic is not None:  # from the policy's backbone
             self.critic = Critic(self.graphdef, full_params(params, frozen), cfg.critic, mesh)
         self.learner = Learner(self.graphdef, params, self.learner_cfg, mesh, frozen=frozen)
-        self.teacher = (load_teacher(cfg.distillation, self.learner_cfg, mesh, tokenizer, log=log)
+        self.teacher = (load_teacher(cfg.distillation, self.learner_cfg, mesh, tokenizer,
+                                     run_policy=run_policy, log=log)
                         if cfg.distillation.enabled else None)
         self.sampler.set_params(None)  # the learner owns the params from here on
         # One runner per tag with the tag's own env_config; a manager that overrides env

@@ -55,7 +55,7 @@ def main() -> None:
     parser.add_argument("--maps", type=int, default=256)
     args, overrides = parser.parse_known_args()
 
-    from jaxrl_agentic.run_loading import evaluate_checkpoint
+    from jaxrl_agentic.evaluate import evaluate_checkpoint
 
     pipeline, metrics, trajs = evaluate_checkpoint(
         ["decisions", f"--config={args.config}", *overrides,

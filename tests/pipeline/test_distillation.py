@@ -22,6 +22,7 @@ from jaxrl_agentic.pipeline.distillation import (
     load_teacher,
 )
 from jaxrl_agentic.run_config import learner_config
+from jaxrl_agentic.run_loading import run_policy
 from jaxrl_agentic.runtime.parallel import make_mesh
 from jaxrl_agentic.training.teacher import DistillationConfig
 
@@ -299,8 +300,10 @@ def test_a_training_run_is_a_teacher_with_its_latest_policy(lora_step_run, tmp_p
     Checkpointer(str(tmp_path / "checkpoints")).save(2, pipeline.train_states(),
                                                       pipeline.host_state())
     config = DistillationConfig(teacher=str(tmp_path))
+    with pytest.raises(ConfigError, match="is a training run; a Pipeline built in code"):
+        load_teacher(config, pipeline.learner_cfg, pipeline.mesh, student_tokenizer)
     teacher = load_teacher(config, pipeline.learner_cfg, pipeline.mesh, student_tokenizer,
-                           log=lambda _: None)
+                           run_policy=run_policy, log=lambda _: None)
     learner = pipeline.learner.sample_logprobs(samples)
     for s, (lp, _), own in zip(samples, teacher.judge(samples), learner, strict=True):
         trained = _trained(s, pipeline.sequence_length)
