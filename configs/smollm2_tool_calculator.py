@@ -11,9 +11,8 @@ Zero-shot the 135M model writes no call (greedy, 6 of 6 problems: it states the 
 words), so a short format warm-up
 (`random_calculator_policy`: well-formed calls on the problem's numbers with random
 operators) teaches the format, not the operation; RL must learn which operation the words
-ask for. LoRA adapters of rank 16. It does not learn yet: after the warm-up the model calls
-the tool well but calls again after the result instead of answering (docs/benchmarks.md,
-"A real model on CPU").
+ask for. LoRA adapters of rank 16. Seed 0: 0.125 after the warm-up, 0.375 at step 10
+(docs/benchmarks.md, "A real model on CPU").
 """
 
 from jaxrl_agentic.config import default_config, env_manager, env_spec
