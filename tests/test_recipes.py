@@ -54,7 +54,7 @@ def test_recipe_runs_at_tiny_size(recipe, tmp_path):
     assert train.main(["train", *tiny_overrides(recipe, out), *STAND_INS.get(recipe, [])]) == 0
     tools = "tool" in recipe
     # Tool, reasoning-gym and TextArena environments have no picture: no GIFs.
-    pictureless = tools or recipe in ("reasoning_gym", "textarena")
+    pictureless = tools or recipe in ("reasoning_gym", "textarena", "textarena_selfplay")
     records = check_outputs(out, 2, gifs=not pictureless)
     assert records[1]["time/elapsed"] > records[0]["time/elapsed"]  # one uninterrupted run
     assert records[-1]["rollout/logprob_mismatch"] < 1e-2 or recipe.startswith("qwen")
