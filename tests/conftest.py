@@ -1,7 +1,7 @@
 """Test-wide setup: CPU only, a persistent XLA compilation cache, small thread pools.
 
 The compilation cache lives in the user cache dir so repeated CI runs on one machine
-skip most XLA compile time (the suite must stay under 15 minutes on 2 cores).
+skip most XLA compile time (the suite must stay under 20 minutes cold on 2 cores).
 """
 
 import json
