@@ -126,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     if topology.platform != "cpu":
         # An executable compiled without a TPU client cannot be read back from the cache.
         jax.config.update("jax_enable_compilation_cache", False)
-    from jaxrl_agentic.pipeline.aot_programs import PROGRAM_NAMES, run_memory_plan, run_programs
+    from jaxrl_agentic.pipeline.aot_programs import PROGRAM_NAMES, run_programs
+    from jaxrl_agentic.pipeline.run_plan import run_memory_plan
 
     try:
         with aot.traced_for(topology.platform):  # "auto" settings resolve for the target

@@ -9,7 +9,7 @@ model's config comes from the recipe's ``pretrain`` (its config.json, or
 ``models/known_shapes.py`` for a published checkpoint that is not here), and parameters,
 train state and batches are ``ShapeDtypeStruct``s with the shardings the run would give
 them. ``compile_tpu`` compiles each (``runtime/aot.py``) and sets the compiler's figures
-beside :func:`run_memory_plan`, the plan ``Pipeline`` prints.
+beside ``run_plan.run_memory_plan``, the plan ``Pipeline`` prints.
 
 Shapes, as the run makes them:
 
@@ -39,7 +39,7 @@ from jaxrl_agentic.models import lora
 from jaxrl_agentic.models.config import ModelConfig
 from jaxrl_agentic.models.known_shapes import known_model_config
 from jaxrl_agentic.models.transformer import KVCache, Transformer
-from jaxrl_agentic.runtime import memory_plan as plans
+from jaxrl_agentic.pipeline.run_plan import max_total_len
 from jaxrl_agentic.runtime.aot import abstract, global_bytes, shard_bytes
 from jaxrl_agentic.runtime.parallel import (
     kv_cache_sharding,
@@ -91,11 +91,6 @@ class RunPrograms:
     notes: tuple[str, ...]
 
 
-def max_total_len(cfg) -> int:
-    """The sampler's cache length, as ``Pipeline`` sets it."""
-    return -(-(cfg.rollout.max_input_length + cfg.max_tokens_per_step + 1) // 64) * 64
-
-
 def model_config(cfg) -> tuple[ModelConfig, str]:
     """(the run's model config, where it came from): the checkpoint's config.json when
     ``pretrain`` resolves to a directory here, else ``models/known_shapes.py``'s table."""
@@ -124,21 +119,6 @@ def run_mesh(cfg, devices):
                          devices=list(devices))
     except ValueError as e:
         raise ValueError(f"config.mesh: {e}") from None
-
-
-def run_memory_plan(cfg, model: ModelConfig, mesh, budget: float) -> plans.MemoryPlan:
-    """The plan ``Pipeline`` prints for this run on ``mesh`` (one chip's HBM as budget)."""
-    learner, packing = cfg.learner, cfg.learner.packing
-    return plans.memory_plan(
-        model, row_len=packing.micro_batch_max_tokens, loss_slots=packing.loss_slots_per_row,
-        remat=learner.remat, kernel_impl=learner.kernel_impl,
-        reference=learner.uses_reference, attention_impl=learner.attention_impl,
-        shards=mesh.shape["fsdp"] * mesh.shape["tensor"],
-        sampler_rows=cfg.train.manager.num_episodes, sampler_len=max_total_len(cfg),
-        budget=budget, lora_params=lora.adapter_count(model, cfg.model.lora),
-        accumulates=(learner.mini_batch_size
-                     * min(packing.sequence_length, packing.micro_batch_max_tokens)
-                     > packing.micro_batch_max_tokens * num_batch_shards(mesh)))
 
 
 def _abstract_model(model: ModelConfig, lora_config, seed: int):
@@ -312,5 +292,5 @@ def run_programs(cfg, devices, *, row_lens: str = "all", sampler: bool = True
     return RunPrograms(programs, mesh, model, resident, params, params_global, tuple(notes))
 
 
-__all__ = ["PROGRAM_NAMES", "Program", "RunPrograms", "learner_programs", "max_total_len",
-           "model_config", "run_memory_plan", "run_mesh", "run_programs", "sampler_programs"]
+__all__ = ["PROGRAM_NAMES", "Program", "RunPrograms", "learner_programs", "model_config",
+           "run_mesh", "run_programs", "sampler_programs"]

@@ -41,6 +41,7 @@ from jaxrl_agentic.pipeline.run_checks import (
     check_python_env_options,
     check_same_model_everywhere,
 )
+from jaxrl_agentic.pipeline.run_plan import max_total_len, run_memory_plan
 from jaxrl_agentic.pipeline.samples import token_estimator_samples
 from jaxrl_agentic.rollout.conversation import ChatFormatter
 from jaxrl_agentic.rollout.groups import plan_episodes
@@ -88,8 +89,7 @@ class Pipeline(BatchFilters):
         self.train_manager = cfg.train.manager
         self.val_manager = cfg.val.manager
         rollout = cfg.rollout
-        max_total_len = -(-(rollout.max_input_length + cfg.max_tokens_per_step + 1) // 64) * 64
-        self.memory_plan = self._memory_plan(model_dir or cfg.model.directory(), max_total_len)
+        self.memory_plan = self._memory_plan(model_dir or cfg.model.directory())
         log(self.memory_plan.table())
         if self.memory_plan.total > plans.MALLOC_RELEASE_SHARE * self.memory_plan.budget:
             plans.return_freed_memory_to_os()  # before any weight is read (runtime/memory_plan.py)
@@ -127,7 +127,7 @@ class Pipeline(BatchFilters):
         else:
             (self.graphdef, params), frozen = nnx.split(model), None
         self.sampler = make_sampler_backend(
-            rollout.sampler_backend, model, tokenizer, max_total_len=max_total_len,
+            rollout.sampler_backend, model, tokenizer, max_total_len=max_total_len(cfg),
             mesh=mesh if self.placement.colocated else self.placement.mesh,
             logprob_under_filter=rollout.logprob_under_sampling_filter,
             precompile_slots=rollout.precompile)
@@ -195,29 +195,16 @@ class Pipeline(BatchFilters):
             batching=rollout.batching, slots=rollout.slots,
             decode_chunk=rollout.decode_chunk_tokens)
 
-    def _memory_plan(self, model_dir: str, max_total_len: int):
+    def _memory_plan(self, model_dir: str):
         """The run's ``memory_plan`` per device, from the model's config.json alone."""
-        model, learner = self.config.model, self.config.learner
-        packing = learner.packing
-        cfg = read_model_config(model_dir, model.dtype, model.param_dtype,
-                                model.untie_word_embeddings)
+        model = self.config.model
         cpu = jax.default_backend() == "cpu"
-        return plans.memory_plan(
-            cfg, row_len=packing.micro_batch_max_tokens, loss_slots=packing.loss_slots_per_row,
-            remat=learner.remat, kernel_impl=learner.kernel_impl,
-            reference=learner.uses_reference, attention_impl=learner.attention_impl,
-            shards=self.mesh.shape["fsdp"] * self.mesh.shape["tensor"],
-            sampler_rows=self.train_manager.num_episodes, sampler_len=max_total_len,
-            budget=plans.device_budget(),
+        return run_memory_plan(
+            self.config, read_model_config(model_dir, model.dtype, model.param_dtype,
+                                           model.untie_word_embeddings),
+            self.mesh, plans.device_budget(),
             host_devices=jax.local_device_count() if cpu else 1,
-            lora_params=lora.adapter_count(cfg, model.lora),
-            teacher=teacher_model_config(self.config.distillation),
-            # A mini-batch fits one scan step (one row per batch shard) when its longest
-            # possible samples do; otherwise the update accumulates over groups of rows.
-            accumulates=(learner.mini_batch_size
-                         * min(packing.sequence_length, packing.micro_batch_max_tokens)
-                         > packing.micro_batch_max_tokens * self.mesh.shape["data"]
-                         * self.mesh.shape["fsdp"]))
+            teacher=teacher_model_config(self.config.distillation))
 
     @property
     def sequence_length(self) -> int:
