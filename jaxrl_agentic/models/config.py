@@ -140,8 +140,15 @@ def from_hf_config(
     )
 
 
+_CAUSAL_LM_CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                      "qwen3": "Qwen3ForCausalLM"}
+
+
 def to_hf_config(cfg: ModelConfig) -> Any:
-    """The `transformers` config that describes the same architecture."""
+    """The `transformers` config that describes the same architecture, with the model class
+    in ``architectures`` as a checkpoint's own config.json has it (tools that pick the class
+    from there, TRL's ``GRPOTrainer(model=<dir>)`` and vLLM among them, refuse a directory
+    without it)."""
     import transformers
 
     rope = {"rope_theta": cfg.rope_theta, **cfg.rope_params}
@@ -159,6 +166,7 @@ def to_hf_config(cfg: ModelConfig) -> Any:
         eos_token_id=cfg.eos_token_id,
         rope_parameters=rope,
         torch_dtype=cfg.param_dtype,
+        architectures=[_CAUSAL_LM_CLASSES[cfg.model_type]],
     )
     if cfg.model_type == "qwen2":
         if cfg.head_dim * cfg.num_attention_heads != cfg.hidden_size:

@@ -44,7 +44,7 @@ from jaxrl_agentic.models.files import (
 )
 
 # Bump when the conversion's output changes: a new cache directory, old ones are left alone.
-CONVERTER_VERSION = "v1"
+CONVERTER_VERSION = "v2"  # v2: config.json names its model class (`architectures`)
 _SHARD_BYTES = 2 << 30  # safetensors shards of at most ~2 GiB (a 7B model is 14 shards)
 
 # GGUF architecture → our model_type, and whether llama.cpp permuted its Q/K rows.

@@ -116,6 +116,12 @@ def test_logits_match_transformers(case, tmp_path, tokenizer):
     ).eval()
     diff_rt = np.abs(_torch_logits(reloaded, tokens) - _torch_logits(hf_model, tokens)).max()
     assert diff_rt <= 1e-6, f"{case}: round trip changed logits by {diff_rt}"
+    # The model class is named as `transformers`' own save names it: tools that pick the
+    # class from config.json (TRL's GRPOTrainer(model=<dir>), vLLM) refuse a directory without.
+    def architectures(folder):
+        return json.loads((tmp_path / folder / "config.json").read_text())["architectures"]
+
+    assert architectures("resaved") == architectures("ckpt") == [type(hf_model).__name__]
 
 
 def test_sharded_checkpoint_loads(tmp_path, tokenizer):
