@@ -4,6 +4,7 @@ forward, the one-line errors, and a student that moves towards its teacher."""
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -76,6 +77,41 @@ def _learner_config():
     c.max_input_length, c.sequence_length, c.micro_batch_max_tokens = 8, SEQUENCE_LENGTH, 256
     c.custom_envs.frozen_lake.max_tokens_per_step = 64
     return learner_config(c)
+
+
+@pytest.mark.parametrize("impl", ["reference", "pallas"])
+@pytest.mark.parametrize("center", [False, True])
+def test_the_policy_gradient_of_the_advantage_is_beta_times_the_reverse_kl_gradient(impl,
+                                                                                   center):
+    """Brute force over every token of a 7-token softmax policy π_s = softmax(θ): each token
+    a is one sample, weighted by π_s(a) (the exact expectation a sampler estimates), its
+    advantage from `distillation_advantages`, its loss the trainer's PPO loss at ratio 1.
+    Then  ∇_θ Σ_a π_s(a)·pg(a) = −Σ_a π_s(a)·A_a·∇log π_s(a) = β·∇_θ KL(π_s ‖ π_T), the
+    exact gradient of the reverse KL, with or without the baseline (Σ_a π_s ∇log π_s = 0).
+    A sign slip, the forward KL, or a bootstrapped sum would each miss it."""
+    from pallas_kernels.ppo_loss import masked_ppo_loss
+
+    rng = np.random.default_rng(3)
+    theta = jnp.asarray(rng.normal(size=7), jnp.float32)
+    teacher_lp = jax.nn.log_softmax(jnp.asarray(rng.normal(size=7) * 2, jnp.float32))
+    beta = 0.7
+    student_lp = np.asarray(jax.nn.log_softmax(theta))
+    baseline = float(np.exp(student_lp) @ (student_lp - teacher_lp)) if center else 0.0
+    adv = distillation_advantages(np.zeros(7), student_lp, np.asarray(teacher_lp),
+                                  np.ones(7, bool), beta, "only", baseline)
+
+    def expected_pg(t):
+        lp = jax.nn.log_softmax(t)
+        weights = jax.lax.stop_gradient(jnp.exp(lp))  # π_s(a): the sampling distribution
+        return masked_ppo_loss(lp, jax.lax.stop_gradient(lp), jnp.asarray(adv), weights,
+                               impl=impl, interpret=True).pg_loss
+
+    def reverse_kl(t):
+        lp = jax.nn.log_softmax(t)
+        return jnp.sum(jnp.exp(lp) * (lp - teacher_lp))
+
+    np.testing.assert_allclose(jax.grad(expected_pg)(theta), beta * jax.grad(reverse_kl)(theta),
+                               rtol=1e-5, atol=1e-6)
 
 
 @pytest.fixture(scope="module")
