@@ -154,6 +154,10 @@ SIZES = {
                         num_key_value_heads=2, intermediate_size=4864, vocab_size=151_936),
     "qwen0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
                      num_key_value_heads=2, intermediate_size=4864, vocab_size=151_936),
+    # SmolLM2-135M-Instruct's shape (hidden 576, 30 layers, 9/3 heads of 64, 1536, 49,152),
+    # as a Qwen2 (its q/k/v biases are 1,152 values a layer that the Llama lacks).
+    "smollm2": dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
+                    num_key_value_heads=3, intermediate_size=1536, vocab_size=49_152),
 }
 CLIP = 0.2
 WEIGHT_DECAY = 0.01

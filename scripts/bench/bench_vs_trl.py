@@ -1,8 +1,10 @@
-"""One GRPO step of this trainer vs TRL's `GRPOTrainer`, same model, same work, CPU fp32.
+"""One GRPO step of this trainer vs TRL's `GRPOTrainer`, same model, same work, on the CPU.
 
 Both sides train the same Hugging Face directory (default SmolLM2-135M-Instruct, from
 `models.sources.hf_directory`; `--layers N` keeps only its first N layers, written to a
-temporary copy with `transformers`) in float32 on the CPU, and do the same work per step:
+temporary copy with `transformers`) in float32 on the CPU (`--dtype bfloat16`: both compute
+in bf16 over float32 parameters, gradients and Adam state; TRL by torch's CPU autocast), and
+do the same work per step:
 
 * the same `--prompts` single-turn prompts: one-operation calculator word problems
   (`envs.calculator.make_problem`, two-digit numbers) + " Reply with the number only.",
@@ -27,7 +29,10 @@ temporary copy with `transformers`) in float32 on the CPU, and do the same work 
 `run_config.learner_config`), as `Pipeline.train_step` plays a one-turn episode:
 `ChatFormatter` → `Sampler.generate(params=learner.params)` → decode, reward,
 `algos.advantages.grpo` → `Sample`s → `Learner.step`; a packed row holds `--micro-batch`
-samples (its length rounded up to 128, its loss slots to 64). Phases: `generate`,
+samples (its length rounded up to 128, its loss slots to 64). With tree packing (on, as the
+SmolLM2 recipes train; `--no-tree-packing` turns it off) a group's prompt is computed once
+per row and prefilled once for the group's members: the same tokens trained, fewer computed
+(`computed_tokens`, `prefill_shared_tokens`), exact (data/tree_packing.py). Phases: `generate`,
 `rollout_other` (chat template, decoding, rewards, advantages, samples), `logprob`
 (`Learner.sample_logprobs`: by default the logprob-mismatch check on 8 samples), `train`
 (the update engine: packing, host-to-device copies, jitted forward + backward + AdamW).
@@ -107,6 +112,13 @@ def _parse_args(argv=None):
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps per side (≥ 1)")
     parser.add_argument("--threads", type=int, default=0,
                         help="cores (and torch threads) per side (0 = all this process may use)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="compute dtype of both sides; parameters, gradients and Adam "
+                             "stay float32 (TRL: bf16=True, torch's CPU autocast)")
+    parser.add_argument("--no-tree-packing", dest="tree_packing", action="store_false",
+                        help="ours without tree packing (share_group_prefix) and the shared "
+                             "prefill of a group's prompt: every completion recomputes it, "
+                             "as TRL's does")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--worker", choices=("ours", "trl"), help=argparse.SUPPRESS)
     parser.add_argument("--spec", help=argparse.SUPPRESS)
@@ -212,10 +224,16 @@ def _ours_worker(spec: dict) -> None:
     start = time.perf_counter()
     texts, answers = zip(*spec["prompts"], strict=True)
     group, new_tokens, micro = spec["group"], spec["new_tokens"], spec["micro_batch"]
-    model, tokenizer = load_pretrained(spec["model_dir"], dtype="float32")
+    model, tokenizer = load_pretrained(spec["model_dir"], dtype=spec["dtype"],
+                                       param_dtype="float32")
     formatter = ChatFormatter(tokenizer)
-    longest = max(len(formatter.first_prompt(t)) for t in texts) + new_tokens
-    row = -(-micro * longest // 128) * 128
+    prompt_len = max(len(formatter.first_prompt(t)) for t in texts)
+    longest = prompt_len + new_tokens
+    # A row holds one micro-batch: `micro` samples, or with tree packing the prompts of the
+    # groups they belong to once and their `micro` completions.
+    need = (-(-micro // group) * prompt_len + micro * new_tokens if spec["tree_packing"]
+            else micro * longest)
+    row = -(-need // 128) * 128
     c = default_config()  # the trainer's defaults, then this benchmark's settings
     c.learning_rate, c.lr_scheduler_type, c.warmup_steps = spec["lr"], "constant", 0
     c.mini_batch_size, c.ppo_epochs = len(texts) * group, 1
@@ -224,6 +242,9 @@ def _ours_worker(spec: dict) -> None:
     c.sequence_length = c.micro_batch_max_tokens = row
     c.micro_batch_max_loss_tokens = min(row, -(-micro * new_tokens // 64) * 64)
     c.custom_envs = {"arith": env_spec("arith", max_turns=1, max_tokens_per_step=new_tokens)}
+    # Tree packing, as the SmolLM2 recipes train: a group's prompt is computed once per row
+    # (exact: data/tree_packing.py), and prefilled once for its members (`copy_rows`).
+    c.share_group_prefix = spec["tree_packing"]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     cfg = learner_config(c, pad_id)
     graphdef, params = nnx.split(model)
@@ -231,6 +252,7 @@ def _ours_worker(spec: dict) -> None:
     sampler = Sampler(model, tokenizer, max_total_len=-(-(longest + 1) // 64) * 64,
                       eos_token_id=-1)  # no id stops a row: every reply is new_tokens long
     sampler.set_params(None)  # the learner owns the params, as in the pipeline
+    sampler.share_prompt_prefill = spec["tree_packing"]  # as Pipeline sets it
     n_params = int(sum(x.size for x in jax.tree.leaves(params)))
     layers = model.cfg.num_hidden_layers
     del model, params
@@ -303,7 +325,9 @@ def _ours_worker(spec: dict) -> None:
            "prompt_ids": [formatter.first_prompt(t) for t in texts],
            "setup": {"params": n_params, "layers": layers, "row_len": row,
                      "loss_slots": c.micro_batch_max_loss_tokens, "rows_bucket": c.rows_bucket,
-                     "recompute_old_logprobs": cfg.recompute_old_logprobs},
+                     "recompute_old_logprobs": cfg.recompute_old_logprobs,
+                     "tree_packing": spec["tree_packing"],
+                     "prefill_shared_tokens": sampler.stats["prefill_shared_tokens"]},
            "versions": {k: _version(k) for k in ("jax", "flax", "transformers")}})
     with CompileEvents() as compiles:
         index = spec["warmup"]
@@ -333,7 +357,8 @@ def _trl_worker(spec: dict) -> None:
                                                                     strict=True)]
 
     args = GRPOConfig(
-        output_dir=os.path.join(spec["tmp"], "trl"), use_cpu=True, bf16=False, fp16=False,
+        output_dir=os.path.join(spec["tmp"], "trl"), use_cpu=True,
+        bf16=spec["dtype"] == "bfloat16", fp16=False,
         gradient_checkpointing=False, model_init_kwargs={"dtype": "float32"}, seed=spec["seed"],
         per_device_train_batch_size=micro,
         gradient_accumulation_steps=len(prompts) * group // micro,
@@ -535,7 +560,7 @@ def _summary(args, spec, ready, rounds, finals, load_before) -> dict:
         "ours_logprob_mismatch": [r4(r["logprob_mismatch"]) for r in rounds["ours"]],
         "ours_setup": ready["ours"]["setup"], "trl_setup": ready["trl"]["setup"],
         "model": {"source": args.model, "layers": ready["ours"]["setup"]["layers"],
-                  "dtype": "float32"},
+                  "dtype": spec["dtype"]},
         "settings": {"lr": args.lr, "clip": 0.2, "kl_coef": 0.0, "temperature": 1.0,
                      "top_p": 1.0, "ours_loss_reduction": "token_mean",
                      "trl_loss_type": "dapo", "seed": args.seed},
@@ -565,7 +590,8 @@ def main(argv=None) -> dict:
                 "prompts": make_prompts(args.prompts, args.seed), "group": args.group,
                 "new_tokens": args.new_tokens, "micro_batch": args.micro_batch, "lr": args.lr,
                 "steps": args.steps, "warmup": args.warmup, "threads": threads,
-                "seed": args.seed, "tmp": tmp}
+                "seed": args.seed, "tree_packing": args.tree_packing, "dtype": args.dtype,
+                "tmp": tmp}
         spec_path = os.path.join(tmp, "spec.json")
         with open(spec_path, "w") as f:
             json.dump(spec, f)
