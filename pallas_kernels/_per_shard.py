@@ -7,8 +7,9 @@ replicated operands, so every device would compute every row. The learner traces
 under ``jax.set_mesh(mesh)``; when that mesh spans more than one device, the kernel
 wrappers call the kernel through :func:`per_shard`, with every mesh axis manual, as
 Mosaic requires. Their operands are laid out by the learner's mesh convention
-(``mesh_axes``, owned by ``jaxrl_agentic.runtime.parallel``): rows (or tokens) over ``BATCH_AXES``,
-attention heads over ``HEAD_AXIS``. Without a mesh, or on one device, the kernel is called as it is.
+(``mesh_axes``, owned by ``jaxrl_agentic.runtime.parallel``): rows over ``BATCH_AXES``, flat
+tokens over ``BATCH_AXES`` and ``CONTEXT_AXIS`` (:func:`token_spec`), attention heads over
+``HEAD_AXIS``. Without a mesh, or on one device, the kernel is called as it is.
 
 Every kernel using this maps rows to rows (attention, per-token logprobs) or returns
 per-shard partial sums that the caller adds up outside (the PPO loss): no collective inside,
@@ -22,7 +23,7 @@ import math
 import jax
 from jax.sharding import PartitionSpec as P
 
-from pallas_kernels.mesh_axes import BATCH_AXES, HEAD_AXIS
+from pallas_kernels.mesh_axes import BATCH_AXES, CONTEXT_AXIS, HEAD_AXIS
 
 
 def use_mesh_for_kernels(mesh):
@@ -57,6 +58,17 @@ def batch_spec(mesh, rows: int):
     return axes if axes and rows % axis_size(mesh, axes) == 0 else None
 
 
+def token_spec(mesh, tokens: int):
+    """The entry for a flat token axis ``[tokens, ...]`` (the logprob and loss kernels'
+    inputs): split over the batch axes and the context axis (a row's positions are split
+    over it under context parallelism) when they divide it, else :func:`batch_spec`'s."""
+    axes = tuple(a for a in (*BATCH_AXES, CONTEXT_AXIS) if a in mesh.shape)
+    if CONTEXT_AXIS in axes and mesh.shape[CONTEXT_AXIS] > 1 \
+            and tokens % axis_size(mesh, axes) == 0:
+        return axes
+    return batch_spec(mesh, tokens)
+
+
 def head_spec(mesh, *heads: int):
     """The entry for a heads axis: split over ``HEAD_AXIS`` when it divides every count."""
     if HEAD_AXIS not in mesh.shape or any(h % mesh.shape[HEAD_AXIS] for h in heads):
@@ -77,4 +89,4 @@ def per_shard(fn, specs):
 
 
 __all__ = ["P", "axis_size", "batch_spec", "head_spec", "kernel_mesh", "per_shard",
-           "use_mesh_for_kernels"]
+           "token_spec", "use_mesh_for_kernels"]

@@ -77,7 +77,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from pallas_kernels._per_shard import P, batch_spec, kernel_mesh, per_shard
+from pallas_kernels._per_shard import P, kernel_mesh, per_shard, token_spec
 from pallas_kernels._target import per_target
 from pallas_kernels.token_logprobs import default_platform
 
@@ -449,7 +449,7 @@ def _sums_per_device(cfg, logprobs, old, adv, w, ref):
     mesh = kernel_mesh()
     if mesh is None:
         return _pallas_ppo(cfg, logprobs, old, adv, w, ref)
-    rows = batch_spec(mesh, logprobs.shape[0])
+    rows = token_spec(mesh, logprobs.shape[0])
     parts = per_shard(kernel, lambda mesh: ((P(rows),) * len(tokens),
                                             (P(rows),) * _N_SUMS))(*tokens)
     if rows is None:  # one full copy per device: keep one

@@ -39,7 +39,7 @@ from jax.custom_derivatives import SymbolicZero
 
 from pallas_kernels._chunked import chunked_backward, chunked_forward
 from pallas_kernels._logprob_pallas import gpu_shared_bytes, pallas_backward, pallas_forward
-from pallas_kernels._per_shard import P, batch_spec, per_shard
+from pallas_kernels._per_shard import P, per_shard, token_spec
 from pallas_kernels._shapes import is_pow2, round_up
 from pallas_kernels._softmax_math import matmul_precision
 from pallas_kernels._target import per_target
@@ -293,7 +293,7 @@ def token_logprobs(hidden, lm_head, targets, temperature=1.0, *, return_entropy=
     # On a mesh, each device runs the kernel on its own tokens with the whole LM head
     # (`_per_shard`); the LM head's gradient is summed over devices by the shard_map.
     def specs(mesh):
-        rows = batch_spec(mesh, hidden.shape[0])
+        rows = token_spec(mesh, hidden.shape[0])
         tokens = P(rows)
         return ((P(rows, None), P(None, None), tokens),
                 (tokens, tokens) if return_entropy else tokens)
