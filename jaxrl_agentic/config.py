@@ -298,12 +298,13 @@ def default_config() -> ml_collections.ConfigDict:
         replies=(),
     ))
     # distribution and debugging
+    # mesh.context: devices each packed row's positions are split over (docs/configuration.md)
     # mesh.sampler_devices: 0 = the sampler shares the learner's devices and params;
     # k > 0 = each process's last k devices sample, with params resharded after updates.
     # mesh.cpu_devices: JAX devices this process' CPU is split into (1 = one; 0 = one per
     # core, the rows split over them: faster for small models, params copied per device).
-    c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, sampler_devices=0,
-                                            cpu_devices=1))
+    c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, context=1,
+                                            sampler_devices=0, cpu_devices=1))
     # several processes (one per host): jax.distributed; ""/0/-1 = JAX auto-detects
     c.distributed = ml_collections.ConfigDict(dict(
         enabled=False, coordinator_address="", num_processes=0, process_id=-1,

@@ -232,6 +232,28 @@ def check_typed_configs(c, fail) -> None:
         except ValueError as e:
             field, _, why = str(e).partition(": ")
             fail(prefix + field, why)
+    check_context(c, fail)
+
+
+def check_context(c, fail) -> None:
+    """`mesh.context` > 1 against the rows it splits: one row length (the zigzag layout's
+    chunks are whole attention blocks of it) and a loss without per-sample runs of tokens
+    (`pallas_kernels.context_attention`, `training/context_rows.py`)."""
+    from pallas_kernels.context_attention import context_length_error
+
+    shards = c.mesh.get("context", 1)
+    if not isinstance(shards, int) or isinstance(shards, bool) or shards < 1:
+        fail("mesh.context", f"must be an integer >= 1, got {shards!r}")
+    if shards == 1:
+        return
+    if problem := context_length_error(c.micro_batch_max_tokens, shards):
+        fail("micro_batch_max_tokens", problem)
+    if c.row_len_buckets != 1:
+        fail("row_len_buckets", f"mesh.context={shards} splits rows of one length "
+             "(micro_batch_max_tokens); set row_len_buckets=1")
+    if c.policy_loss == "gspo":  # its ratio is a mean over each sample's run of tokens
+        fail("policy_loss", f"'gspo' averages each sample's ratio over one run of tokens, "
+             f"which mesh.context={shards} splits over devices; use ppo or cispo")
 
 
 # ---- the tree ---------------------------------------------------------------------------------
@@ -382,6 +404,7 @@ class MeshSettings:
     data: int = -1
     fsdp: int = 1
     tensor: int = 1
+    context: int = 1
     sampler_devices: int = 0
     cpu_devices: int = 1
 

@@ -42,6 +42,7 @@ from jaxrl_agentic.models.dense_grad import projection_dot_general
 from jaxrl_agentic.models.lora import lora_delta
 from jaxrl_agentic.models.rope import apply_rope, rope_cos_sin, rope_frequencies
 from pallas_kernels import fixed_order_sum, keeps_same_bits, online_softmax
+from pallas_kernels.context_attention import context_segment_attention
 from pallas_kernels.segment_attention import (
     BLOCK,
     resolve_attention_impl,
@@ -196,8 +197,12 @@ class Attention(nnx.Module):
             else:
                 out = attend(mask.shape[-1])
             return self.o_proj(out.reshape(b, t, -1)), (k_cache, v_cache)
-        out = segment_attention(q, k, v, mask.segment_ids, prefix_ids=mask.prefix_ids,
-                                impl=mask.attention_impl)
+        if mask.columns is not None:  # a row laid out for context parallelism
+            out = context_segment_attention(q, k, v, mask.segment_ids, mask.columns,
+                                            prefix_ids=mask.prefix_ids)
+        else:
+            out = segment_attention(q, k, v, mask.segment_ids, prefix_ids=mask.prefix_ids,
+                                    impl=mask.attention_impl)
         return self.o_proj(out.reshape(b, t, -1)), (k, v)
 
 
@@ -323,11 +328,15 @@ class PackedRows:
     one sequence per row): query t sees key s iff s ≤ t and both lie in the same nonzero
     segment, or (tree packing, `prefix_ids` [B, T]) s lies in the shared prefix t's segment
     continues; `attention_impl` picks the implementation (`pallas_kernels.segment_attention`:
-    only the block pairs the segments need are computed)."""
+    only the block pairs the segments need are computed). `columns` [B, T] (None = the
+    tokens are in column order): each token's column in its packed row, for rows laid out
+    for context parallelism (`pallas_kernels.context_attention`, which then computes the
+    attention whatever `attention_impl`); causality is that of the columns."""
 
     segment_ids: jax.Array | None
     attention_impl: str = flax.struct.field(pytree_node=False, default="auto")
     prefix_ids: jax.Array | None = None
+    columns: jax.Array | None = None
 
 
 # Rematerialisation of the training forward (`Transformer.hidden_states(remat=...)`):
@@ -461,14 +470,15 @@ class Transformer(nnx.Module):
 
     # ---- training forward ----------------------------------------------------------------
     def hidden_states(self, tokens, positions, segment_ids=None, remat: str = "none",
-                      attention_impl: str = "auto", x0=None, prefix_ids=None) -> jax.Array:
+                      attention_impl: str = "auto", x0=None, prefix_ids=None,
+                      columns=None) -> jax.Array:
         """Final-normed hidden states [B, T, D] (the input of the LM head); `remat` one of
         `REMAT_POLICIES` (the same values and gradients, less memory, more compute);
         `attention_impl` one of `pallas_kernels.segment_attention.IMPLS`. Positions of
         padding (segment 0) attend to nothing: their hidden states are not the model's.
         `x0`: h_0 when the caller has it (`hidden_and_head`); `prefix_ids`: tree packing's
-        shared prefixes (`PackedRows`)."""
-        mask = PackedRows(segment_ids, attention_impl, prefix_ids)
+        shared prefixes, `columns`: a context-parallel row's columns (`PackedRows`)."""
+        mask = PackedRows(segment_ids, attention_impl, prefix_ids, columns)
         x0 = self.residual_input(tokens) if x0 is None else x0
         if remat == "none":
             return self._run_layers(tokens, positions, mask, x0=x0)[0]
@@ -494,7 +504,7 @@ class Transformer(nnx.Module):
         return self.final_norm(x)
 
     def hidden_and_head(self, tokens, positions, segment_ids=None, remat: str = "none",
-                        attention_impl: str = "auto", prefix_ids=None
+                        attention_impl: str = "auto", prefix_ids=None, columns=None
                         ) -> tuple[jax.Array, jax.Array]:
         """(`hidden_states(...)`, the output head [D, V] in the compute dtype): the training
         forward's two inputs of the LM-head kernel. The head is cast as the sampler (and
@@ -506,7 +516,7 @@ class Transformer(nnx.Module):
         else:
             x0, head = self.residual_input(tokens), self.lm_head_weight().astype(dtype)
         return self.hidden_states(tokens, positions, segment_ids, remat, attention_impl,
-                                  x0, prefix_ids), head
+                                  x0, prefix_ids, columns), head
 
     def __call__(self, tokens, positions, segment_ids=None) -> jax.Array:
         """logits [B, T, V] in float32."""

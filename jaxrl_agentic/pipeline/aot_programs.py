@@ -116,7 +116,7 @@ def run_mesh(cfg, devices):
                          "layout only (sampler_devices=0)")
     try:
         return make_mesh(data=cfg.mesh.data, fsdp=cfg.mesh.fsdp, tensor=cfg.mesh.tensor,
-                         devices=list(devices))
+                         context=cfg.mesh.context, devices=list(devices))
     except ValueError as e:
         raise ValueError(f"config.mesh: {e}") from None
 

@@ -82,7 +82,7 @@ class Pipeline(BatchFilters):
         try:  # the device count is only known now: a mismatch is still a config error
             self.placement = SamplerPlacement(cfg.mesh.sampler_devices, learner_devices=devices)
             self.mesh = mesh = make_mesh(data=cfg.mesh.data, fsdp=cfg.mesh.fsdp,
-                                         tensor=cfg.mesh.tensor,
+                                         tensor=cfg.mesh.tensor, context=cfg.mesh.context,
                                          devices=self.placement.learner_devices)
         except ValueError as e:
             raise ConfigError(f"config.mesh: {e}") from None

@@ -1,6 +1,6 @@
 """Device mesh and sharding rules: one code path for 1 CPU, 1 GPU and a TPU pod.
 
-The mesh has three axes, ``("data", "fsdp", "tensor")``:
+The mesh has four axes, ``("data", "fsdp", "tensor", "context")``:
 
 * ``data``   — batch rows are split over it; parameters are replicated.
 * ``fsdp``   — batch rows are split over it *and* parameters are stored sharded over it
@@ -9,6 +9,12 @@ The mesh has three axes, ``("data", "fsdp", "tensor")``:
 * ``tensor`` — Megatron-style model parallelism: attention heads (q/k/v output columns,
   o_proj input rows) and MLP width (gate/up output columns, down_proj input rows) are split
   over it, as is the vocabulary of the embedding / lm head.
+* ``context`` — context parallelism (default size 1): the positions of each packed row are
+  split over it (``P(("data", "fsdp"), "context")``), so a device holds the activations of
+  ``T / context`` of a row's tokens; parameters are replicated along it and their gradient
+  is summed over it by XLA like the data axis'. Attention over a split row all-gathers keys
+  and values (``pallas_kernels.context_attention``); the learner lays rows out for it
+  (``training/context_rows.py``).
 
 So a batch is sharded ``P(("data", "fsdp"), None)`` (rows over ``data × fsdp``) and each
 parameter gets a ``PartitionSpec`` from its *name* (:func:`param_partition_spec`). A dimension
@@ -36,9 +42,9 @@ from jax.sharding import PartitionSpec as P
 
 # The mesh convention is this module's; its names are defined with the kernels, which split
 # their operands by them and import only jax (rows over BATCH_AXES, heads over HEAD_AXIS).
-from pallas_kernels.mesh_axes import BATCH_AXES, HEAD_AXIS
+from pallas_kernels.mesh_axes import BATCH_AXES, CONTEXT_AXIS, HEAD_AXIS
 
-MESH_AXES = (*BATCH_AXES, HEAD_AXIS)
+MESH_AXES = (*BATCH_AXES, HEAD_AXIS, CONTEXT_AXIS)
 STACKED_LAYERS = "layers"  # the module whose weights carry a leading layer axis
 
 # (module name, parameter name) → mesh axis of each dimension. Kernels are [in, out]
@@ -61,16 +67,17 @@ _PARAM_RULES: dict[tuple[str, str], tuple[str | None, ...]] = {
 
 
 def make_mesh(
-    data: int = -1, fsdp: int = 1, tensor: int = 1, devices: Sequence[Any] | None = None
+    data: int = -1, fsdp: int = 1, tensor: int = 1, devices: Sequence[Any] | None = None,
+    context: int = 1,
 ) -> Mesh:
-    """A ``("data", "fsdp", "tensor")`` mesh over ``devices`` (default: all devices).
+    """A ``("data", "fsdp", "tensor", "context")`` mesh over ``devices`` (default: all).
 
     One axis may be −1: it takes whatever the others leave. The product must equal the
-    number of devices. ``tensor`` is the fastest-varying axis so that on real hardware its
-    (communication-heavy) groups are neighbouring devices.
+    number of devices. ``tensor`` and ``context`` vary fastest so that on real hardware
+    their (communication-heavy: every layer) groups are neighbouring devices.
     """
     devices = list(jax.devices() if devices is None else devices)
-    sizes = [data, fsdp, tensor]
+    sizes = [data, fsdp, tensor, context]
     if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
         raise ValueError(f"mesh axes must be positive, at most one -1; got {sizes}")
     known = math.prod(s for s in sizes if s != -1)
@@ -161,6 +168,17 @@ def replicated(mesh: Mesh) -> NamedSharding:
 def batch_sharding(mesh: Mesh) -> NamedSharding:
     """``[rows, row_len]`` arrays: rows over ``data × fsdp``, tokens of a row together."""
     return NamedSharding(mesh, P(BATCH_AXES, None))
+
+
+def context_sharding(mesh: Mesh) -> NamedSharding:
+    """``[rows, row_len]`` token arrays under context parallelism: rows over
+    ``data × fsdp``, each row's positions over ``context``."""
+    return NamedSharding(mesh, P(BATCH_AXES, CONTEXT_AXIS))
+
+
+def context_size(mesh: Mesh | None) -> int:
+    """How many ways each row's positions are split (the ``context`` axis; 1 without one)."""
+    return 1 if mesh is None else dict(mesh.shape).get(CONTEXT_AXIS, 1)
 
 
 def num_batch_shards(mesh: Mesh) -> int:

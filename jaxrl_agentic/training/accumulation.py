@@ -3,9 +3,11 @@
 A mini-batch ``[n_micro, T]`` is scanned in groups of ``data · fsdp`` rows (one per batch
 shard of the mesh, :func:`micro_groups`); each group runs on the shortest prefix of its
 rows that holds its real tokens (:func:`on_shortest_prefix`), and a group of padding rows
-is skipped. :func:`accumulate_gradient_sums` sums gradients, loss sums and denominators in
-fp32 (``update.py`` divides once); :func:`scan_row_groups` runs a per-token function the
-same way (the logprob and value passes, ``per_token.py``).
+is skipped (under context parallelism, whose rows are laid out in zigzag order, a group
+runs on its whole rows: :func:`row_halvings`). :func:`accumulate_gradient_sums` sums
+gradients, loss sums and denominators in fp32 (``update.py`` divides once);
+:func:`scan_row_groups` runs a per-token function the same way (the logprob and value
+passes, ``per_token.py``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,12 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxrl_agentic.data import prefix_lengths
-from jaxrl_agentic.runtime.parallel import batch_sharding, constrain_like_params, num_batch_shards
+from jaxrl_agentic.runtime.parallel import (
+    batch_sharding,
+    constrain_like_params,
+    context_size,
+    num_batch_shards,
+)
 
 _F32 = jnp.float32
 
@@ -54,6 +61,13 @@ def constrain_rows(micro, mesh):
     return lax.with_sharding_constraint(micro, batch_sharding(mesh))
 
 
+def row_halvings(mesh, halvings: int) -> int:
+    """The prefix halvings a group of rows may be cut to on ``mesh``: ``halvings``, or 0
+    with a context axis (the model lays each row out in zigzag order over it, where a
+    prefix of the packed row is no prefix of the devices' shares)."""
+    return halvings if context_size(mesh) == 1 else 0
+
+
 def used_length(segment_ids: jax.Array) -> jax.Array:
     """1 + the last position at which any row of ``segment_ids [rows, T]`` holds a real
     token (0 when all are padding)."""
@@ -86,7 +100,7 @@ def scan_row_groups(fn, batch: dict[str, jax.Array], mesh, halvings: int = 0) ->
     :func:`prefix_lengths` ``(T, halvings)`` that holds its real tokens (T' its length; the
     rest is zeros); groups of padding rows give zeros without running ``fn``."""
     row_len = batch["tokens"].shape[-1]
-    lengths = prefix_lengths(row_len, halvings)
+    lengths = prefix_lengths(row_len, row_halvings(mesh, halvings))
 
     def padded(m):
         out = fn(m)
@@ -134,7 +148,7 @@ def accumulate_gradient_sums(micro_objective, params, batch, zero_sums, mesh=Non
     """
     group_rows = 1 if mesh is None else num_batch_shards(mesh)
     grad_fn = jax.grad(micro_objective, has_aux=True)
-    lengths = prefix_lengths(batch["tokens"].shape[-1], halvings)
+    lengths = prefix_lengths(batch["tokens"].shape[-1], row_halvings(mesh, halvings))
     groups = micro_groups(batch, group_rows)
     if batch["tokens"].shape[0] == group_rows:
         micro = constrain_rows({k: v[0] for k, v in groups.items()}, mesh)

@@ -60,6 +60,7 @@ from jaxrl_agentic.runtime.parallel import (
     stacked_layer_dims,
     train_state_shardings,
 )
+from jaxrl_agentic.training import context_rows
 from jaxrl_agentic.training.accumulation import accumulate_gradients
 from jaxrl_agentic.training.learner_config import LearnerConfig
 from jaxrl_agentic.training.off_policy import (
@@ -194,13 +195,31 @@ def next_token_valid(segment_ids: jax.Array) -> jax.Array:
 
 
 def _hidden_and_head(graphdef, params, micro, remat: str = "none",
-                     attention_impl: str = "auto"):
+                     attention_impl: str = "auto", columns=None):
     # The head in the compute dtype, as the sampler (and `Transformer.logits`) use it: with
     # bf16 compute and fp32 params, an fp32 head here made the learner's logprobs differ from
     # the sampler's by the head's bf16 rounding (5e-3 mean at the Qwen2.5-0.5B shape).
     return nnx.merge(graphdef, params).hidden_and_head(
         micro["tokens"], micro["positions"], micro["segment_ids"], remat=remat,
-        attention_impl=attention_impl, prefix_ids=micro.get("prefix_ids"))
+        attention_impl=attention_impl, prefix_ids=micro.get("prefix_ids"), columns=columns)
+
+
+def forward_at_loss(graphdef, config: LearnerConfig, params, micro):
+    """``(hidden [N, D], head, take, valid [N], index)``: the forward of a group of rows and
+    its hidden states at the N loss slots; ``take(x)`` picks a ``[B, T]`` prediction-index
+    array at the same slots, ``valid`` is False on empty ones. On a mesh with a context axis
+    the rows are laid out for it first (``context_rows``; ``index``: the slots in its shard
+    rows), else the slots are the batch's ``loss_index`` (``index`` None)."""
+    shards = context_rows.traced_context_size()
+    if shards > 1:
+        def run(laid, columns):
+            return _hidden_and_head(graphdef, params, laid, config.remat,
+                                    config.attention_impl, columns)
+        return context_rows.forward_at_loss(run, micro, shards)
+    hidden, head = _hidden_and_head(graphdef, params, micro, config.remat,
+                                    config.attention_impl)
+    take, valid = gather_loss_positions(micro)
+    return take(hidden), head, take, valid, None
 
 
 def gather_loss_positions(micro: dict[str, jax.Array]):
@@ -222,8 +241,7 @@ def micro_batch_sums(
     graphdef, config: LearnerConfig, params, micro: dict[str, jax.Array], kl_coef
 ) -> tuple[PolicyLossSums, jax.Array]:
     """``(policy-loss sums, denominator)`` of one group of rows ``[B, T]`` (module doc)."""
-    hidden, head = _hidden_and_head(graphdef, params, micro, config.remat,
-                                    config.attention_impl)
+    hidden, head, take, valid, _ = forward_at_loss(graphdef, config, params, micro)
     segment_ids = micro["segment_ids"]
     mask = _shift_left(micro["loss_mask"]) * next_token_valid(segment_ids)
     # Prediction i sits in token i's segment (= token i+1's wherever mask > 0).
@@ -231,11 +249,10 @@ def micro_batch_sums(
                            loss_norm_length=config.loss_norm_length)
     denominator = loss_denominator(mask, segment_ids, config.loss_reduction)
     ref = micro.get("ref_logprobs")
-    take, valid = gather_loss_positions(micro)
     at_loss = lambda x: take(_shift_left(x))  # noqa: E731
     top_k, top_p = config.logprob_filter
     sums = policy_loss(
-        take(hidden),
+        hidden,
         head,
         at_loss(micro["tokens"]),
         at_loss(micro["old_logprobs"]),
@@ -334,17 +351,18 @@ def make_compute_logprobs(graphdef, config: LearnerConfig, mesh, param_shardings
         # With remat the train step's forward is a scan over the stacked blocks; so is this
         # one (the same program structure, and each block's weights are cast to the compute
         # dtype inside the loop instead of all of them up front).
-        hidden, head = _hidden_and_head(graphdef, params, micro, config.remat,
-                                        config.attention_impl)
-        b, t, _ = hidden.shape
-        take, valid = gather_loss_positions(micro)
-        args = (take(hidden), head, take(_shift_left(micro["tokens"])), config.temperature)
+        hidden, head, take, valid, index = forward_at_loss(graphdef, config, params, micro)
+        b, t = micro["tokens"].shape
+        args = (hidden, head, take(_shift_left(micro["tokens"])), config.temperature)
         if top_k > 0 or top_p < 1.0:
             logprobs = restricted_token_logprobs(*args, top_k=top_k, top_p=top_p)
         else:
             logprobs = token_logprobs(*args, impl=config.kernel_impl)
         if mark is not None:
             logprobs = mark(*args[:3], logprobs)
+        if index is not None:  # context-parallel slots (`context_rows`)
+            shards = context_rows.traced_context_size()
+            return _shift_right(context_rows.scatter_to_rows(logprobs, index, shards, t))
         # Scatter back; empty slots write out of bounds and are dropped.
         index = jnp.where(valid, micro["loss_index"].reshape(-1), t).reshape(b, -1)
         rows = jnp.broadcast_to(jnp.arange(b)[:, None], index.shape)

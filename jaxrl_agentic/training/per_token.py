@@ -22,7 +22,7 @@ from jaxrl_agentic.data import (
     round_up_to_bucket,
 )
 from jaxrl_agentic.runtime.parallel import batch_sharding, num_batch_shards, to_host
-from jaxrl_agentic.training.accumulation import scan_row_groups
+from jaxrl_agentic.training.accumulation import row_halvings, scan_row_groups
 from jaxrl_agentic.training.update import kernels_see_mesh, pad_to_shards, put_batch
 
 
@@ -53,7 +53,8 @@ def computed_slots(batch: PackedBatch, mesh, halvings: int = 0) -> int:
     A mini-batch of one group is differentiated whole (:func:`accumulate_gradient_sums`)."""
     shards = num_batch_shards(mesh)
     groups = batch.num_micro_batches // shards
-    lengths = np.asarray(prefix_lengths(batch.row_len, halvings if groups > 1 else 0))
+    halvings = row_halvings(mesh, halvings) if groups > 1 else 0
+    lengths = np.asarray(prefix_lengths(batch.row_len, halvings))
     busy = (batch.segment_ids > 0).reshape(shards, groups, -1).any(axis=0)  # [groups, T]
     used = np.where(busy, np.arange(1, batch.row_len + 1), 0).max(axis=1, initial=0)
     cut = np.where(used > 0, lengths[np.searchsorted(lengths, used)], 0)

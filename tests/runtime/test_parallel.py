@@ -31,8 +31,9 @@ MESH_8 = {"data": 2, "fsdp": 2, "tensor": 2}
 
 def test_make_mesh_fills_and_checks():
     mesh = make_mesh()
-    assert mesh.axis_names == ("data", "fsdp", "tensor")
-    assert dict(mesh.shape) == {"data": len(jax.devices()), "fsdp": 1, "tensor": 1}
+    assert mesh.axis_names == ("data", "fsdp", "tensor", "context")
+    assert dict(mesh.shape) == {"data": len(jax.devices()), "fsdp": 1, "tensor": 1,
+                                "context": 1}
     assert num_batch_shards(mesh) == len(jax.devices())
     devices = [object()] * 8  # the rule arithmetic does not need real devices
     with pytest.raises(ValueError, match="at most one -1"):
@@ -88,7 +89,8 @@ def test_rules_apply_to_real_key_paths():
     assert specs["['layers']['mlp']['down_proj']['kernel'].value"] == P(None, "tensor", "fsdp")
     assert specs["['final_norm']['scale'].value"] == P()
     placed = shard_params(params, make_mesh())
-    assert jax.tree.leaves(placed)[0].sharding.mesh.axis_names == ("data", "fsdp", "tensor")
+    assert jax.tree.leaves(placed)[0].sharding.mesh.axis_names == ("data", "fsdp", "tensor",
+                                                                   "context")
     assert batch_sharding(make_mesh()).spec == P(("data", "fsdp"), None)
 
 
