@@ -35,10 +35,11 @@ WARMUP_LR_SCHEDULES = ("constant", "cosine")
 
 def env_spec(env_type: str, max_turns: int = 10, max_tokens_per_step: int = 64,
              format_penalty: float = 0.1, env_backend: str = "auto", step_timeout_s: float = 60.0,
-             env_max_workers: int = 0, **env_config) -> ml_collections.ConfigDict:
+             env_max_workers: int = 0, history: str = "full", **env_config
+             ) -> ml_collections.ConfigDict:
     """`env_backend="python"`: host-side environments stepped in a thread pool, each step
     with a deadline of `step_timeout_s` (0 = none; a late or raising call ends its episode,
-    counted); see rollout/python_runner.py."""
+    counted); see rollout/python_runner.py. `history`: rollout/history.py."""
     return ml_collections.ConfigDict(dict(
         env_type=env_type,
         env_config=dict(env_config),
@@ -48,6 +49,7 @@ def env_spec(env_type: str, max_turns: int = 10, max_tokens_per_step: int = 64,
         env_backend=env_backend,
         step_timeout_s=float(step_timeout_s),
         env_max_workers=env_max_workers,
+        history=history,
     ))
 
 

@@ -35,6 +35,7 @@ from jaxrl_agentic.data import PackingConfig
 from jaxrl_agentic.env_specific import resolve_env_specific
 from jaxrl_agentic.models.lora import LoRAConfig
 from jaxrl_agentic.rollout.groups import EnvManagerConfig
+from jaxrl_agentic.rollout.history import FULL, HistoryPolicy, parse_history
 from jaxrl_agentic.rollout.turns import GenerationConfig
 from jaxrl_agentic.training.critic import CriticConfig
 from jaxrl_agentic.training.learner_config import LearnerConfig
@@ -226,6 +227,9 @@ def check_typed_configs(c, fail) -> None:
     for name in ("train_env_manager", "val_env_manager"):
         n = c.generation.num_return_sequences if name == "train_env_manager" else 1
         builders.append((f"{name}.", lambda name=name, n=n: env_manager_config(c[name], n)))
+    for tag, spec in c.custom_envs.items():  # "history: <why>" (rollout/history.py)
+        builders.append((f"custom_envs.{tag}.",
+                         lambda spec=spec: parse_history(spec.get("history", "full"))))
     for prefix, build in builders:
         try:
             build()
@@ -314,6 +318,9 @@ class EnvSettings:
     step_timeout_s: float
     max_workers: int
     generation: GenerationConfig
+    # What the next prompt holds once the whole history would not fit (rollout/history.py).
+    # Not in `record`: the format warm-up, whose cache key that is, plays the full history.
+    history: HistoryPolicy = FULL
 
     def record(self) -> dict:
         """The tag's fields under their run-config names (a cache key's content)."""
@@ -484,7 +491,8 @@ def _env_settings(c, tag: str, spec) -> EnvSettings:
         max_turns=spec.max_turns, max_tokens_per_step=spec.max_tokens_per_step,
         format_penalty=spec.format_penalty, backend=spec.get("env_backend", "auto"),
         step_timeout_s=float(spec.get("step_timeout_s", 0.0)),
-        max_workers=spec.get("env_max_workers", 0), generation=generation_config(c, spec))
+        max_workers=spec.get("env_max_workers", 0), generation=generation_config(c, spec),
+        history=parse_history(spec.get("history", "full")))
 
 
 def build_run_config(c) -> RunConfig:

@@ -12,6 +12,11 @@ import dataclasses
 
 import numpy as np
 
+# Ids of an episode's later segments: base + first segment's id × MAX + k, above the
+# pipeline's trajectory ids and within the sampler's int32 seed ids.
+SEGMENT_ID_BASE = 1 << 30
+MAX_SEGMENTS_PER_EPISODE = 64
+
 
 @dataclasses.dataclass
 class Turn:
@@ -48,7 +53,8 @@ class Trajectory:
     metrics: dict = dataclasses.field(default_factory=dict)
     member: int = 0  # index within the group (selects the dynamics noise for replays)
     # 0 for an episode's first (or only) sample. An episode whose history was rewritten (an
-    # outside agent's summary: `serving/`) continues in segments 1, 2, …: trajectories of
+    # outside agent's summary: `serving/`; a history policy: `rollout/segments.py`)
+    # continues in segments 1, 2, …: trajectories of
     # their own, with the episode's (tag, group_id, member), its reward on the last
     # segment's last turn, and its group statistics (`episode_segments`, `joined_episode`).
     segment: int = 0
@@ -112,6 +118,15 @@ def episode_segments(trajs) -> list[list[int]]:
                              f"{t.member}) has segments {segments}, not 0, 1, …: two "
                              "episodes share a member, or a segment is missing")
     return out
+
+
+def segment_traj_id(first_id: int, segment: int) -> int:
+    """The trajectory id of segment `segment` of the episode whose first segment has id
+    `first_id` (unique: ids below ``SEGMENT_ID_BASE`` are first segments)."""
+    if not 0 <= segment < MAX_SEGMENTS_PER_EPISODE:
+        raise ValueError(f"segment {segment} is not in [0, {MAX_SEGMENTS_PER_EPISODE})")
+    return first_id if segment == 0 else (
+        SEGMENT_ID_BASE + first_id * MAX_SEGMENTS_PER_EPISODE + segment)
 
 
 def joined_episode(segments) -> Trajectory:

@@ -60,7 +60,27 @@ def trajectory_metrics(trajs, prefix: str) -> dict[str, float]:
         # Two-player games: the policy seats' win / draw / loss rates, invalid moves.
         out.update(game_metrics([t.metrics for t in group], p))
     out[f"{prefix}truncated_by_length"] = mean_of(t.truncated_by_length for t in trajs)
+    out.update(history_metrics(trajs, "rollout/" if prefix == "env/" else prefix))
     return out
+
+
+def history_metrics(episodes, prefix: str) -> dict[str, float]:
+    """What a history policy did to a batch's `episodes` (whole: `whole_episodes`), from the
+    counts `rollout/segments.py` records; {} when the run's policy is "full".
+
+    ``history_rewrites`` and ``history_tokens_dropped``: totals over the batch (a rewrite's
+    tokens dropped: the whole next prompt's length minus the rewritten one's);
+    ``samples_per_episode``: the mean number of segments (samples of its own) an episode
+    became, 1 when no history was rewritten."""
+    counted = [t for t in episodes if "history_rewrites" in t.metrics]
+    if not counted:
+        return {}
+    return {f"{prefix}history_rewrites": float(sum(t.metrics["history_rewrites"]
+                                                    for t in counted)),
+            f"{prefix}history_tokens_dropped": float(sum(t.metrics["history_tokens_dropped"]
+                                                          for t in counted)),
+            f"{prefix}samples_per_episode": mean_of(1.0 + t.metrics["history_rewrites"]
+                                                    for t in counted)}
 
 
 def version_lag_metrics(trajs, version: int) -> dict[str, float]:

@@ -193,7 +193,7 @@ class Pipeline(BatchFilters):
             backend=env.backend, run_seed=self.config.run.seed,
             step_timeout_s=env.step_timeout_s, max_workers=env.max_workers,
             batching=rollout.batching, slots=rollout.slots,
-            decode_chunk=rollout.decode_chunk_tokens)
+            decode_chunk=rollout.decode_chunk_tokens, history=env.history)
 
     def _memory_plan(self, model_dir: str):
         """The run's ``memory_plan`` per device, from the model's config.json alone."""

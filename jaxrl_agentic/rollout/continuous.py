@@ -43,14 +43,8 @@ from __future__ import annotations
 import collections
 from typing import Any, Protocol
 
-from jaxrl_agentic.data.trajectory import Trajectory
-from jaxrl_agentic.rollout.turns import (
-    GenerationConfig,
-    append_prompt,
-    close_reply,
-    record_turn,
-    turn_seed,
-)
+from jaxrl_agentic.rollout.segments import EpisodeSegments
+from jaxrl_agentic.rollout.turns import GenerationConfig, close_reply, record_turn, turn_seed
 from jaxrl_agentic.sampling import Sampler, SlotDecoder
 
 # How long the loop waits for a chunk before it looks for environment answers again, while a
@@ -63,13 +57,16 @@ class LivePolicy(Protocol):
         """(version, params) of the newest policy: what the next chunk decodes with."""
 
 
-def play_continuous(envs, trajs: list[Trajectory], pending: dict[int, list[int]],
+def play_continuous(envs, segments: EpisodeSegments, pending: dict[int, list[int]],
                     sampler: Sampler, formatter, gen: GenerationConfig, *, sample_seed: int,
                     max_turns: int, max_input_length: int, params, slots: int = 0,
                     decode_chunk: int = 8, chunk_grid: str = "1.5x") -> None:
     """Plays every episode with a first prompt in `pending` to its end (see module doc);
     `params`: the policy's params, or a `LivePolicy` for in-flight updates; `chunk_grid`:
-    the grid of a chunk's rows and attention read lengths (`SlotDecoder`)."""
+    the grid of a chunk's rows and attention read lengths (`SlotDecoder`). An episode whose
+    history is rewritten (`segments.py`) keeps its slot: the row is emptied and prefilled
+    with the new segment's stream, as when a slot takes a new episode."""
+    trajs = segments.trajs  # each episode's current segment (a rewrite replaces it)
     live = params if hasattr(params, "current") else None
     version, params = live.current() if live is not None else (0, params)
     waiting = collections.deque(sorted(pending))  # episodes not started, in plan order
@@ -107,8 +104,8 @@ def play_continuous(envs, trajs: list[Trajectory], pending: dict[int, list[int]]
                 ready.append(slot)
             for slot in ready:
                 episode = episode_of[slot]
-                if append_prompt(trajs[episode], session, slot, pending.pop(episode),
-                                 max_input_length):
+                if segments.append_prompt(episode, session, slot, pending.pop(episode),
+                                          max_input_length):
                     prompted.append(slot)
                 else:
                     release(slot)
@@ -118,8 +115,8 @@ def play_continuous(envs, trajs: list[Trajectory], pending: dict[int, list[int]]
             prompted = [slot for slot in prompted if slot not in starting]
             episodes = [episode_of[slot] for slot in starting]
             decoder.start(starting,
-                          [turn_seed(sample_seed, len(trajs[e].turns)) for e in episodes],
-                          [trajs[e].traj_id for e in episodes])
+                          [turn_seed(sample_seed, segments.turns_played(e)) for e in episodes],
+                          [segments.row_seed(e) for e in episodes])
         if live is not None:  # the newest policy, from this round's chunks on
             version, params = live.current()
         # 2. a chunk on every block with live rows; the replies that ended in the chunks
@@ -135,7 +132,8 @@ def play_continuous(envs, trajs: list[Trajectory], pending: dict[int, list[int]]
                                     out.stop_reason, formatter,
                                     out.versions if live is not None else None)
                 replies[episode] = reply
-                envs.submit(episode, reply.reply, len(trajs[episode].turns))
+                segments.replied(episode, reply)
+                envs.submit(episode, reply.reply, segments.turns_played(episode))
                 in_env += 1
         elif not in_env:
             break  # nothing decodes, nothing steps, nothing waits: every episode ended
@@ -144,8 +142,10 @@ def play_continuous(envs, trajs: list[Trajectory], pending: dict[int, list[int]]
         for episode, outcome in envs.collect("none" if busy else "any"):
             in_env -= 1
             if record_turn(trajs[episode], replies.pop(episode), outcome,
-                           max_steps=envs.max_steps(episode), max_turns=max_turns):
+                           max_steps=envs.max_steps(episode), max_turns=max_turns,
+                           played_before=segments.turns_before[episode]):
                 pending[episode] = outcome.next_prompt()
+                segments.answered(episode, outcome)
                 ready.append(slot_of[episode])
             else:
                 release(slot_of[episode])

@@ -238,6 +238,30 @@ class ChatFormatter:
         contents = [system_prompt] if system_prompt else []
         return self._encode_rendered(render, contents + [user_content]) + self._prefix_ids
 
+    def history_prompt(self, messages: list[dict], tools: list[dict] | None = None
+                       ) -> list[int]:
+        """Ids of a whole conversation (`messages`: [system,] user, then assistant, user and
+        tool messages, ending with a user or tool message) + the generation prompt (+ reply
+        prefix), rendered by the template at once: the first prompt of a rewritten history
+        (`rollout/history.py`). The system message and `tools` are treated as `first_prompt`
+        treats them (a template without a tools block gets the tools in the system turn),
+        so ``history_prompt([user]) == first_prompt(user["content"])``."""
+        system = messages[0]["content"] if messages[0]["role"] == "system" else None
+        rest = messages[1:] if system is not None else messages
+        if tools and not self.template_lists_tools:
+            base = system or self.default_system_prompt
+            system = (base + "\n\n" if base else "") + tools_system_text(tools)
+            tools = None
+        roles = (["system"] if system else []) + [m["role"] for m in rest]
+        contents = ([system] if system else []) + [m["content"] for m in rest]
+
+        def render(cs):
+            return self._render([{"role": r, "content": c} for r, c in zip(roles, cs,
+                                                                            strict=True)],
+                                generation_prompt=True, tools=tools)
+
+        return self._encode_rendered(render, contents) + self._prefix_ids
+
     def _next_prompt_text(self, user_content: str) -> str:
         return self._appended_text([{"role": "user", "content": user_content}])
 

@@ -15,7 +15,9 @@ For every turn, for all episodes still running:
    format penalty and keeps its state) and step all environments in one vmapped call.
 
 An episode ends when the environment terminates, after `max_steps_in_episode` environment
-steps, after `max_turns` turns, or when its next prompt would not fit.
+steps, after `max_turns` turns, or when its next prompt would not fit — unless the env's
+history policy (`history.py`) rewrites the history into a prompt that does: the episode then
+goes on as a new sample of itself (`segments.py`), in both schedules.
 
 That is the turn-lockstep schedule (`play_turns`, `rollout_batching="turn"`). The runner
 splits into an environment side (`JaxEpisodes` here, `python_runner.PythonEpisodes`: submit
@@ -42,6 +44,8 @@ from jaxrl_agentic.rollout.batching import check_batching
 from jaxrl_agentic.rollout.continuous import play_continuous
 from jaxrl_agentic.rollout.conversation import ChatFormatter
 from jaxrl_agentic.rollout.groups import EpisodeSpec
+from jaxrl_agentic.rollout.history import FULL, HistoryPolicy
+from jaxrl_agentic.rollout.segments import EpisodeSegments
 from jaxrl_agentic.rollout.turns import (
     EnvOutcome,
     GenerationConfig,
@@ -68,9 +72,10 @@ class EpisodeRunnerBase(abc.ABC):
 
     def _settings(self, sampler, formatter: ChatFormatter, *, tag: str, max_turns: int,
                   max_input_length: int, generation: GenerationConfig, batching: str,
-                  slots: int, decode_chunk: int) -> None:
+                  slots: int, decode_chunk: int, history: HistoryPolicy) -> None:
         check_runner_settings(sampler, max_input_length, generation, batching, slots,
                               decode_chunk)
+        self.history = history
         self.sampler, self.formatter = sampler, formatter
         self.tag, self.max_turns, self.max_input_length = tag, max_turns, max_input_length
         self.generation = generation
@@ -92,16 +97,19 @@ class EpisodeRunnerBase(abc.ABC):
         temperature: float | None = None,
     ) -> list[Trajectory]:
         """Plays `episodes` to the end; `greedy` and `temperature` override the generation
-        config (eval)."""
+        config (eval). → their trajectories, an episode's segments (`segments.py`) after
+        each other in segment order."""
         gen = self.generation.overridden(greedy, temperature)
         trajs = new_trajectories(episodes, self.tag, traj_id_start)
         with self._environments(episodes, trajs) as envs:
-            play(self.batching, envs, trajs, envs.first_prompts(), self.sampler,
+            segments = EpisodeSegments(self.history, self.formatter, trajs, envs)
+            play(self.batching, envs, segments, envs.first_prompts(), self.sampler,
                  self.formatter, gen, sample_seed=sample_seed, max_turns=self.max_turns,
                  max_input_length=self.max_input_length, params=params, slots=self.slots,
                  decode_chunk=self.decode_chunk, chunk_grid=self.chunk_grid)
-            set_episode_metrics(trajs)
-        return trajs
+            set_episode_metrics(segments.all_segments())
+            segments.record_metrics()
+        return segments.all_segments()
 
 
 class RolloutRunner(EpisodeRunnerBase):
@@ -122,10 +130,12 @@ class RolloutRunner(EpisodeRunnerBase):
         batching: str = "turn",
         slots: int = 0,
         decode_chunk: int = 8,
+        history: HistoryPolicy = FULL,
     ):
         self._settings(sampler, formatter, tag=tag, max_turns=max_turns,
                        max_input_length=max_input_length, generation=generation,
-                       batching=batching, slots=slots, decode_chunk=decode_chunk)
+                       batching=batching, slots=slots, decode_chunk=decode_chunk,
+                       history=history)
         self.env, self.env_params = env, env_params
         self.base_key = jax.random.PRNGKey(run_seed)
         self._reset = jax.jit(jax.vmap(env.reset_env, in_axes=(0, None)))
@@ -176,12 +186,17 @@ class JaxEpisodes:
         self._queued: dict[int, tuple[int, int]] = {}  # episode -> (action, turn index)
 
     def first_prompts(self) -> dict[int, list[int]]:
-        env, p, formatter = self.runner.env, self.runner.env_params, self.runner.formatter
-        with timing.span("rollout/env"):
-            messages = [first_message(env, _row(self.host, i), p)
-                        for i in range(len(self.noise_keys))]
+        formatter = self.runner.formatter
+        messages = self.first_messages()
         with timing.span("rollout/tokenize"):
-            return {i: formatter.first_prompt(m) for i, m in enumerate(messages)}
+            return {i: formatter.first_prompt(m[0]["content"]) for i, (m, _) in messages.items()}
+
+    def first_messages(self) -> dict[int, tuple[list[dict], None]]:
+        """{episode: ([its first user message], no tools)}."""
+        env, p = self.runner.env, self.runner.env_params
+        with timing.span("rollout/env"):
+            return {i: ([{"role": "user", "content": first_message(env, _row(self.host, i), p)}],
+                        None) for i in range(len(self.noise_keys))}
 
     def max_steps(self, episode: int) -> int:
         return int(self.runner.env_params.max_steps_in_episode)
@@ -219,72 +234,89 @@ class JaxEpisodes:
                 done=bool(terminated[episode]),
                 state_hash=runner.env.state_hash(_row(self.host, episode)),
             )
-            next_prompt = functools.partial(self._next_prompt, _row(new_host, episode),
-                                            fields["reward"], fields["action"])
-            outcomes.append((episode, EnvOutcome(fields, fields["done"], False, next_prompt)))
+            answer = (_row(new_host, episode), fields["reward"], fields["action"])
+            outcomes.append((episode, EnvOutcome(
+                fields, fields["done"], False, functools.partial(self._next_prompt, *answer),
+                functools.partial(self._next_messages, *answer))))
         self._queued = {}
         self.states, self.host = new_states, new_host
         return outcomes
 
     def _next_prompt(self, state, reward: float, action: int) -> list[int]:
+        message = self._next_messages(state, reward, action)[0]["content"]
+        with timing.span("rollout/tokenize"):
+            return self.runner.formatter.next_prompt(message)
+
+    def _next_messages(self, state, reward: float, action: int) -> list[dict]:
         runner = self.runner
         with timing.span("rollout/env"):
-            message = feedback_message(runner.env, state, runner.env_params, reward, action)
-        with timing.span("rollout/tokenize"):
-            return runner.formatter.next_prompt(message)
+            return [{"role": "user", "content": feedback_message(
+                runner.env, state, runner.env_params, reward, action)}]
 
 
 # ---- the two schedules (shared with python_runner.py) -----------------------------------------
 
-def play(batching: str, envs, trajs: list[Trajectory], pending: dict[int, list[int]],
+def play(batching: str, envs, segments: EpisodeSegments, pending: dict[int, list[int]],
          sampler: Sampler, formatter, gen: GenerationConfig, *, sample_seed: int,
          max_turns: int, max_input_length: int, params, slots: int = 0,
          decode_chunk: int = 8, chunk_grid: str = "1.5x") -> None:
     """Plays every episode with a first prompt in `pending` to its end, in turn lockstep
     (`play_turns`) or with continuous batching (`rollout/continuous.py`); `envs` is the
-    environment side (`JaxEpisodes`, `python_runner.PythonEpisodes`)."""
+    environment side (`JaxEpisodes`, `python_runner.PythonEpisodes`), `segments` holds each
+    episode's current trajectory (`segments.trajs`) and continues it past a full context."""
     check_batching(batching, slots, decode_chunk)
     common = dict(sample_seed=sample_seed, max_turns=max_turns,
                   max_input_length=max_input_length, params=params)
     if batching == "continuous":
-        play_continuous(envs, trajs, pending, sampler, formatter, gen, slots=slots,
+        play_continuous(envs, segments, pending, sampler, formatter, gen, slots=slots,
                         decode_chunk=decode_chunk, chunk_grid=chunk_grid, **common)
     else:
         if hasattr(params, "current"):  # a live policy: lockstep plays one version throughout
             common["params"] = params.current()[1]
-        play_turns(envs, trajs, pending, sampler.new_session(len(trajs)), formatter, gen,
-                   **common)
+        play_turns(envs, segments, pending, sampler.new_session(len(segments.trajs)),
+                   formatter, gen, **common)
 
 
-def play_turns(envs, trajs: list[Trajectory], pending: dict[int, list[int]],
+def play_turns(envs, segments: EpisodeSegments, pending: dict[int, list[int]],
                session: SamplerSession, formatter, gen: GenerationConfig, *, sample_seed: int,
                max_turns: int, max_input_length: int, params) -> None:
     """Turn lockstep: per turn, one sampler call for every running episode, then every
     environment steps and the next turn waits for all of them."""
+    trajs = segments.trajs  # each episode's current segment (a rewrite replaces it)
     active = np.zeros(len(trajs), bool)
     active[list(pending)] = True
+    row_seeds = [segments.row_seed(i) for i in range(len(trajs))]
     for turn_index in range(max_turns):
-        # 1. append the new user messages; end episodes whose prompt would not fit
-        rows = append_prompts(trajs, session, pending, active, max_input_length)
+        # 1. append the new user messages; continue (a new segment) or end episodes whose
+        #    prompt would not fit
+        rows = append_prompts(segments, session, pending, active, max_input_length)
         if not rows:
             break
         # 2. one batched generation for every running episode; 3. close the replies
         replies = generate_replies(session, rows, trajs, formatter, gen, params=params,
-                                   seed=turn_seed(sample_seed, turn_index))
+                                   seed=turn_seed(sample_seed, turn_index),
+                                   row_seeds=row_seeds)
         # 4. step every environment; record the turns; the next prompts of those going on
         for row in rows:
+            segments.replied(row, replies[row])
             envs.submit(row, replies[row].reply, turn_index)
         for row, outcome in envs.collect("all"):
             if record_turn(trajs[row], replies[row], outcome, max_steps=envs.max_steps(row),
-                           max_turns=max_turns):
+                           max_turns=max_turns, played_before=segments.turns_before[row]):
                 pending[row] = outcome.next_prompt()
+                segments.answered(row, outcome)
             else:
                 active[row] = False
 
 
 def replay_frames(runner, traj: Trajectory) -> list[np.ndarray]:
     """RGB frames of an episode played by `runner` (a `RolloutRunner` or a
-    `PythonRolloutRunner`); [] when its environment cannot draw itself."""
+    `PythonRolloutRunner`); [] when its environment cannot draw itself. An episode in
+    segments replays from its start: give it joined (`data.trajectory.joined_episode`)
+    or its first segment, whose frames are the episode's first part."""
+    if traj.segment > 0:  # its first turn answers a state the replay never reaches
+        raise ValueError(f"trajectory {traj.traj_id} is segment {traj.segment} of its "
+                         "episode: replay the joined episode (joined_episode) instead")
     return runner.replay_frames(traj)
 
 

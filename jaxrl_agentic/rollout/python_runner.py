@@ -59,6 +59,7 @@ from jaxrl_agentic.envs.python_env import PyStep, PythonEnvFactory, PythonTextEn
 from jaxrl_agentic.envs.tools import tool_episode_metrics
 from jaxrl_agentic.rollout.conversation import ChatFormatter
 from jaxrl_agentic.rollout.groups import EpisodeSpec
+from jaxrl_agentic.rollout.history import FULL, HistoryPolicy
 from jaxrl_agentic.rollout.loop import EpisodeRunnerBase
 from jaxrl_agentic.rollout.turns import EnvOutcome, GenerationConfig
 from jaxrl_agentic.runtime import timing
@@ -94,10 +95,12 @@ class PythonRolloutRunner(EpisodeRunnerBase):
         batching: str = "turn",
         slots: int = 0,
         decode_chunk: int = 8,
+        history: HistoryPolicy = FULL,
     ):
         self._settings(sampler, formatter, tag=tag, max_turns=max_turns,
                        max_input_length=max_input_length, generation=generation,
-                       batching=batching, slots=slots, decode_chunk=decode_chunk)
+                       batching=batching, slots=slots, decode_chunk=decode_chunk,
+                       history=history)
         if not callable(env_factory):
             raise TypeError(f"env_factory must be callable (spec, run_seed) -> PythonTextEnv, "
                             f"got {type(env_factory).__name__}")
@@ -195,6 +198,12 @@ class PythonEpisodes:
             return {i: self.runner.formatter.first_prompt(text, tools=self.envs[i].tool_schemas)
                     for i, text in sorted(self._texts.items())}
 
+    def first_messages(self) -> dict[int, tuple[list[dict], list[dict] | None]]:
+        """{episode: ([its first user message], its tool schemas or None)}, for the same
+        episodes as `first_prompts`."""
+        return {i: ([{"role": "user", "content": text}], self.envs[i].tool_schemas or None)
+                for i, text in sorted(self._texts.items())}
+
     def max_steps(self, episode: int) -> int:
         return self.envs[episode].max_steps_in_episode
 
@@ -224,7 +233,8 @@ class PythonEpisodes:
                           state_hash=self.hashes[episode])
             self.hashes[episode] = next_hash
             outcomes.append((episode, EnvOutcome(
-                fields, step.terminated, late, functools.partial(self._next_prompt, step))))
+                fields, step.terminated, late, functools.partial(self._next_prompt, step),
+                functools.partial(_next_messages, step))))
         return outcomes
 
     def _next_prompt(self, step: PyStep) -> list[int]:
@@ -278,6 +288,13 @@ class PythonEpisodes:
 # What a step that missed its deadline or raised records (see the module docstring).
 _TIMEOUT_STEP = PyStep(observation="", reward=0.0, terminated=False, action_is_valid=False,
                        action_is_effective=False, success=False, action=INVALID_ACTION)
+
+
+def _next_messages(step: PyStep) -> list[dict]:
+    """The messages the prompt after `step` renders: its tool results, else its observation."""
+    if step.tool_messages:
+        return [{"role": "tool", "content": m} for m in step.tool_messages]
+    return [{"role": "user", "content": step.observation}]
 
 
 def _start_episode(factory: PythonEnvFactory, spec: EpisodeSpec, run_seed: int):

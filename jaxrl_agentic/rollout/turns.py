@@ -50,6 +50,9 @@ class EnvOutcome(NamedTuple):
     done: bool  # the environment ended the episode
     timed_out: bool  # the step missed its deadline (the episode ends as truncated)
     next_prompt: Callable[[], list[int]]  # the next user message, tokenised
+    # The messages that prompt renders (one user message, or the tool messages), for a
+    # history policy's rewrite (`rollout/segments.py`); None for environments without.
+    next_messages: Callable[[], list[dict]] | None = None
 
 
 # ---- a turn of an episode -----------------------------------------------------------------
@@ -70,16 +73,18 @@ def turn_seed(sample_seed: int, turn_index: int) -> int:
 
 
 def record_turn(traj: Trajectory, reply: Reply, outcome: EnvOutcome, *, max_steps: int,
-                max_turns: int) -> bool:
+                max_turns: int, played_before: int = 0) -> bool:
     """Appends the turn and ends the episode if it should: a step past its deadline ends it
     as truncated, a terminal one as terminated, and `max_steps` environment steps or
-    `max_turns` turns as truncated. → whether it goes on."""
+    `max_turns` turns (`played_before` of them in the episode's earlier segments) as
+    truncated. → whether it goes on."""
     traj.turns.append(reply.turn(**outcome.fields))
+    played = played_before + len(traj.turns)
     if outcome.timed_out:
         traj.truncated = True
     elif outcome.done:
         traj.terminated = True
-    elif len(traj.turns) >= max_steps or len(traj.turns) >= max_turns:
+    elif played >= max_steps or played >= max_turns:
         traj.truncated = True
     else:
         return True
@@ -114,14 +119,14 @@ class Reply(NamedTuple):
                     reply=self.reply, versions=self.versions, **env_fields)
 
 
-def append_prompts(trajs: list[Trajectory], session: SamplerSession,
-                   pending: dict[int, list[int]], active: np.ndarray,
-                   max_input_length: int) -> list[int]:
-    """`append_prompt` for each active episode (session row = episode index); those whose
-    prompt would not fit are no longer active. → rows that go on."""
+def append_prompts(segments, session: SamplerSession, pending: dict[int, list[int]],
+                   active: np.ndarray, max_input_length: int) -> list[int]:
+    """`EpisodeSegments.append_prompt` for each active episode (session row = episode
+    index); those whose prompt would not fit, rewritten or not, are no longer active.
+    → rows that go on."""
     rows = []
     for i in map(int, np.flatnonzero(active)):
-        if append_prompt(trajs[i], session, i, pending.pop(i), max_input_length):
+        if segments.append_prompt(i, session, i, pending.pop(i), max_input_length):
             rows.append(i)
         else:
             active[i] = False
@@ -143,9 +148,11 @@ def append_prompt(traj: Trajectory, session: SamplerSession, row: int, ids: list
 
 
 def generate_replies(session: SamplerSession, rows: list[int], trajs: list[Trajectory],
-                     formatter, gen: GenerationConfig, *, params, seed: int) -> dict[int, Reply]:
+                     formatter, gen: GenerationConfig, *, params, seed: int,
+                     row_seeds: list[int] | None = None) -> dict[int, Reply]:
     """One batched generation for `rows`; each reply is appended to its stream, and one that
-    stopped without EOS is closed with an EOS the model did not generate (loss mask 0)."""
+    stopped without EOS is closed with an EOS the model did not generate (loss mask 0).
+    Row r's noise is keyed by `row_seeds[r]` (default: its trajectory's id)."""
     out = session.generate(
         rows,
         max_new_tokens=gen.max_tokens_per_step,
@@ -158,7 +165,7 @@ def generate_replies(session: SamplerSession, rows: list[int], trajs: list[Traje
         params=params,
         # Noise keyed by episode id: the same episode samples the same reply in any batch
         # and on any process.
-        row_seeds=[t.traj_id for t in trajs],
+        row_seeds=row_seeds or [t.traj_id for t in trajs],
     )
     return {row: close_reply(session, row, trajs[row], ids, logprobs, reason, formatter)
             for row, ids, logprobs, reason in zip(rows, out.tokens, out.logprobs,
