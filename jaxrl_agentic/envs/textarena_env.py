@@ -52,7 +52,13 @@ from jaxrl_agentic.envs import thread_random
 from jaxrl_agentic.envs.base import INVALID_ACTION
 from jaxrl_agentic.envs.python_env import PyStep, PythonTextEnv, text_state_hash
 from jaxrl_agentic.envs.registry import register_prefix
-from jaxrl_agentic.envs.textarena_source import PREFIX, entry_source, import_textarena, unwrap
+from jaxrl_agentic.envs.textarena_source import (
+    PREFIX,
+    entry_source,
+    import_textarena,
+    new_game,
+    unwrap,
+)
 
 # When the game states no turn limit: steps before the runner ends the episode.
 DEFAULT_MAX_STEPS = 100
@@ -175,13 +181,9 @@ class TextArenaEnv(PythonTextEnv):
         thread_random.install()
 
     def reset(self, seed: int) -> str:
-        seed = int(seed)
-        self._rng = thread_random.States(seed)
+        self._rng, self.game, self.base = new_game(self.ta, self.env_id, self.game_kwargs,
+                                                   int(seed), 1)
         with thread_random.own_states(self._rng):
-            # Made here, seeded: some games draw from `random` in their constructor.
-            self.game = self.ta.make(self.env_id, **self.game_kwargs)
-            self.base = unwrap(self.game)
-            self.game.reset(num_players=1, seed=seed)
             _, messages = self.base.get_observation()
         self._done = False
         text = _render(self.ta, self.base.state, messages)

@@ -48,7 +48,12 @@ from typing import Any
 from jaxrl_agentic.envs import thread_random
 from jaxrl_agentic.envs.base import INVALID_ACTION
 from jaxrl_agentic.envs.python_env import PyStep, PythonTextEnv, text_state_hash
-from jaxrl_agentic.envs.textarena_source import PREFIX, entry_source, import_textarena, unwrap
+from jaxrl_agentic.envs.textarena_source import (
+    PREFIX,
+    entry_source,
+    import_textarena,
+    new_game,
+)
 
 SEAT_KINDS = ("policy", "random")
 NUM_SEATS = 2
@@ -157,12 +162,8 @@ class TextArenaMatch(PythonTextEnv):
     # ---- the game, seat by seat (rollout/seats.py) -------------------------------------------
     def start(self, seed: int) -> None:
         """TextArena's game `seed`; random seats play until a policy seat is to move."""
-        seed = int(seed)
-        self._rng = thread_random.States(seed)
-        with thread_random.own_states(self._rng):
-            self.game = self.ta.make(self.env_id, **self.game_kwargs)
-            self.base = unwrap(self.game)
-            self.game.reset(num_players=NUM_SEATS, seed=seed)
+        self._rng, self.game, self.base = new_game(self.ta, self.env_id, self.game_kwargs,
+                                                   int(seed), NUM_SEATS)
         self._seen = {i: [] for i in range(NUM_SEATS)}
         self.invalid_moves = [0] * NUM_SEATS
         self.opponent_moves = self.opponent_fallbacks = 0

@@ -1,12 +1,14 @@
 """What both TextArena adapters read from the installed package: the package itself (one
-clear error without it), a game module's source text without importing it, and the game
-under TextArena's wrappers (`textarena_env.py`: single-player games; `textarena_games.py`:
-two-player ones)."""
+clear error without it), a game module's source text without importing it, a new seeded
+game and the game under TextArena's wrappers (`textarena_env.py`: single-player games;
+`textarena_games.py`: two-player ones)."""
 
 from __future__ import annotations
 
 import inspect
 import os
+
+from jaxrl_agentic.envs import thread_random
 
 PREFIX = "textarena:"
 
@@ -37,6 +39,17 @@ def entry_source(ta, entry_point) -> str:
             with open(candidate, encoding="utf-8") as f:
                 return f.read()
     return ""
+
+
+def new_game(ta, env_id: str, game_kwargs: dict, seed: int, num_players: int):
+    """(random states, game, the game under its wrappers): game ``seed`` of ``env_id``, made
+    and reset under its own random states (``thread_random``). Made here, seeded: some
+    games draw from ``random`` in their constructor."""
+    rng = thread_random.States(seed)
+    with thread_random.own_states(rng):
+        game = ta.make(env_id, **game_kwargs)
+        game.reset(num_players=num_players, seed=seed)
+    return rng, game, unwrap(game)
 
 
 def unwrap(game):
