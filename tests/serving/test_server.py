@@ -13,12 +13,10 @@ import pytest
 
 from jaxrl_agentic.envs.outside_agent import outside_agent_factory
 from jaxrl_agentic.envs.tools import format_tool_call
-from jaxrl_agentic.models import load_pretrained
 from jaxrl_agentic.rollout.conversation import ChatFormatter
 from jaxrl_agentic.rollout.groups import EpisodeSpec
 from jaxrl_agentic.rollout.turns import GenerationConfig, turn_seed
-from jaxrl_agentic.sampling import Sampler
-from jaxrl_agentic.serving import AgentRolloutRunner, AgentServer
+from jaxrl_agentic.serving import AgentRolloutRunner
 from jaxrl_agentic.warmup import ScriptedSampler
 
 pytest.importorskip("aiohttp")
@@ -37,19 +35,6 @@ def post(url, body, key=None, raw=None):
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = AgentServer().start()
-    yield s
-    s.close()
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_model_dir):
-    model, tok = load_pretrained(tiny_model_dir)
-    return Sampler(model, tok, max_total_len=256, precompile_slots=False), tok
 
 
 def runner(sampler, tokenizer, server, agent, *, tasks=("a",), slots=0, max_turns=6):
