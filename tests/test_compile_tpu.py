@@ -76,7 +76,7 @@ def test_cpu_topology_prints_one_json_line_per_program():
         assert program[key] >= 0
     assert program["output_bytes"] == 64 * 512 * 4 // 8  # fp32 logprobs, rows over 8
     assert set(program["collectives"]) >= {"all-gather", "all-reduce", "reduce-scatter"}
-    assert total["mesh"] == {"data": 4, "fsdp": 2, "tensor": 1}
+    assert total["mesh"] == {"data": 4, "fsdp": 2, "tensor": 1, "context": 1}
     assert total["chips"] == 8 and total["fits"] is True
     cfg = _tiny_recipe_model()
     assert total["param_bytes"] == _per_chip_param_bytes(cfg, 2)
