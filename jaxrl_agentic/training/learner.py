@@ -24,6 +24,11 @@ kernels see ``B · loss_slots`` positions instead of ``B · T``. Every other pos
 loss weight 0, so the sums are unchanged; logprobs are returned scattered back to ``[B, T]``
 (0 off the loss positions).
 
+**Context parallelism.** On a mesh whose ``context`` axis has C > 1 devices, every
+per-token input above is computed in packed order first (so the shift and the reductions
+never meet a split); then the rows are laid out in zigzag order over the axis, and the
+loss slots are each device's own (``context_rows``; ``forward_at_loss``).
+
 **Reference policy.** ``TrainState.ref_params`` is a frozen copy of the initial parameters,
 kept only when the KL coefficient can be non-zero; it feeds :func:`make_compute_logprobs`.
 """
