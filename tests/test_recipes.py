@@ -13,8 +13,10 @@ from tests.test_train import RECIPES, check_outputs, tiny_overrides
 # (their runs are in docs/benchmarks.md); at tiny size they would repeat those two runs, so
 # their configs are validated below instead.
 REAL_MODEL_RECIPES = ("smollm2_frozen_lake", "smollm2_tool_calculator")
+# The long-horizon recipe runs once, below, with episodes long enough to outgrow the context.
 TINY_RUNS = [r for r in RECIPES
-             if r not in ("frozen_lake", "tool_multistep", *REAL_MODEL_RECIPES)]
+             if r not in ("frozen_lake", "tool_multistep", "tiny_long_frozen_lake",
+                          *REAL_MODEL_RECIPES)]
 # The distillation recipe's teacher is a run of configs/frozen_lake.py; at tiny size the
 # tiny model stands in (a run's directory as the teacher: tests/pipeline/test_distillation.py).
 STAND_INS = {"tiny_distill_frozen_lake": ["--config.teacher.pretrain=tiny"]}
@@ -64,3 +66,19 @@ def test_recipe_runs_at_tiny_size(recipe, tmp_path):
         for key in ("env/tool/calls", "env/tool/calls_per_episode", "eval/tool/calls",
                     "render/skipped"):
             assert key in records[-1], key
+
+
+def test_the_long_horizon_recipe_continues_episodes_past_the_context(tmp_path):
+    """configs/tiny_long_frozen_lake.py at tiny size with 6 turns: the whole history of an
+    episode outgrows the 512-token context after 3 turns (a redrawn 8×8 board is ~120
+    tokens), so its window policy continues the episodes as new samples, end to end."""
+    out = str(tmp_path / "long")
+    args = [a.replace(".max_turns=2", ".max_turns=6")
+            for a in tiny_overrides("tiny_long_frozen_lake", out)]
+    assert train.main(["train", *args]) == 0
+    records = check_outputs(out, 2)
+    for r in records:
+        assert r["rollout/history_rewrites"] > 0 and r["rollout/samples_per_episode"] > 1
+        assert r["rollout/history_tokens_dropped"] > 0 and r["env/truncated_by_length"] == 0
+        assert r["env/num_turns"] > 3  # more than the full history holds
+    assert records[-1]["eval/samples_per_episode"] > 1
