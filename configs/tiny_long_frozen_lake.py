@@ -15,6 +15,14 @@ the episode goes on as a new sample from that window (~266 tokens), about every 
 so each episode trains as ~8 samples, and its group statistics count it once
 (docs/algorithms.md, "Episodes in segments"). `--config.custom_envs.frozen_lake.history=full`
 is the comparison: docs/configuration.md.
+
+Measured (2026-12-02, 2-core AMD EPYC dev machine, one core, 10 steps of 4 maps × 4, the
+same 40-step warm-up, 16 held-out maps; `--config.max_steps=10 --config.eval_steps=5
+--config.eval_before_training=True --config.train_env_manager.num_env_groups=4
+--config.val_env_manager.num_env_groups=16 --config.mesh.cpu_devices=1`): before training,
+window:1 solved 3 of 16 held-out maps in 10.8 turns on average (3.75 samples an episode,
+none cut), full history 2 of 16 in 3.1 turns (half the episodes cut by length); after 10
+steps both solved 0 of 16. Ten steps show the mechanism, not learning: that needs a longer run.
 """
 
 import os

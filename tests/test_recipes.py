@@ -81,4 +81,6 @@ def test_the_long_horizon_recipe_continues_episodes_past_the_context(tmp_path):
         assert r["rollout/history_rewrites"] > 0 and r["rollout/samples_per_episode"] > 1
         assert r["rollout/history_tokens_dropped"] > 0 and r["env/truncated_by_length"] == 0
         assert r["env/num_turns"] > 3  # more than the full history holds
+        # The re-prefilled rows sample what the learner recomputes on the new streams.
+        assert r["rollout/logprob_mismatch"] < 1e-2
     assert records[-1]["eval/samples_per_episode"] > 1
