@@ -61,15 +61,14 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "bench"))
-import bench_vs_trl as bench  # noqa: E402  (scripts/bench is not a package)
-import common  # noqa: E402
+import common  # noqa: E402  (scripts/bench is not a package)
+import vs_trl_protocol as protocol  # noqa: E402
 
 SIDES = ("ours", "trl")
 EVAL_SEED_OFFSET = 1000
@@ -128,7 +127,7 @@ def _unique(id_lists) -> list[list[int]]:
 
 
 def _eval_result(replies, answers, seconds: float) -> dict:
-    scores = [bench.contains_answer(r, a) for r, a in zip(replies, answers, strict=True)]
+    scores = [protocol.contains_answer(r, a) for r, a in zip(replies, answers, strict=True)]
     return {"accuracy": sum(scores) / len(scores), "eval_s": seconds,
             "mean_reply_chars": sum(map(len, replies)) / len(replies),
             "examples": [r[:60] for r in replies[:3]]}
@@ -140,18 +139,12 @@ def _eval_result(replies, answers, seconds: float) -> dict:
 def _ours_worker(spec: dict) -> None:
     common.configure(argv=[])  # JAX_PLATFORMS=cpu unless set: before jax is imported
     import numpy as np
-    from flax import nnx
 
     sys.path.insert(0, common.ROOT)
-    from jaxrl_agentic.algos.advantages import grpo
-    from jaxrl_agentic.config import default_config, env_spec
-    from jaxrl_agentic.data import Sample
     from jaxrl_agentic.models import load_pretrained
     from jaxrl_agentic.rollout.conversation import ChatFormatter
-    from jaxrl_agentic.run_config import learner_config
     from jaxrl_agentic.runtime.compile_events import CompileEvents
     from jaxrl_agentic.sampling import Sampler
-    from jaxrl_agentic.training.learner import Learner
 
     stream, evals = spec["stream"], spec["eval"]
     group, new_tokens, micro, n_prompts = (spec["group"], spec["new_tokens"],
@@ -162,24 +155,15 @@ def _ours_worker(spec: dict) -> None:
     longest_prompt = max(max(len(formatter.first_prompt(t)) for t, _ in stream),
                          max(map(len, eval_ids)))
     longest = longest_prompt + new_tokens
-    row = -(-micro * longest // 128) * 128
-    c = default_config()  # the trainer's defaults, then bench_vs_trl's settings
-    c.learning_rate, c.lr_scheduler_type, c.warmup_steps = spec["lr"], "constant", 0
-    c.mini_batch_size, c.ppo_epochs = n_prompts * group, 1
-    c.init_kl_coef, c.entropy_loss_coef, c.loss_reduction, c.pg_clip = 0.0, 0.0, "token_mean", 0.2
-    c.weight_decay, c.max_grad_norm, c.seed = 0.0, 1.0, spec["seed"]
-    c.sequence_length = c.micro_batch_max_tokens = row
-    c.micro_batch_max_loss_tokens = min(row, -(-micro * new_tokens // 64) * 64)
-    c.custom_envs = {"arith": env_spec("arith", max_turns=1, max_tokens_per_step=new_tokens)}
-    c.share_group_prefix = True  # tree packing, as the SmolLM2 recipes and the bench train
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    graphdef, params = nnx.split(model)
-    learner = Learner(graphdef, params, learner_config(c, pad_id))
+    learner, _ = protocol.grpo_learner(
+        model, tokenizer, lr=spec["lr"], completions=n_prompts * group, group=group,
+        micro=micro, prompt_len=longest_prompt, new_tokens=new_tokens, seed=spec["seed"],
+        tree_packing=True)  # as the SmolLM2 recipes and the bench train
     # The tokenizer's EOS ends a reply (eos_token_id=None: the sampler reads it).
     sampler = Sampler(model, tokenizer, max_total_len=-(-(longest + 1) // 64) * 64)
     sampler.set_params(None)  # the learner owns the params, as in the pipeline
     sampler.share_prompt_prefill = True
-    del model, params
+    del model
 
     def step(index: int) -> dict:
         t0 = time.perf_counter()
@@ -188,17 +172,9 @@ def _ours_worker(spec: dict) -> None:
         out = sampler.generate(prompt_ids, max_new_tokens=new_tokens, temperature=1.0,
                                top_p=1.0, top_k=0, num_return_sequences=group,
                                seed=spec["seed"] + index, params=learner.params)
-        rewards = [bench.contains_answer(formatter.decode_reply(ids), batch[k // group][1])
+        rewards = [protocol.contains_answer(formatter.decode_reply(ids), batch[k // group][1])
                    for k, ids in enumerate(out.tokens)]
-        advantages = grpo(rewards, [k // group for k in range(len(rewards))], use_std=True)
-        samples = []
-        for k, (ids, logprobs) in enumerate(zip(out.tokens, out.logprobs, strict=True)):
-            prompt = prompt_ids[k // group]
-            mask = np.r_[np.zeros(len(prompt)), np.ones(len(ids))].astype(np.float32)
-            samples.append(Sample(
-                tokens=list(prompt) + list(ids), loss_mask=mask,
-                old_logprobs=np.r_[np.zeros(len(prompt)), logprobs],
-                advantages=mask * advantages[k], traj_id=k, prompt_len=len(prompt)))
+        samples = protocol.grpo_samples(prompt_ids, out, rewards, group)
         metrics = learner.step(samples, [spec["lr"]])
         if metrics["optim/nonfinite_updates"]:
             raise RuntimeError("Learner.step skipped a non-finite update")
@@ -216,16 +192,16 @@ def _ours_worker(spec: dict) -> None:
         return {**_eval_result(replies, [a for _, a in evals], time.perf_counter() - t0),
                 "prompts": _digest(eval_ids)}
 
-    bench._emit({"ready": True})
+    protocol.emit({"ready": True})
     index = 0
     with CompileEvents() as compiles:
-        while (command := bench._command()) != "stop":
+        while (command := protocol.command()) != "stop":
             if command == "step":
-                bench._emit(step(index))
+                protocol.emit(step(index))
                 index += 1
             else:
-                bench._emit(evaluate())
-        bench._emit({"compiles": len(compiles.since(0, "compile")), **bench._rss_mb()})
+                protocol.emit(evaluate())
+        protocol.emit({"compiles": len(compiles.since(0, "compile")), **protocol.rss_mb()})
 
 
 def _trl_worker(spec: dict) -> None:
@@ -245,7 +221,7 @@ def _trl_worker(spec: dict) -> None:
     rewards_seen = []
 
     def contains_answer_reward(completions, answer, **_):
-        scores = [bench.contains_answer(c[0]["content"], a)
+        scores = [protocol.contains_answer(c[0]["content"], a)
                   for c, a in zip(completions, answer, strict=True)]
         rewards_seen.extend(scores)
         return scores
@@ -316,12 +292,12 @@ def _trl_worker(spec: dict) -> None:
 
     def serve() -> None:
         """Answers eval commands until one asks for a step; ends the process on "stop"."""
-        while (command := bench._command()) != "step":
+        while (command := protocol.command()) != "step":
             if command == "stop":
-                bench._emit({"compiles": None, **bench._rss_mb()})
+                protocol.emit({"compiles": None, **protocol.rss_mb()})
                 sys.__stdout__.flush()
                 os._exit(0)  # out of trainer.train() without its teardown
-            bench._emit(evaluate())
+            protocol.emit(evaluate())
 
     state = {"t0": 0.0}
 
@@ -334,17 +310,17 @@ def _trl_worker(spec: dict) -> None:
 
         def on_step_end(self, args, st, control, **kw):
             step_s = time.perf_counter() - state["t0"]
-            bench._emit({"step_s": step_s, "prompts": _digest(_unique(step_info["prompts"])),
+            protocol.emit({"step_s": step_s, "prompts": _digest(_unique(step_info["prompts"])),
                          "reward_mean": sum(rewards_seen) / max(1, len(rewards_seen)),
                          "reply_tokens": step_info["tokens"] / max(1, step_info["completions"]),
                          "trained_tokens": step_info["trained"], "updates": 1})
 
     trainer.add_callback(Steps())
-    bench._emit({"ready": True})
+    protocol.emit({"ready": True})
     trainer.train()
     while True:  # the stream is used up: evals still answered, steps refused
         serve()
-        bench._emit({"error": "the training stream is used up (raise --max-steps)"})
+        protocol.emit({"error": "the training stream is used up (raise --max-steps)"})
 
 
 def _worker(args) -> None:
@@ -356,30 +332,11 @@ def _worker(args) -> None:
 # ----------------------------------------------------------------------------- parent
 
 
-class Worker(bench.Worker):
-    """bench_vs_trl's worker protocol, running this script's workers."""
-
-    def __init__(self, side: str, spec_path: str):  # noqa: D107  (the base's, another file)
-        env = dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"),
-                   HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-                   TOKENIZERS_PARALLELISM="false")
-        self.side = side
-        self.proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--worker", side, "--spec", spec_path],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-
-    def close(self) -> dict:
-        final = self.ask("stop")
-        self.proc.stdin.close()
-        self.proc.wait(timeout=120)
-        return final
-
-
 def training_stream(n: int, seed: int, held_out: set[str]) -> list[tuple[str, int]]:
     """`n` problems of `make_prompts`' seed `seed`, skipping those whose text is held out."""
     out, size = [], n
     while len(out) < n:
-        out = [p for p in bench.make_prompts(size, seed) if p[0] not in held_out][:n]
+        out = [p for p in protocol.make_prompts(size, seed) if p[0] not in held_out][:n]
         size += n - len(out)
     return out
 
@@ -421,13 +378,13 @@ def main(argv=None) -> dict:
 
     load_before = os.getloadavg()[0]
     cores = sorted(os.sched_getaffinity(0))
-    evals = bench.make_prompts(args.eval_prompts, args.seed + EVAL_SEED_OFFSET)
+    evals = protocol.make_prompts(args.eval_prompts, args.seed + EVAL_SEED_OFFSET)
     stream = training_stream(args.max_steps * args.prompts, args.seed, {t for t, _ in evals})
     budget = args.minutes * 60.0
     with tempfile.TemporaryDirectory(prefix="learning_vs_trl_") as tmp:
         model_dir = hf_directory(args.model)
         if args.layers:
-            model_dir = bench.truncated_copy(model_dir, args.layers, os.path.join(tmp, "model"))
+            model_dir = protocol.truncated_copy(model_dir, args.layers, os.path.join(tmp, "model"))
         spec = {"model_dir": model_dir, "stream": stream, "eval": evals,
                 "prompts": args.prompts, "group": args.group, "new_tokens": args.new_tokens,
                 "micro_batch": args.micro_batch, "lr": args.lr, "seed": args.seed,
@@ -453,7 +410,7 @@ def main(argv=None) -> dict:
         try:
             for side in SIDES:  # one at a time: loading does not overlap
                 print(f"starting the {side} worker", file=sys.stderr, flush=True)
-                workers[side] = Worker(side, spec_path)
+                workers[side] = protocol.Worker(side, spec_path, __file__)
                 workers[side].read()
             for side in SIDES:
                 evaluate(side)

@@ -78,18 +78,25 @@ import collections
 import json
 import math
 import os
-import random
-import re
-import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 import common
+from vs_trl_protocol import (
+    Worker,
+    command,
+    contains_answer,
+    emit,
+    grpo_learner,
+    grpo_samples,
+    make_prompts,
+    rss_mb,
+    truncated_copy,
+    version,
+)
 
-MARK = "@@bench "  # a worker's result lines; anything else it prints goes to stderr
 PHASES = ("generate", "rollout_other", "logprob", "train")
 TRL_PHASES = ("loss_forward", "backward", "clip", "optimizer")
 
@@ -137,89 +144,19 @@ def _parse_args(argv=None):
     return args
 
 
-def contains_answer(reply: str, answer: int) -> float:
-    """1.0 if an integer in `reply` (commas between digits ignored) equals `answer`."""
-    numbers = re.findall(r"-?\d+", re.sub(r"(?<=\d),(?=\d{3})", "", reply))
-    return float(any(int(n) == answer for n in numbers))
-
-
-def make_prompts(n: int, seed: int) -> list[tuple[str, int]]:
-    """(user message, answer) of `n` one-operation calculator problems."""
-    from jaxrl_agentic.envs.calculator import make_problem
-
-    out = []
-    for i in range(n):
-        text, _, answer = make_problem(random.Random(f"bench_vs_trl:{seed}:{i}"), 1,
-                                       "two_digit")
-        out.append((f"{text} Reply with the number only.", answer))
-    return out
-
-
-def truncated_copy(src: str, layers: int, dst: str) -> str:
-    """`src` with only its first `layers` decoder layers, saved to `dst` (model + tokenizer);
-    `src` itself when it has no more layers than that."""
-    import torch
-    import transformers
-
-    cfg = transformers.AutoConfig.from_pretrained(src)
-    if layers >= cfg.num_hidden_layers:
-        return src
-    cfg.num_hidden_layers = layers
-    if getattr(cfg, "layer_types", None):
-        cfg.layer_types = cfg.layer_types[:layers]
-    model = transformers.AutoModelForCausalLM.from_pretrained(src, config=cfg,
-                                                              dtype=torch.float32)
-    model.save_pretrained(dst)
-    transformers.AutoTokenizer.from_pretrained(src).save_pretrained(dst)
-    return dst
-
-
 # ----------------------------------------------------------------------------- workers
-
-
-def _emit(obj) -> None:
-    sys.__stdout__.write(MARK + json.dumps(obj) + "\n")
-    sys.__stdout__.flush()
-
-
-def _command() -> str:
-    line = sys.stdin.readline()
-    return line.strip() if line else "stop"
-
-
-def _rss_mb() -> dict:
-    """Peak RSS of this process so far (ru_maxrss) and its current RSS, in MiB."""
-    with open("/proc/self/statm") as f:
-        current = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-    return {"peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-            "rss_mb": round(current, 1)}
-
-
-def _version(name: str) -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return "missing"
 
 
 def _ours_worker(spec: dict) -> None:
     common.configure(argv=[])  # JAX_PLATFORMS=cpu unless set: before jax is imported
     import jax
     import numpy as np
-    from flax import nnx
 
     sys.path.insert(0, common.ROOT)
-    from jaxrl_agentic.algos.advantages import grpo
-    from jaxrl_agentic.config import default_config, env_spec
-    from jaxrl_agentic.data import Sample
     from jaxrl_agentic.models import load_pretrained
     from jaxrl_agentic.rollout.conversation import ChatFormatter
-    from jaxrl_agentic.run_config import learner_config
     from jaxrl_agentic.runtime.compile_events import CompileEvents
     from jaxrl_agentic.sampling import Sampler
-    from jaxrl_agentic.training.learner import Learner
 
     start = time.perf_counter()
     texts, answers = zip(*spec["prompts"], strict=True)
@@ -229,35 +166,20 @@ def _ours_worker(spec: dict) -> None:
     formatter = ChatFormatter(tokenizer)
     prompt_len = max(len(formatter.first_prompt(t)) for t in texts)
     longest = prompt_len + new_tokens
-    # A row holds one micro-batch: `micro` samples, or with tree packing the prompts of the
-    # groups they belong to once and their `micro` completions.
-    need = (-(-micro // group) * prompt_len + micro * new_tokens if spec["tree_packing"]
-            else micro * longest)
-    row = -(-need // 128) * 128
-    c = default_config()  # the trainer's defaults, then this benchmark's settings
-    c.learning_rate, c.lr_scheduler_type, c.warmup_steps = spec["lr"], "constant", 0
-    c.mini_batch_size, c.ppo_epochs = len(texts) * group, 1
-    c.init_kl_coef, c.entropy_loss_coef, c.loss_reduction, c.pg_clip = 0.0, 0.0, "token_mean", 0.2
-    c.weight_decay, c.max_grad_norm, c.seed = 0.0, 1.0, spec["seed"]
-    c.sequence_length = c.micro_batch_max_tokens = row
-    c.micro_batch_max_loss_tokens = min(row, -(-micro * new_tokens // 64) * 64)
-    c.custom_envs = {"arith": env_spec("arith", max_turns=1, max_tokens_per_step=new_tokens)}
-    # Tree packing, as the SmolLM2 recipes train: a group's prompt is computed once per row
-    # (exact: data/tree_packing.py), and prefilled once for its members (`copy_rows`).
-    c.share_group_prefix = spec["tree_packing"]
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    cfg = learner_config(c, pad_id)
-    graphdef, params = nnx.split(model)
-    learner = Learner(graphdef, params, cfg)
+    learner, row = grpo_learner(
+        model, tokenizer, lr=spec["lr"], completions=len(texts) * group, group=group,
+        micro=micro, prompt_len=prompt_len, new_tokens=new_tokens, seed=spec["seed"],
+        tree_packing=spec["tree_packing"])
+    cfg = learner.config
     sampler = Sampler(model, tokenizer, max_total_len=-(-(longest + 1) // 64) * 64,
                       eos_token_id=-1)  # no id stops a row: every reply is new_tokens long
     sampler.set_params(None)  # the learner owns the params, as in the pipeline
     sampler.share_prompt_prefill = spec["tree_packing"]  # as Pipeline sets it
-    n_params = int(sum(x.size for x in jax.tree.leaves(params)))
+    n_params = int(sum(x.size for x in jax.tree.leaves(learner.params)))
     layers = model.cfg.num_hidden_layers
-    del model, params
+    del model
     load_s = time.perf_counter() - start
-    loaded_rss = _rss_mb()["rss_mb"]
+    loaded_rss = rss_mb()["rss_mb"]
 
     times = collections.defaultdict(float)
 
@@ -290,15 +212,7 @@ def _ours_worker(spec: dict) -> None:
         t2 = time.perf_counter()
         rewards = [contains_answer(formatter.decode_reply(ids), answers[k // group])
                    for k, ids in enumerate(out.tokens)]
-        advantages = grpo(rewards, [k // group for k in range(len(rewards))], use_std=True)
-        samples = []
-        for k, (ids, logprobs) in enumerate(zip(out.tokens, out.logprobs, strict=True)):
-            prompt = prompt_ids[k // group]
-            mask = np.r_[np.zeros(len(prompt)), np.ones(len(ids))].astype(np.float32)
-            samples.append(Sample(
-                tokens=list(prompt) + list(ids), loss_mask=mask,
-                old_logprobs=np.r_[np.zeros(len(prompt)), logprobs],
-                advantages=mask * advantages[k], traj_id=k, prompt_len=len(prompt)))
+        samples = grpo_samples(prompt_ids, out, rewards, group)
         t3 = time.perf_counter()
         metrics = learner.step(samples, [spec["lr"]])
         t4 = time.perf_counter()
@@ -321,20 +235,21 @@ def _ours_worker(spec: dict) -> None:
         }
 
     warm = [step(i)["step_s"] for i in range(spec["warmup"])]
-    _emit({"ready": True, "load_s": load_s, "warmup_step_s": warm, "rss_after_load_mb": loaded_rss,
+    emit({"ready": True, "load_s": load_s, "warmup_step_s": warm, "rss_after_load_mb": loaded_rss,
            "prompt_ids": [formatter.first_prompt(t) for t in texts],
            "setup": {"params": n_params, "layers": layers, "row_len": row,
-                     "loss_slots": c.micro_batch_max_loss_tokens, "rows_bucket": c.rows_bucket,
+                     "loss_slots": cfg.packing.loss_slots_per_row,
+                     "rows_bucket": cfg.packing.rows_bucket,
                      "recompute_old_logprobs": cfg.recompute_old_logprobs,
                      "tree_packing": spec["tree_packing"],
                      "prefill_shared_tokens": sampler.stats["prefill_shared_tokens"]},
-           "versions": {k: _version(k) for k in ("jax", "flax", "transformers")}})
+           "versions": {k: version(k) for k in ("jax", "flax", "transformers")}})
     with CompileEvents() as compiles:
         index = spec["warmup"]
-        while _command() == "step":
-            _emit(step(index))
+        while command() == "step":
+            emit(step(index))
             index += 1
-    _emit({"compiles_after_warmup": len(compiles.since(0, "compile")), **_rss_mb()})
+    emit({"compiles_after_warmup": len(compiles.since(0, "compile")), **rss_mb()})
 
 
 def _trl_worker(spec: dict) -> None:
@@ -373,7 +288,7 @@ def _trl_worker(spec: dict) -> None:
     trainer = GRPOTrainer(model=spec["model_dir"], reward_funcs=contains_answer_reward,
                           args=args, train_dataset=dataset)
     load_s = time.perf_counter() - start
-    loaded_rss = _rss_mb()["rss_mb"]
+    loaded_rss = rss_mb()["rss_mb"]
 
     acc, info, seen_prompts = collections.defaultdict(float), collections.defaultdict(int), []
 
@@ -422,7 +337,7 @@ def _trl_worker(spec: dict) -> None:
     class Steps(transformers.TrainerCallback):
         def on_step_begin(self, args, st, control, **kw):
             if st.global_step == spec["warmup"]:
-                _emit({"ready": True, "load_s": load_s, "warmup_step_s": warm,
+                emit({"ready": True, "load_s": load_s, "warmup_step_s": warm,
                        "rss_after_load_mb": loaded_rss, "prompt_ids": seen_prompts,
                        "setup": {
                            "optim": str(getattr(args.optim, "value", args.optim)),
@@ -430,10 +345,10 @@ def _trl_worker(spec: dict) -> None:
                            "gradient_checkpointing": any(
                                getattr(m, "gradient_checkpointing", False)
                                for m in trainer.model.modules())},
-                       "versions": {k: _version(k) for k in (
+                       "versions": {k: version(k) for k in (
                            "trl", "transformers", "torch", "accelerate", "datasets")}})
             if st.global_step >= spec["warmup"]:
-                if _command() != "step":
+                if command() != "step":
                     raise SystemExit(0)
                 state["measured"] = True
             acc.clear()
@@ -454,16 +369,16 @@ def _trl_worker(spec: dict) -> None:
                 return
             backward = acc["training_step"] - acc["prepare_inputs"] - acc["loss_forward"]
             train = acc["loss_forward"] + backward + acc["clip"] + acc["optimizer"]
-            _emit({"step_s": step_s, "generate": acc["generate"], "logprob": 0.0,
+            emit({"step_s": step_s, "generate": acc["generate"], "logprob": 0.0,
                    "rollout_other": acc["prepare_inputs"] - acc["generate"], "train": train,
                    "backward": backward, **{k: acc[k] for k in ("loss_forward", "clip",
                                                                  "optimizer")}, **info})
 
     trainer.add_callback(Steps())
     trainer.train()
-    while _command() == "step":  # more steps asked for than were planned
-        _emit({"error": "no steps left"})
-    _emit({"compiles_after_warmup": None, **_rss_mb()})
+    while command() == "step":  # more steps asked for than were planned
+        emit({"error": "no steps left"})
+    emit({"compiles_after_warmup": None, **rss_mb()})
 
 
 def _worker(args) -> None:
@@ -475,38 +390,6 @@ def _worker(args) -> None:
 
 
 # ----------------------------------------------------------------------------- parent
-
-
-class Worker:
-    """One side's worker process: commands on its stdin, MARK lines back on its stdout."""
-
-    def __init__(self, side: str, spec_path: str):
-        env = dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"),
-                   HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-                   TOKENIZERS_PARALLELISM="false")
-        self.side = side
-        self.proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--worker", side, "--spec", spec_path],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-
-    def read(self) -> dict:
-        for line in self.proc.stdout:
-            if line.startswith(MARK):
-                return json.loads(line[len(MARK):])
-            sys.stderr.write(line)
-        raise SystemExit(f"the {self.side} worker ended (exit code {self.proc.wait()}) "
-                         "before answering; its log is above")
-
-    def ask(self, command: str) -> dict:
-        self.proc.stdin.write(command + "\n")
-        self.proc.stdin.flush()
-        return self.read()
-
-    def close(self) -> dict:
-        final = self.ask("stop")
-        self.proc.stdin.close()
-        self.proc.wait(timeout=120)
-        return final
 
 
 def _summary(args, spec, ready, rounds, finals, load_before) -> dict:
@@ -599,7 +482,7 @@ def main(argv=None) -> dict:
         try:
             for side in ("ours", "trl"):  # one at a time: warm-ups do not overlap
                 print(f"starting the {side} worker", file=sys.stderr, flush=True)
-                workers[side] = Worker(side, spec_path)
+                workers[side] = Worker(side, spec_path, __file__)
                 ready[side] = workers[side].read()
             rounds = {"ours": [], "trl": []}
             for i in range(args.steps):
