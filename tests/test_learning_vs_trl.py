@@ -13,7 +13,7 @@ def lvt():
 
 
 def test_the_stream_is_make_prompts_in_order_without_the_held_out_problems(lvt):
-    bench = lvt.bench
+    bench = lvt.protocol
     full = bench.make_prompts(12, 0)
     held_out = {full[3][0], full[7][0]}
     stream = lvt.training_stream(10, 0, held_out)
