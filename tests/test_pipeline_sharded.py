@@ -144,6 +144,10 @@ MESH_SCRIPT = textwrap.dedent("""
         params = [np.asarray(x) for x in jax.tree.leaves(pipe.learner.params)]
         if reference is None:
             reference = params
+            # The reference of the two-process run too (test_two_processes_match_one): the
+            # CLI evaluates after its last step, and keeps these parameters.
+            eval_metrics = pipe.evaluate()[0]
+            np.savez(sys.argv[4], *params)
             # |g_t| of every element at both steps, from the reference's Adam moments:
             # nu_1 = (1 - b2) g_1², nu_2 = b2 nu_1 + (1 - b2) g_2².
             g1 = [np.sqrt(n1 / (1 - b2)) for n1 in nus[0]]
@@ -158,6 +162,7 @@ MESH_SCRIPT = textwrap.dedent("""
         dev0 = jax.devices()[0]
         ids = lambda tree: sorted({d.id for x in jax.tree.leaves(tree) for d in x.devices()})
         report[label] = {
+            "eval": eval_metrics if label == "(1, 1, 1)" else {},
             "learner_devices": ids(pipe.learner.params),
             "sampler_devices": ids(pipe.sampler_params()),
             "metrics": metrics,
@@ -181,12 +186,16 @@ MESH_SCRIPT = textwrap.dedent("""
 def mesh_report(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("mesh"))
     env = dict(_env(), XLA_FLAGS=f"{LAYOUT_XLA_FLAGS} --xla_force_host_platform_device_count=8")
+    params = os.path.join(out, "one_device_params.npz")
     proc = subprocess.run([sys.executable, "-c", MESH_SCRIPT, json.dumps(small_overrides(out)),
-                           str(ROUNDING_DECIDED), str(ATOL)],
+                           str(ROUNDING_DECIDED), str(ATOL), params],
                           capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = [x for x in proc.stdout.splitlines() if x.startswith("REPORT ")][-1]
-    return json.loads(line[len("REPORT "):])
+    report = json.loads(line[len("REPORT "):])
+    with np.load(params) as f:
+        report["(1, 1, 1)"]["params"] = [f[f"arr_{i}"] for i in range(len(f.files))]
+    return report
 
 
 @pytest.mark.parametrize("shape", ["(8, 1, 1) continuous", "(2, 2, 2)", "split"])
@@ -240,15 +249,16 @@ def _params_at(checkpoints: str, step: int) -> list[np.ndarray]:
     return [np.asarray(x) for x in jax.tree.leaves(restored["learner"]["params"])]
 
 
-def test_two_processes_match_one(tmp_path):
-    single, multi = str(tmp_path / "single"), str(tmp_path / "multi")
+def test_two_processes_match_one(mesh_report, tmp_path):
+    """Two `jax.distributed` processes (a CLI run each) against the one-device run of
+    `mesh_report`, which has the same overrides and compile flags: the metrics of both steps
+    and the final eval, and the parameters of the checkpoint the two wrote together."""
+    multi = str(tmp_path / "multi")
     port = _free_port()
-    runs = [small_overrides(single)]  # the reference, with the same compile flags
-    for rank in range(2):
-        runs.append([*small_overrides(multi), "--config.distributed.enabled=True",
-                     f"--config.distributed.coordinator_address=127.0.0.1:{port}",
-                     "--config.distributed.num_processes=2",
-                     f"--config.distributed.process_id={rank}"])
+    runs = [[*small_overrides(multi), "--config.distributed.enabled=True",
+             f"--config.distributed.coordinator_address=127.0.0.1:{port}",
+             "--config.distributed.num_processes=2",
+             f"--config.distributed.process_id={rank}"] for rank in range(2)]
     procs = [subprocess.Popen([sys.executable, "-m", "jaxrl_agentic.train", *args], cwd=ROOT,
                               env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True) for args in runs]
@@ -260,18 +270,21 @@ def test_two_processes_match_one(tmp_path):
     for rank, (p, log) in enumerate(zip(procs, logs, strict=True)):
         assert p.returncode == 0, f"run {rank}:\n{log[-3000:]}"
     # Only process 0 of the two logs: one metrics line per step, not two.
-    assert "step 2:" in logs[1] and "step 2:" not in logs[2]
+    assert "step 2:" in logs[0] and "step 2:" not in logs[1]
 
-    def metrics(out):
-        with open(os.path.join(out, "metrics.jsonl")) as f:
-            return [json.loads(line) for line in f]
-
-    want, got = metrics(single), metrics(multi)
-    assert len(got) == 2 and "eval/success" in got[-1]
-    assert_same_metrics(got, want, "2 processes")
+    with open(os.path.join(multi, "metrics.jsonl")) as f:
+        got = [json.loads(line) for line in f]
+    one = mesh_report["(1, 1, 1)"]
+    want = [dict(m, step=step) for step, m in enumerate(one["metrics"], 1)]
+    want[-1].update(one["eval"])
+    assert len(got) == 2 and "eval/success" in got[-1] and "eval/success" in want[-1]
+    # The CLI adds its own bookkeeping (streak counters, wall time) to the pipeline's metrics.
+    assert_same_metrics([{k: g[k] for k in w} for g, w in zip(got, want, strict=True)], want,
+                        "2 processes")
     assert want[1]["actor/grad_norm"] > 0
-    # The checkpoint both processes wrote together holds the single run's params.
-    diffs = [float(np.abs(a - b).max()) for a, b in zip(
-        _params_at(os.path.join(multi, "checkpoints"), 2),
-        _params_at(os.path.join(single, "checkpoints"), 2), strict=True)]
+    # The checkpoint both processes wrote together holds the one-device run's params.
+    multi_params = _params_at(os.path.join(multi, "checkpoints"), 2)
+    assert [p.shape for p in multi_params] == [p.shape for p in one["params"]]
+    diffs = [float(np.abs(a - b).max()) for a, b in zip(multi_params, one["params"],
+                                                         strict=True)]
     assert max(diffs) <= ATOL

@@ -26,14 +26,13 @@ def recipe_env_tag(recipe: str) -> str:
 def tiny_overrides(recipe: str, out: str, steps: int = 2) -> list[str]:
     env_tag = recipe_env_tag(recipe)
     path = os.path.join(ROOT, "configs", recipe + ".py")
-    # The tool recipes' own model (tiny-tools) writes their prompts compactly; others run on
-    # the tiny model, whose tokenizer spells a tool env's first prompt in ~510 tokens (the
-    # tools block); TextArena's FrozenLake draws a boxed board (~600, then ~330 a turn), and
+    # The tool recipes run on the tool recipes' own model (tiny-tools), which writes their
+    # prompts compactly (the tiny model's tokenizer spells a tool env's first prompt in ~510
+    # tokens, the tools block: twice the compute, for the same code path); others run on the
+    # tiny model. TextArena's FrozenLake draws a boxed board (~600, then ~330 a turn), and
     # its TicTacToe's board and rules put the second seat's first prompt past 512.
-    pretrain = train.parse_config(["train", f"--config={path}"]).pretrain
-    pretrain = pretrain if pretrain == "tiny-tools" else "tiny"
-    long_prompts = (("tool" in recipe and pretrain == "tiny")
-                    or recipe in ("textarena", "textarena_selfplay"))
+    pretrain = "tiny-tools" if "tool" in recipe else "tiny"
+    long_prompts = recipe in ("textarena", "textarena_selfplay")
     input_length, sequence_length = (1024, 1280) if long_prompts else (512, 640)
     return [
         f"--config={path}",

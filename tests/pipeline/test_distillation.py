@@ -267,15 +267,17 @@ def test_a_student_distilled_alone_moves_towards_a_teacher_that_always_says_righ
     `<answer>Right</answer>`. Distillation alone (rewards played and logged, not trained
     on) for 6 steps: the reverse KL on the student's own tokens falls (seed 0: 6.6, 5.0,
     3.8, 2.7, 0.7, 1.1; seeds 1 and 2 fall as far within 8 steps), and the teacher's argmax
-    agrees with more of them (0.81 → 0.38 of the tokens it would not have chosen)."""
+    agrees with more of them (0.81 → 0.38 of the tokens it would not have chosen). Tree
+    packing computes each row's shared instructions once (exact: the same figures), which
+    makes a step of these 1-token replies ~5× fewer tokens."""
     from jaxrl_agentic.pipeline import Pipeline
     from jaxrl_agentic.run_config import ModelSettings
     from jaxrl_agentic.warmup import warmed_model_dir
 
-    right = _tiny_run()
+    right = _tiny_run(share_group_prefix=True)
     right.format_warmup.replies = ("<answer>Right</answer>",)
     teacher_dir = warmed_model_dir(ModelSettings().directory(), right, log=lambda _: None)
-    c = _tiny_run(distill_mode="only", learning_rate=2e-3)
+    c = _tiny_run(distill_mode="only", learning_rate=2e-3, share_group_prefix=True)
     c.teacher.pretrain = teacher_dir
     validate(c)
     pipeline = Pipeline(c, log=lambda _: None)
