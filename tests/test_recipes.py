@@ -69,11 +69,11 @@ def test_recipe_runs_at_tiny_size(recipe, tmp_path):
 
 
 def test_the_long_horizon_recipe_continues_episodes_past_the_context(tmp_path):
-    """configs/tiny_long_frozen_lake.py at tiny size with 6 turns: the whole history of an
+    """configs/tiny_long_frozen_lake.py at tiny size with 5 turns: the whole history of an
     episode outgrows the 512-token context after 3 turns (a redrawn 8×8 board is ~120
     tokens), so its window policy continues the episodes as new samples, end to end."""
     out = str(tmp_path / "long")
-    args = [a.replace(".max_turns=2", ".max_turns=6")
+    args = [a.replace(".max_turns=2", ".max_turns=5")
             for a in tiny_overrides("tiny_long_frozen_lake", out)]
     assert train.main(["train", *args]) == 0
     records = check_outputs(out, 2)
