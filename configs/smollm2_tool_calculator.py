@@ -41,7 +41,7 @@ def get_config():
     c.generation.temperature = 1.0
     # The warm-up trains the whole model (then RL trains adapters on the warmed one): a
     # pretrained model's rate, not the tiny recipes' 1e-3.
-    c.format_warmup.steps = 10
+    c.format_warmup.steps = 40
     c.format_warmup.learning_rate = 1e-4
     c.format_warmup.episodes_per_step = 8
     c.format_warmup.max_turns = 2
