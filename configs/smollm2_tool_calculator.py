@@ -11,7 +11,8 @@ Zero-shot the 135M model writes no call (greedy, 6 of 6 problems: it states the 
 words), so a short format warm-up
 (`random_calculator_policy`: well-formed calls on the problem's numbers with random
 operators) teaches the format, not the operation; RL must learn which operation the words
-ask for. LoRA adapters of rank 16. Seed 0: 0.125 after the warm-up, 0.375 at step 10
+ask for. LoRA adapters of rank 16. Seed 0: 0.125 after the warm-up, 0.375 at step 10;
+seed 1: 0.000, 0.219 at step 5, short of the +0.25 target within the hour
 (docs/benchmarks.md, "A real model on CPU").
 """
 
