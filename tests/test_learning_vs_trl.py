@@ -13,11 +13,10 @@ def lvt():
 
 
 def test_the_stream_is_make_prompts_in_order_without_the_held_out_problems(lvt):
-    bench = lvt.protocol
-    full = bench.make_prompts(12, 0)
+    full = lvt.protocol.make_prompts(12, 0)
     held_out = {full[3][0], full[7][0]}
     stream = lvt.training_stream(10, 0, held_out)
-    expected = [p for p in bench.make_prompts(14, 0) if p[0] not in held_out][:10]
+    expected = [p for p in lvt.protocol.make_prompts(14, 0) if p[0] not in held_out][:10]
     assert stream == expected and len(stream) == 10
     assert not held_out & {t for t, _ in stream}
     assert lvt.training_stream(5, 0, set()) == full[:5]

@@ -146,7 +146,7 @@ MESH_SCRIPT = textwrap.dedent("""
             reference = params
             # The reference of the two-process run too (test_two_processes_match_one): the
             # CLI evaluates after its last step, and keeps these parameters.
-            eval_metrics = pipe.evaluate()[0]
+            reference_eval = pipe.evaluate()[0]
             np.savez(sys.argv[4], *params)
             # |g_t| of every element at both steps, from the reference's Adam moments:
             # nu_1 = (1 - b2) g_1², nu_2 = b2 nu_1 + (1 - b2) g_2².
@@ -162,7 +162,6 @@ MESH_SCRIPT = textwrap.dedent("""
         dev0 = jax.devices()[0]
         ids = lambda tree: sorted({d.id for x in jax.tree.leaves(tree) for d in x.devices()})
         report[label] = {
-            "eval": eval_metrics if label == "(1, 1, 1)" else {},
             "learner_devices": ids(pipe.learner.params),
             "sampler_devices": ids(pipe.sampler_params()),
             "metrics": metrics,
@@ -178,6 +177,7 @@ MESH_SCRIPT = textwrap.dedent("""
                               for s in leaf.addressable_shards if s.device == dev0),
             "cache_spec": str(pipe.sampler.new_session(8).cache.k[0].sharding.spec),
         }
+    report["(1, 1, 1)"]["eval"] = reference_eval
     print("REPORT " + json.dumps(report))
 """)
 
@@ -275,7 +275,7 @@ def test_two_processes_match_one(mesh_report, tmp_path):
     with open(os.path.join(multi, "metrics.jsonl")) as f:
         got = [json.loads(line) for line in f]
     one = mesh_report["(1, 1, 1)"]
-    want = [dict(m, step=step) for step, m in enumerate(one["metrics"], 1)]
+    want = [dict(m) for m in one["metrics"]]  # copies: the fixture's are shared
     want[-1].update(one["eval"])
     assert len(got) == 2 and "eval/success" in got[-1] and "eval/success" in want[-1]
     # The CLI adds its own bookkeeping (streak counters, wall time) to the pipeline's metrics.

@@ -311,9 +311,9 @@ def _trl_worker(spec: dict) -> None:
         def on_step_end(self, args, st, control, **kw):
             step_s = time.perf_counter() - state["t0"]
             protocol.emit({"step_s": step_s, "prompts": _digest(_unique(step_info["prompts"])),
-                         "reward_mean": sum(rewards_seen) / max(1, len(rewards_seen)),
-                         "reply_tokens": step_info["tokens"] / max(1, step_info["completions"]),
-                         "trained_tokens": step_info["trained"], "updates": 1})
+                           "reward_mean": sum(rewards_seen) / max(1, len(rewards_seen)),
+                           "reply_tokens": step_info["tokens"] / max(1, step_info["completions"]),
+                           "trained_tokens": step_info["trained"], "updates": 1})
 
     trainer.add_callback(Steps())
     protocol.emit({"ready": True})

@@ -236,14 +236,14 @@ def _ours_worker(spec: dict) -> None:
 
     warm = [step(i)["step_s"] for i in range(spec["warmup"])]
     emit({"ready": True, "load_s": load_s, "warmup_step_s": warm, "rss_after_load_mb": loaded_rss,
-           "prompt_ids": [formatter.first_prompt(t) for t in texts],
-           "setup": {"params": n_params, "layers": layers, "row_len": row,
-                     "loss_slots": cfg.packing.loss_slots_per_row,
-                     "rows_bucket": cfg.packing.rows_bucket,
-                     "recompute_old_logprobs": cfg.recompute_old_logprobs,
-                     "tree_packing": spec["tree_packing"],
-                     "prefill_shared_tokens": sampler.stats["prefill_shared_tokens"]},
-           "versions": {k: version(k) for k in ("jax", "flax", "transformers")}})
+          "prompt_ids": [formatter.first_prompt(t) for t in texts],
+          "setup": {"params": n_params, "layers": layers, "row_len": row,
+                    "loss_slots": cfg.packing.loss_slots_per_row,
+                    "rows_bucket": cfg.packing.rows_bucket,
+                    "recompute_old_logprobs": cfg.recompute_old_logprobs,
+                    "tree_packing": spec["tree_packing"],
+                    "prefill_shared_tokens": sampler.stats["prefill_shared_tokens"]},
+          "versions": {k: version(k) for k in ("jax", "flax", "transformers")}})
     with CompileEvents() as compiles:
         index = spec["warmup"]
         while command() == "step":
@@ -338,15 +338,15 @@ def _trl_worker(spec: dict) -> None:
         def on_step_begin(self, args, st, control, **kw):
             if st.global_step == spec["warmup"]:
                 emit({"ready": True, "load_s": load_s, "warmup_step_s": warm,
-                       "rss_after_load_mb": loaded_rss, "prompt_ids": seen_prompts,
-                       "setup": {
-                           "optim": str(getattr(args.optim, "value", args.optim)),
-                           "attn_implementation": trainer.model.config._attn_implementation,
-                           "gradient_checkpointing": any(
-                               getattr(m, "gradient_checkpointing", False)
-                               for m in trainer.model.modules())},
-                       "versions": {k: version(k) for k in (
-                           "trl", "transformers", "torch", "accelerate", "datasets")}})
+                      "rss_after_load_mb": loaded_rss, "prompt_ids": seen_prompts,
+                      "setup": {
+                          "optim": str(getattr(args.optim, "value", args.optim)),
+                          "attn_implementation": trainer.model.config._attn_implementation,
+                          "gradient_checkpointing": any(
+                              getattr(m, "gradient_checkpointing", False)
+                              for m in trainer.model.modules())},
+                      "versions": {k: version(k) for k in (
+                          "trl", "transformers", "torch", "accelerate", "datasets")}})
             if st.global_step >= spec["warmup"]:
                 if command() != "step":
                     raise SystemExit(0)
@@ -370,9 +370,9 @@ def _trl_worker(spec: dict) -> None:
             backward = acc["training_step"] - acc["prepare_inputs"] - acc["loss_forward"]
             train = acc["loss_forward"] + backward + acc["clip"] + acc["optimizer"]
             emit({"step_s": step_s, "generate": acc["generate"], "logprob": 0.0,
-                   "rollout_other": acc["prepare_inputs"] - acc["generate"], "train": train,
-                   "backward": backward, **{k: acc[k] for k in ("loss_forward", "clip",
-                                                                 "optimizer")}, **info})
+                  "rollout_other": acc["prepare_inputs"] - acc["generate"], "train": train,
+                  "backward": backward, **{k: acc[k] for k in ("loss_forward", "clip",
+                                                                "optimizer")}, **info})
 
     trainer.add_callback(Steps())
     trainer.train()
