@@ -112,23 +112,26 @@ def launch(config: str, seed: int, out: str, overrides: list[str], cores: set[in
             "metrics": metrics, "cores": cores}
 
 
-def run_all(args, overrides: list[str], free: list[set[int]],
-            poll_s: float = 5.0) -> dict[int, dict]:
-    """Runs every seed, one per core set of `free` at a time, looking at them every `poll_s`
-    seconds; returns per-seed summaries."""
-    budget_s = args.budget_min * 60
-    pending = list(parse_seeds(args.seeds))
-    running: list[dict] = []
-    results: dict[int, dict] = {}
+def run_jobs(jobs: list[dict], free: list[set[int]], budget_s: float, *,
+             stop_at_target: bool, poll_s: float = 5.0) -> dict:
+    """Runs `jobs` (dicts with `key`, `config`, `seed`, `out`, `overrides`, `target` and
+    `gain` as `summarize` takes them; optionally a `label` for the progress line), one per
+    core set of `free` at a time, looking at them every `poll_s` seconds; returns
+    {key: summary}."""
+    pending, running, results = list(jobs), [], {}
     while pending or running:
         while pending and free:
-            running.append(launch(args.config, pending.pop(0), args.out, overrides,
-                                  free.pop(0)))
+            spec = pending.pop(0)
+            job = launch(spec["config"], spec["seed"], spec["out"], spec["overrides"],
+                         free.pop(0))
+            running.append({**job, "spec": spec})
         time.sleep(poll_s)  # a polling loop over minutes-long runs
         for job in list(running):
+            spec = job["spec"]
             proc, over = job["proc"], time.monotonic() - job["start"] > budget_s + 60
-            summary = summarize(read_evals(job["metrics"]), budget_s, args.target, args.gain)
-            reached = args.stop_at_target and summary["reached_step"] is not None
+            summary = summarize(read_evals(job["metrics"]), budget_s, spec["target"],
+                                spec["gain"])
+            reached = stop_at_target and summary["reached_step"] is not None
             if proc.poll() is None:
                 if not (over or reached):
                     continue
@@ -136,11 +139,22 @@ def run_all(args, overrides: list[str], free: list[set[int]],
                 proc.wait()
             job["log"].close()
             summary["exit"] = "reached" if reached else "budget" if over else proc.returncode
-            results[job["seed"]] = summary
+            results[spec["key"]] = summary
             running.remove(job)
             free.append(job["cores"])
-            print(f"seed {job['seed']}: {json.dumps(summary)}", file=sys.stderr, flush=True)
+            print(f"{spec.get('label', spec['key'])}: {json.dumps(summary)}", file=sys.stderr,
+                  flush=True)
     return results
+
+
+def run_all(args, overrides: list[str], free: list[set[int]],
+            poll_s: float = 5.0) -> dict[int, dict]:
+    """Runs every seed of `args.config` (`run_jobs`); returns per-seed summaries."""
+    jobs = [{"key": seed, "label": f"seed {seed}", "config": args.config, "seed": seed,
+             "out": args.out, "overrides": overrides, "target": args.target, "gain": args.gain}
+            for seed in parse_seeds(args.seeds)]
+    return run_jobs(jobs, free, args.budget_min * 60, stop_at_target=args.stop_at_target,
+                    poll_s=poll_s)
 
 
 def main() -> None:
