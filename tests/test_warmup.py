@@ -173,6 +173,33 @@ def test_the_warmup_renders_the_runs_system_prompt(tiny_model_dir, tmp_path, mon
             != warmup.warmup_cache_key(tiny_model_dir, build_run_config(plain)))
 
 
+def test_the_warmup_computes_in_the_runs_dtype_and_keys_its_cache_by_it(
+        tiny_model_dir, tmp_path, monkeypatch):
+    """A bf16 run warms up in bf16 (over fp32 parameters), and a warm-up built in one
+    compute dtype is never reused by a run in another."""
+    import jaxrl_agentic.models as models
+    from jaxrl_agentic.run_config import build_run_config
+
+    class Stop(Exception):
+        pass
+
+    seen = {}
+
+    def capture(path, **kwargs):
+        seen.update(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(models, "load_pretrained", capture)
+    c = small_config(steps=1)
+    c.dtype = "bfloat16"
+    with pytest.raises(Stop):
+        warmup.format_warmup(tiny_model_dir, c, str(tmp_path / "warm"))
+    assert seen["dtype"] == "bfloat16" and seen["param_dtype"] == "float32"
+    plain = small_config(steps=1)
+    assert (warmup.warmup_cache_key(tiny_model_dir, build_run_config(c))
+            != warmup.warmup_cache_key(tiny_model_dir, build_run_config(plain)))
+
+
 @pytest.mark.parametrize("template", ["smollm2", "qwen2.5"])
 def test_the_calculator_warmup_answers_a_tool_result_in_any_templates_rendering(
         template, request):
