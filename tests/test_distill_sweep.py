@@ -48,7 +48,8 @@ def test_one_sweep_runs_both_arms_on_every_seed_against_the_teachers_last_eval(
     monkeypatch.setattr(sys, "argv", [
         "distill_sweep.py", "--rl-config", "rl.py", "--distill-config", "kd.py",
         "--teacher", str(teacher), "--seeds", "0-1", "--budget-min", "10",
-        "--out", str(tmp_path / "out"), "--config.max_steps=40"])
+        "--out", str(tmp_path / "out"), "--config.max_steps=40",
+        "--distill-set", "learning_rate=3e-3"])
     sweep.main()
     report = json.loads(capsys.readouterr().out)
     assert report["teacher_eval"] == 0.8 and report["teacher_step"] == 100
@@ -62,5 +63,6 @@ def test_one_sweep_runs_both_arms_on_every_seed_against_the_teachers_last_eval(
     for job in seen:
         assert job["target"] == pytest.approx(0.72) and job["gain"] is None
         assert "--config.max_steps=40" in job["overrides"]
-        has_teacher = f"--config.teacher.pretrain={teacher}" in job["overrides"]
-        assert has_teacher == (job["key"][0] == "distill")
+        distill = job["key"][0] == "distill"
+        assert (f"--config.teacher.pretrain={teacher}" in job["overrides"]) == distill
+        assert ("--config.learning_rate=3e-3" in job["overrides"]) == distill

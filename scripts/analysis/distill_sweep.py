@@ -3,7 +3,8 @@
     python scripts/analysis/distill_sweep.py --rl-config configs/frozen_lake.py \
         --distill-config configs/tiny_distill_frozen_lake.py --teacher-steps 100 \
         --seeds 0-2 [--fraction 0.9] [--eval-steps 2] [--budget-min 30] [--parallel 2] \
-        [--teacher DIR] [--out outputs/distill_sweep] [--config.<key>=<value> ...]
+        [--teacher DIR] [--out outputs/distill_sweep] [--distill-set KEY=VALUE ...] \
+        [--config.<key>=<value> ...]
 
 1. **Teacher**: the RL recipe on seed 0 for `--teacher-steps` steps (or `--teacher DIR`, an
    earlier run); its eval success at the last step is the teacher's score `s_T`.
@@ -16,7 +17,8 @@
 Each run is one `python -m jaxrl_agentic.train` process with its own output directory,
 pinned to its own cores (`seed_sweep.run_jobs`). Steps, not minutes, are what the bar
 compares (a distillation step also runs the teacher); the minutes are printed beside them.
-`--config.<key>=<value>` overrides go to both arms.
+`--config.<key>=<value>` overrides go to both arms, `--distill-set KEY=VALUE` to the
+distillation arm only (a variant of its recipe).
 """
 
 from __future__ import annotations
@@ -82,6 +84,8 @@ def main() -> None:
     parser.add_argument("--budget-min", type=float, default=30.0)
     parser.add_argument("--parallel", type=int, default=1)
     parser.add_argument("--out", default="outputs/distill_sweep")
+    parser.add_argument("--distill-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="an override of the distillation arm only")
     args, overrides = parser.parse_known_args()
     bad = [o for o in overrides if not o.startswith("--config.")]
     if bad:
@@ -96,7 +100,8 @@ def main() -> None:
     common = [f"--config.eval_steps={args.eval_steps}", "--config.eval_before_training=True",
               *overrides]
     arms = {"rl": (args.rl_config, common),
-            "distill": (args.distill_config, [f"--config.teacher.pretrain={teacher}", *common])}
+            "distill": (args.distill_config, [f"--config.teacher.pretrain={teacher}", *common,
+                                              *(f"--config.{kv}" for kv in args.distill_set)])}
     jobs = [{"key": (arm, seed), "label": f"{arm} seed {seed}", "config": config,
              "seed": seed, "out": os.path.join(out, arm), "overrides": arm_overrides,
              "target": target, "gain": None}
@@ -109,7 +114,8 @@ def main() -> None:
                             "bar_met": bar_met(rl, distill, args.ratio)}
     print(json.dumps({
         "rl_config": args.rl_config, "distill_config": args.distill_config,
-        "overrides": overrides, "teacher": teacher, "teacher_step": teacher_step,
+        "overrides": overrides, "distill_set": args.distill_set, "teacher": teacher,
+        "teacher_step": teacher_step,
         "teacher_eval": score, "target": round(target, 4), "ratio": args.ratio,
         "eval_steps": args.eval_steps, "budget_min": args.budget_min,
         "cores_per_run": len(free[0]),
