@@ -2,6 +2,7 @@
 "≤ 1/3 of RL's steps" bar, on hand-made runs."""
 
 import json
+import os
 import sys
 
 import pytest
@@ -66,3 +67,30 @@ def test_one_sweep_runs_both_arms_on_every_seed_against_the_teachers_last_eval(
         distill = job["key"][0] == "distill"
         assert (f"--config.teacher.pretrain={teacher}" in job["overrides"]) == distill
         assert ("--config.learning_rate=3e-3" in job["overrides"]) == distill
+
+
+def test_the_teacher_is_a_seed_0_run_of_the_rl_recipe_and_a_failed_one_stops_the_sweep(
+        sweep, tmp_path, monkeypatch):
+    import subprocess
+    import time
+
+    launched = []
+
+    def fake_launch(config, seed, out, overrides, cores, exit_code=0):
+        launched.append((config, seed, out, overrides))
+        run_dir = os.path.join(out, f"seed{seed}")
+        os.makedirs(run_dir, exist_ok=True)
+        proc = subprocess.Popen([sys.executable, "-c", f"raise SystemExit({exit_code})"])
+        return {"proc": proc, "log": open(os.path.join(run_dir, "train.log"), "w"),
+                "start": time.monotonic(), "metrics": os.path.join(run_dir, "metrics.jsonl"),
+                "cores": cores}
+
+    monkeypatch.setattr(sweep, "launch", fake_launch)
+    run_dir = sweep.train_teacher("rl.py", 100, str(tmp_path), ["--config.x=1"], {0})
+    assert run_dir == os.path.join(str(tmp_path), "teacher", "seed0")
+    assert launched == [("rl.py", 0, os.path.join(str(tmp_path), "teacher"),
+                         ["--config.max_steps=100", "--config.x=1"])]
+    monkeypatch.setattr(sweep, "launch",
+                        lambda *a: fake_launch(*a, exit_code=3))
+    with pytest.raises(SystemExit, match="teacher's run exited 3"):
+        sweep.train_teacher("rl.py", 100, str(tmp_path), [], {0})

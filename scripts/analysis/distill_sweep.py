@@ -26,29 +26,29 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from seed_sweep import ROOT, core_sets, parse_seeds, read_evals, run_jobs  # noqa: E402
+from seed_sweep import (  # noqa: E402
+    core_sets,
+    launch,
+    parse_seeds,
+    parse_with_overrides,
+    read_evals,
+    run_jobs,
+)
 
 
 def train_teacher(config: str, steps: int, out: str, overrides: list[str],
                   cores: set[int]) -> str:
-    """Trains the RL recipe on seed 0 for `steps` steps into `out`/teacher; returns the
-    directory."""
-    run_dir = os.path.join(out, "teacher")
-    os.makedirs(run_dir, exist_ok=True)
-    metrics = os.path.join(run_dir, "metrics.jsonl")
-    if os.path.exists(metrics):
-        os.remove(metrics)
-    cmd = [sys.executable, "-m", "jaxrl_agentic.train", "--config", config,
-           "--config.seed=0", f"--config.max_steps={steps}", f"--config.output_dir={run_dir}",
-           *overrides]
-    with open(os.path.join(run_dir, "train.log"), "w") as log:
-        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                            preexec_fn=lambda: os.sched_setaffinity(0, cores)).returncode
+    """Trains the RL recipe on seed 0 for `steps` steps into `out`/teacher/seed0 (as
+    `seed_sweep.launch` lays a run out); returns the directory."""
+    job = launch(config, 0, os.path.join(out, "teacher"),
+                 [f"--config.max_steps={steps}", *overrides], cores)
+    rc = job["proc"].wait()
+    job["log"].close()
+    run_dir = os.path.dirname(job["metrics"])
     if rc != 0:
         raise SystemExit(f"error: the teacher's run exited {rc} (see {run_dir}/train.log)")
     return run_dir
@@ -86,10 +86,8 @@ def main() -> None:
     parser.add_argument("--out", default="outputs/distill_sweep")
     parser.add_argument("--distill-set", action="append", default=[], metavar="KEY=VALUE",
                         help="an override of the distillation arm only")
-    args, overrides = parser.parse_known_args()
-    bad = [o for o in overrides if not o.startswith("--config.")]
-    if bad:
-        parser.error(f"unrecognised argument {bad[0]} (recipe overrides are --config.<key>=v)")
+    args, overrides = parse_with_overrides(parser)
+    seeds = parse_seeds(args.seeds)
     started = time.monotonic()
     free = core_sets(args.parallel)
     out = os.path.abspath(args.out)
@@ -105,13 +103,13 @@ def main() -> None:
     jobs = [{"key": (arm, seed), "label": f"{arm} seed {seed}", "config": config,
              "seed": seed, "out": os.path.join(out, arm), "overrides": arm_overrides,
              "target": target, "gain": None}
-            for seed in parse_seeds(args.seeds) for arm, (config, arm_overrides) in arms.items()]
+            for seed in seeds for arm, (config, arm_overrides) in arms.items()]
     results = run_jobs(jobs, free, args.budget_min * 60, stop_at_target=True)
-    seeds = {}
-    for seed in parse_seeds(args.seeds):
+    per_seed = {}
+    for seed in seeds:
         rl, distill = results[("rl", seed)], results[("distill", seed)]
-        seeds[str(seed)] = {"rl": rl, "distill": distill,
-                            "bar_met": bar_met(rl, distill, args.ratio)}
+        per_seed[str(seed)] = {"rl": rl, "distill": distill,
+                               "bar_met": bar_met(rl, distill, args.ratio)}
     print(json.dumps({
         "rl_config": args.rl_config, "distill_config": args.distill_config,
         "overrides": overrides, "distill_set": args.distill_set, "teacher": teacher,
@@ -119,10 +117,10 @@ def main() -> None:
         "teacher_eval": score, "target": round(target, 4), "ratio": args.ratio,
         "eval_steps": args.eval_steps, "budget_min": args.budget_min,
         "cores_per_run": len(free[0]),
-        "all_met": all(s["bar_met"] for s in seeds.values()),
+        "all_met": all(s["bar_met"] for s in per_seed.values()),
         "steps": {k: [s["rl"]["reached_step"], s["distill"]["reached_step"]]
-                  for k, s in seeds.items()},
-        "seeds": seeds, "total_min": round((time.monotonic() - started) / 60, 1),
+                  for k, s in per_seed.items()},
+        "seeds": per_seed, "total_min": round((time.monotonic() - started) / 60, 1),
     }))
 
 

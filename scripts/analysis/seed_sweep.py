@@ -105,7 +105,7 @@ def launch(config: str, seed: int, out: str, overrides: list[str], cores: set[in
         os.remove(metrics)
     cmd = [sys.executable, "-m", "jaxrl_agentic.train", "--config", config,
            f"--config.seed={seed}", f"--config.output_dir={run_dir}", *overrides]
-    log = open(os.path.join(run_dir, "train.log"), "w")  # noqa: SIM115 - closed in run_all
+    log = open(os.path.join(run_dir, "train.log"), "w")  # noqa: SIM115 - closed by the caller
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
                             preexec_fn=lambda: os.sched_setaffinity(0, cores))
     return {"seed": seed, "proc": proc, "log": log, "start": time.monotonic(),
@@ -157,6 +157,15 @@ def run_all(args, overrides: list[str], free: list[set[int]],
                     poll_s=poll_s)
 
 
+def parse_with_overrides(parser: argparse.ArgumentParser):
+    """(args, the `--config.<key>=<value>` recipe overrides); anything else is an error."""
+    args, overrides = parser.parse_known_args()
+    bad = [o for o in overrides if not o.startswith("--config.")]
+    if bad:
+        parser.error(f"unrecognised argument {bad[0]} (recipe overrides are --config.<key>=v)")
+    return args, overrides
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", required=True)
@@ -169,10 +178,7 @@ def main() -> None:
                         help="stop each run at its first eval at or above --target")
     parser.add_argument("--gain", type=float, default=None,
                         help="instead of --target: each run's first eval + GAIN")
-    args, overrides = parser.parse_known_args()
-    bad = [o for o in overrides if not o.startswith("--config.")]
-    if bad:
-        parser.error(f"unrecognised argument {bad[0]} (recipe overrides are --config.<key>=v)")
+    args, overrides = parse_with_overrides(parser)
     started = time.monotonic()
     core_split = core_sets(args.parallel)
     cores_per_run = len(core_split[0])
