@@ -131,7 +131,9 @@ def make_progress_lr_schedule(
     def schedule(updates_done, progress):
         virtual_count = np.maximum(np.asarray(progress, np.float64) * planned, warmup_steps)
         lr = np.minimum(np.asarray(warmup(updates_done)), np.asarray(decay(virtual_count)))
-        return lr.astype(np.float32)
+        # optax's constant schedule ignores its count's shape: one LR per update regardless.
+        return np.broadcast_to(lr, np.broadcast_shapes(np.shape(updates_done),
+                                                       np.shape(progress))).astype(np.float32)
 
     return schedule
 

@@ -244,3 +244,15 @@ def test_regression_fixed_guess_is_wrong_both_ways():
         ]
         is False
     )
+
+
+@pytest.mark.parametrize("kind", ["constant", "linear", "cosine"])
+def test_every_update_of_a_step_gets_its_lr_without_warmup(kind):
+    """Regression: a constant schedule with warmup_steps=0 gave one scalar LR for a step of
+    four updates (optax's constant schedule ignores its count's shape), and the run stopped
+    with "4 learner updates but 1 learning rates were given"."""
+    schedule = make_progress_lr_schedule(LR, kind, 0, 40)
+    lrs = step_learning_rates(schedule, steps_done=0, updates_done=0, updates_this_step=4,
+                              max_steps=10)
+    assert lrs.shape == (4,) and lrs.dtype == np.float32
+    assert lrs[0] == pytest.approx(LR)
