@@ -12,8 +12,8 @@ one chip's HBM, beside the run's memory plan (``runtime/memory_plan.py``).
 ``--topology cpu:N`` compiles for N host devices instead (no libtpu needed).
 ``--row-lens longest``: the update step at the longest row only (the most memory; a
 recipe with many row-length buckets compiles one program per bucket). ``--programs``:
-only those (``update_step``, ``logprobs``, ``ref_logprobs``, ``sampler_prefill``,
-``sampler_decode``); the sampler's are built only when named or by default.
+only those (``update_step``, ``logprobs``, ``ref_logprobs``, ``teacher_logprobs``,
+``sampler_prefill``, ``sampler_decode``); the sampler's are built only when named or by default.
 
 Exit codes: 0 every program fits; 1 one does not (its peak is over one chip's HBM, the
 compiler refused it with RESOURCE_EXHAUSTED, or the train state alone is too big, found

@@ -214,6 +214,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.distill_coef = 1.0
     c.distill_mode = "add"
     c.distill_center = False  # subtract the batch's mean reverse KL (a baseline)
+    # sampled (the advantage above) | forward_kl | reverse_kl: the teacher's whole next-token
+    # distribution in the loss, distill_coef·D_t a token (algos/teacher_divergence.py)
+    c.distill_loss = "sampled"
     c.critic_learning_rate = 1e-5  # gae only: the critic's AdamW learning rate
     c.value_clip = 0.2  # gae only: ε_v of the clipped value loss (0 = unclipped)
     c.kernel_impl = "auto"

@@ -147,6 +147,10 @@ def learner_config(c, pad_token_id: int = 0) -> LearnerConfig:
         kernel_impl=c.kernel_impl,
         attention_impl=c.attention_impl,
         remat=c.remat,
+        # The learner scores the teacher's whole distribution only for a dense loss; the
+        # sampled estimator is an advantage (pipeline/distillation.py).
+        distill_loss=c.distill_loss if c.teacher.pretrain else "sampled",
+        distill_coef=c.distill_coef,
         **_update_fields(c, pad_token_id),
     )
 
@@ -214,7 +218,7 @@ def distillation_config(c) -> DistillationConfig:
     """The teacher and its objective (``teacher.dtype`` "" = the student's ``dtype``)."""
     return DistillationConfig(teacher=c.teacher.pretrain, dtype=c.teacher.dtype or c.dtype,
                               coef=c.distill_coef, mode=c.distill_mode,
-                              center=c.distill_center)
+                              center=c.distill_center, loss=c.distill_loss)
 
 
 def check_typed_configs(c, fail) -> None:

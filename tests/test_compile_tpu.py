@@ -101,7 +101,36 @@ def test_an_unknown_program_is_one_line():
     assert out.returncode == 2
     assert _errors(out.stderr) == [
         "error: --programs: unknown program 'update'; choose from update_step, logprobs, "
-        "ref_logprobs, sampler_prefill, sampler_decode"]
+        "ref_logprobs, teacher_logprobs, sampler_prefill, sampler_decode"]
+
+
+@pytest.mark.parametrize("loss", ["sampled", "forward_kl"])
+def test_a_teacher_is_compiled_where_the_run_reads_it(loss):
+    """The distillation recipe with the tiny model as its teacher: the teacher's logprob
+    program is built from its config.json and its weights count as resident; with a dense
+    loss the update step also takes them as a fourth argument and traces with its forward,
+    with the sampled estimator it does not."""
+    import jax
+
+    from jaxrl_agentic.pipeline.aot_programs import run_programs
+    from jaxrl_agentic.run_config import build_run_config
+    from jaxrl_agentic.runtime.aot import shard_bytes
+    from jaxrl_agentic.train import parse_config
+
+    c = parse_config(["compile_tpu", "--config", "configs/tiny_distill_frozen_lake.py",
+                      "--config.teacher.pretrain=tiny", f"--config.distill_loss={loss}"])
+    run = run_programs(build_run_config(c), jax.devices()[:1], row_lens="longest",
+                       sampler=False)
+    by_name = {p.name: p for p in run.programs}
+    assert set(by_name) == {"update_step", "logprobs", "teacher_logprobs"}
+    update, teacher = by_name["update_step"], by_name["teacher_logprobs"]
+    assert teacher.resident == shard_bytes(teacher.args[0]) > 0
+    dense = loss != "sampled"
+    assert len(update.args) == 3 + dense
+    own = shard_bytes(update.args[0])  # the train state
+    assert update.resident == run.state_bytes == own + teacher.resident
+    if dense:
+        update.fn.lower(*update.args)  # traces: the teacher's forward inside the update
 
 
 # ---- with libtpu ------------------------------------------------------------------------

@@ -153,6 +153,7 @@ OTHER_STRINGS = {
     "debug.dump_dir": "/tmp/d", "distributed.coordinator_address": "h:1",
     "sampler_backend": "other", "lora_train_head": "never", "env_id": "gymnax:CartPole-v1",
     "format_warmup.lr_schedule": "cosine", "distill_mode": "only", "teacher.pretrain": "/t",
+    "distill_loss": "forward_kl",
     "teacher.dtype": "bfloat16",
 }
 

@@ -56,8 +56,10 @@ class PolicyLossSums(NamedTuple):
     ``objective = pg_loss + kl_coef·kl − entropy_coef·entropy`` carries the gradient;
     ``clipfrac``, ``dual_clipfrac``, ``ratio``, ``approx_kl``, ``clipfrac_low``,
     ``clipfrac_high`` and ``tokens`` are token *counts* / unweighted sums over tokens with
-    ``w > 0`` (divide by ``tokens``; ``clipfrac = clipfrac_low + clipfrac_high``). Each
-    field is logged as ``actor/<field>``: one name from the sums to the log.
+    ``w > 0`` (divide by ``tokens``; ``clipfrac = clipfrac_low + clipfrac_high``);
+    ``teacher``: ``Σ w·D_t`` of a distillation teacher's divergence
+    (``algos/teacher_divergence.py``; 0 here, the learner adds it). Each field is logged as
+    ``actor/<field>``: one name from the sums to the log.
     """
 
     objective: jax.Array
@@ -71,6 +73,7 @@ class PolicyLossSums(NamedTuple):
     tokens: jax.Array
     clipfrac_low: jax.Array
     clipfrac_high: jax.Array
+    teacher: jax.Array
 
 
 def ppo_loss_impl(kernel_impl: str) -> str:
@@ -198,6 +201,7 @@ def policy_loss(
         tokens=jnp.sum(jnp.asarray(loss_weights) > 0).astype(jnp.float32),
         clipfrac_low=sums.clipfrac_low,
         clipfrac_high=sums.clipfrac_high,
+        teacher=jnp.zeros((), jnp.float32),
     )
 
 

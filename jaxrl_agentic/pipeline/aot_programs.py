@@ -1,8 +1,9 @@
 """A run's compiled programs, built from shapes alone, for a topology this machine lacks.
 
 :func:`run_programs` builds what a run compiles — the learner's update step for each row
-shape its packing can produce, the per-token logprob programs (old policy, and the
-reference when it is stored apart), the sampler's prefill and decode at the largest shapes
+shape its packing can produce (with a dense distillation loss, the teacher's forward in
+it), the per-token logprob programs (old policy, the reference when it is stored apart, a
+distillation teacher's), the sampler's prefill and decode at the largest shapes
 a rollout gives them — on a mesh of the topology's devices made with the run's own
 ``config.mesh`` and partition rules (``runtime/parallel.py``). No weight is read: the
 model's config comes from the recipe's ``pretrain`` (its config.json, or
@@ -38,7 +39,7 @@ from jaxrl_agentic.data import bucket_rows, round_up_to_bucket
 from jaxrl_agentic.models import lora
 from jaxrl_agentic.models.config import ModelConfig
 from jaxrl_agentic.models.known_shapes import known_model_config
-from jaxrl_agentic.models.transformer import KVCache, Transformer
+from jaxrl_agentic.models.transformer import KVCache, Transformer, in_compute_dtype
 from jaxrl_agentic.pipeline.run_plan import max_total_len
 from jaxrl_agentic.runtime.aot import abstract, global_bytes, shard_bytes
 from jaxrl_agentic.runtime.parallel import (
@@ -47,6 +48,7 @@ from jaxrl_agentic.runtime.parallel import (
     num_batch_shards,
     replicated,
     rows_sharding,
+    stacked_layer_dims,
     train_state_shardings,
 )
 from jaxrl_agentic.sampling.buckets import next_power_of_two
@@ -60,9 +62,11 @@ from jaxrl_agentic.training.learner import (
     make_compute_logprobs,
     policy_update_loss,
 )
+from jaxrl_agentic.training.teacher import mark_other_argmax
 from jaxrl_agentic.training.update import make_update_step
 
-PROGRAM_NAMES = ("update_step", "logprobs", "ref_logprobs", "sampler_prefill", "sampler_decode")
+PROGRAM_NAMES = ("update_step", "logprobs", "ref_logprobs", "teacher_logprobs",
+                 "sampler_prefill", "sampler_decode")
 _INT_KEYS = ("tokens", "positions", "segment_ids", "loss_index", "prefix_ids")
 
 
@@ -85,7 +89,7 @@ class RunPrograms:
     programs: list[Program]
     mesh: Any
     model: ModelConfig
-    state_bytes: float  # the train state (+ LoRA's frozen base) per chip
+    state_bytes: float  # the train state (+ LoRA's frozen base, a teacher) per chip
     param_bytes: float  # the policy's parameters per chip
     param_global_bytes: float
     notes: tuple[str, ...]
@@ -127,6 +131,22 @@ def _abstract_model(model: ModelConfig, lora_config, seed: int):
         return lora.add_lora(m, lora_config, seed=seed) if lora_config.enabled else m
 
     return nnx.eval_shape(build)
+
+
+def _abstract_teacher(cfg, mesh):
+    """``(graphdef, abstract params, shardings)`` of the distillation teacher as
+    ``training.teacher.Teacher`` holds it (matrices in its compute dtype, the parameter
+    partition rules), from its config.json alone; None without a teacher."""
+    from jaxrl_agentic.pipeline.distillation import teacher_model_config
+
+    model = teacher_model_config(cfg.distillation)
+    if model is None:
+        return None
+    graphdef, params = nnx.split(nnx.eval_shape(lambda: Transformer(model, rngs=nnx.Rngs(0))))
+    stored = jax.eval_shape(lambda p: jax.tree_util.tree_map_with_path(
+        lambda path, x: in_compute_dtype(x, model.dtype, stacked_layer_dims(path)), p), params)
+    shardings = train_state_shardings(stored, mesh)
+    return graphdef, abstract(stored, shardings), shardings
 
 
 def _batch(keys, rows: int, row_len: int, loss_slots: int, mesh) -> dict:
@@ -175,9 +195,16 @@ def learner_programs(cfg, model: ModelConfig, mesh, row_lens: str = "all"):
     full_shardings = full_params(shardings.params, frozen_shardings)
     resident = shard_bytes(state_abs) + (0.0 if frozen_abs is None else shard_bytes(frozen_abs))
     lr = jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated(mesh))
+    teacher = _abstract_teacher(cfg, mesh)
+    if teacher is not None:  # held on the learner's mesh for the whole run
+        resident += shard_bytes(teacher[1])
+    # A dense distillation loss reads the teacher in every update (its third argument).
+    in_update = teacher if learner.uses_teacher else None
 
-    update = make_update_step(policy_update_loss(graphdef, learner), learner, mesh,
-                              shardings, None, frozen_shardings)
+    update = make_update_step(
+        policy_update_loss(graphdef, learner, None if in_update is None else in_update[0]),
+        learner, mesh, shardings, None, frozen_shardings,
+        None if in_update is None else in_update[2])
     train_keys = learner.packing.batch_keys(
         TRAIN_BATCH_KEYS + (("ref_logprobs",) if learner.uses_reference else ()))
     lengths = learner.packing.row_lengths()
@@ -187,7 +214,8 @@ def learner_programs(cfg, model: ModelConfig, mesh, row_lens: str = "all"):
     for row_len in lengths:
         slots = learner.packing.loss_slots_for(row_len)
         batch = _batch(train_keys, rows, row_len, slots, mesh)
-        args = (state_abs, batch, lr) + (() if frozen_abs is None else (frozen_abs,))
+        args = (state_abs, batch, lr) + tuple(x for x in (
+            frozen_abs, None if in_update is None else in_update[1]) if x is not None)
         programs.append(Program("update_step", update, args,
                                 {"rows": rows, "row_len": row_len, "loss_slots": slots},
                                 resident))
@@ -200,6 +228,10 @@ def learner_programs(cfg, model: ModelConfig, mesh, row_lens: str = "all"):
         ref_compute = make_compute_logprobs(graphdef, learner, mesh, shardings.ref_params,
                                             None, logprob_filter=(0, 1.0))
         passes.append(("ref_logprobs", ref_compute, state_abs.ref_params))
+    if teacher is not None:  # Teacher.judge: its full softmax, with the argmax mark
+        passes.append(("teacher_logprobs", make_compute_logprobs(
+            teacher[0], learner, mesh, teacher[2], None, logprob_filter=(0, 1.0),
+            mark=mark_other_argmax), teacher[1]))
     rows = _logprob_rows(cfg, mesh)
     row_len = lengths[0]
     slots = learner.packing.loss_slots_for(row_len)

@@ -38,6 +38,11 @@ disagrees with most, the most informative ones. ``"only"``: A_t alone (pure
 distillation); rewards are still played, shaped and logged (``env/*``). β = 0 with "add"
 trains on the task alone and logs the teacher's judgement (a monitor).
 
+**The teacher's whole distribution** (``distill_loss`` "forward_kl" / "reverse_kl"): the
+learner adds ``β·KL`` over the vocabulary at each of these tokens to its loss instead
+(``algos/teacher_divergence.py``, the teacher passed to the ``Learner``); the advantage is
+then the task's ("add") or 0 ("only"), and this module still logs the judgement below.
+
 **A baseline** (``distill_center``, off by default as in the references): ``A_t = −β·(d_t −
 d̄)`` with ``d_t = log π_s − log π_T`` and ``d̄`` the batch's mean over the tokens above
 (``distill/reverse_kl``), a constant baseline (its own token's share of ``d̄`` is 1/N).
@@ -108,8 +113,10 @@ def distill(samples: Sequence[Sample], teacher: Teacher, config: DistillationCon
 
     reverse_kl = mean([s.old_logprobs - lp for s, (lp, _) in zip(samples, judged, strict=True)])
     baseline = reverse_kl if config.center else 0.0
+    # A dense loss carries β in the learner's objective: the advantage is the task's alone.
+    coef = 0.0 if config.dense else config.coef
     out = [dataclasses.replace(s, advantages=distillation_advantages(
-        s.advantages, s.old_logprobs, lp, mask, config.coef, config.mode, baseline))
+        s.advantages, s.old_logprobs, lp, mask, coef, config.mode, baseline))
         for s, (lp, _), mask in zip(samples, judged, masks, strict=True)]
     return out, {"distill/reverse_kl": reverse_kl,
                  "distill/teacher_logprob": mean([lp for lp, _ in judged]),

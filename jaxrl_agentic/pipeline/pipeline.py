@@ -145,10 +145,11 @@ class Pipeline(BatchFilters):
         self.critic = None
         if cfg.critic is not None:  # from the policy's backbone
             self.critic = Critic(self.graphdef, full_params(params, frozen), cfg.critic, mesh)
-        self.learner = Learner(self.graphdef, params, self.learner_cfg, mesh, frozen=frozen)
         self.teacher = (load_teacher(cfg.distillation, self.learner_cfg, mesh, tokenizer,
                                      run_policy=run_policy, log=log)
                         if cfg.distillation.enabled else None)
+        self.learner = Learner(self.graphdef, params, self.learner_cfg, mesh, frozen=frozen,
+                               teacher=self.teacher if cfg.distillation.dense else None)
         self.sampler.set_params(None)  # the learner owns the params from here on
         # One runner per tag with the tag's own env_config; a manager that overrides env
         # parameters (`env_manager(env_config=...)`) gets its own runners for its tags.

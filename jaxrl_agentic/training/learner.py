@@ -56,6 +56,7 @@ from jaxrl_agentic.algos.losses import (
     policy_loss,
 )
 from jaxrl_agentic.algos.reductions import loss_denominator, loss_weights
+from jaxrl_agentic.algos.teacher_divergence import teacher_divergence
 from jaxrl_agentic.data import Sample, token_stats, updates_per_step
 from jaxrl_agentic.models import lora
 from jaxrl_agentic.models.transformer import in_compute_dtype
@@ -243,9 +244,12 @@ def gather_loss_positions(micro: dict[str, jax.Array]):
 
 
 def micro_batch_sums(
-    graphdef, config: LearnerConfig, params, micro: dict[str, jax.Array], kl_coef
+    graphdef, config: LearnerConfig, params, micro: dict[str, jax.Array], kl_coef,
+    teacher=None,
 ) -> tuple[PolicyLossSums, jax.Array]:
-    """``(policy-loss sums, denominator)`` of one group of rows ``[B, T]`` (module doc)."""
+    """``(policy-loss sums, denominator)`` of one group of rows ``[B, T]`` (module doc).
+    ``teacher``: ``(graphdef, params)`` of a distillation teacher whose divergence
+    ``config.distill_loss`` joins the objective (``algos/teacher_divergence.py``)."""
     hidden, head, take, valid, _ = forward_at_loss(graphdef, config, params, micro)
     segment_ids = micro["segment_ids"]
     mask = _shift_left(micro["loss_mask"]) * next_token_valid(segment_ids)
@@ -279,24 +283,38 @@ def micro_batch_sums(
         top_k=top_k,
         top_p=top_p,
     )
+    if teacher is not None:
+        # The teacher reads the same rows and is gathered at the same loss slots.
+        teacher_hidden, teacher_head, *_ = forward_at_loss(teacher[0], config, teacher[1], micro)
+        divergence = teacher_divergence(hidden, head, teacher_hidden, teacher_head,
+                                        kind=config.distill_loss,
+                                        temperature=config.temperature)
+        total = jnp.sum(divergence * jnp.where(valid, take(weights), 0.0))
+        sums = sums._replace(objective=sums.objective + config.distill_coef * total,
+                             teacher=total)
     return sums, denominator
 
 
-def policy_update_loss(graphdef, config: LearnerConfig) -> UpdateLoss:
+def policy_update_loss(graphdef, config: LearnerConfig, teacher_graphdef=None) -> UpdateLoss:
     """The policy's part of an update (``update.UpdateLoss``): sums per group of rows, the
-    objective ``pg + β·kl − c_H·entropy``, and the metrics ``pg_loss, kl, entropy`` (÷ D),
+    objective ``pg + β·kl − c_H·entropy`` (``+ c_T·teacher`` with a teacher, whose params
+    the update step passes in: ``teacher_graphdef`` is its graph), and the metrics
+    ``pg_loss, kl, entropy`` (and ``teacher``) (÷ D),
     ``clipfrac, dual_clipfrac, ratio, approx_kl`` (÷ tokens), ``lr``-free ``kl_coef`` and
     ``tokens``. With the KL folded into the rewards the loss does not penalise it again."""
 
     def kl_coef(state):
         return jnp.zeros((), _F32) if config.kl_in_reward else state.kl.coef
 
-    def micro_sums(params, micro, state):
-        return micro_batch_sums(graphdef, config, params, micro, kl_coef(state))
+    def micro_sums(params, micro, state, teacher_params=None):
+        teacher = None if teacher_params is None else (teacher_graphdef, teacher_params)
+        return micro_batch_sums(graphdef, config, params, micro, kl_coef(state), teacher)
+
+    per_denominator = PER_DENOMINATOR + (("teacher",) if teacher_graphdef is not None else ())
 
     def metrics(state, sums, scale):
         per_token = 1.0 / jnp.maximum(sums.tokens, 1.0)
-        out = {name: getattr(sums, name) * scale for name in PER_DENOMINATOR}
+        out = {name: getattr(sums, name) * scale for name in per_denominator}
         out.update({name: getattr(sums, name) * per_token for name in PER_TOKEN})
         return {**out, "kl_coef": kl_coef(state), "tokens": sums.tokens}
 
@@ -395,8 +413,15 @@ class Learner(EngineDriver):
     """
 
     def __init__(self, graphdef, params, config: LearnerConfig, mesh=None, *,
-                 ref_params: Any = None, frozen: Any = None):
-        """``frozen``: with LoRA, ``params`` are the adapters and ``frozen`` the base."""
+                 ref_params: Any = None, frozen: Any = None, teacher=None):
+        """``frozen``: with LoRA, ``params`` are the adapters and ``frozen`` the base;
+        ``teacher``: a distillation teacher (``training.teacher.Teacher``, on ``mesh``),
+        needed by a ``config.distill_loss`` divergence and read by every update."""
+        if config.uses_teacher != (teacher is not None):
+            raise ValueError("distill_loss: a divergence needs a teacher and a teacher "
+                             "passed to the learner needs a divergence (got "
+                             f"{config.distill_loss!r}, teacher "
+                             f"{'given' if teacher is not None else 'None'})")
         self.config = config
         self.graphdef = graphdef
         self.mesh = make_mesh() if mesh is None else mesh
@@ -412,11 +437,16 @@ class Learner(EngineDriver):
         # the recomputed logprobs are the sampler's to float32 noise.
         options = compiler_options(dtype)
         # The base is copied once (the caller's arrays stay valid) and never donated.
-        self.engine = UpdateEngine(state, policy_update_loss(graphdef, config), config,
+        loss = policy_update_loss(graphdef, config,
+                                  None if teacher is None else teacher.graphdef)
+        self.engine = UpdateEngine(state, loss, config,
                                    self.mesh, shardings, batch_keys, options,
                                    frozen=None if frozen is None else jax.tree.map(jnp.copy,
                                                                                    frozen),
-                                   frozen_shardings=frozen_shardings)
+                                   frozen_shardings=frozen_shardings,
+                                   teacher=None if teacher is None else teacher.params,
+                                   teacher_shardings=None if teacher is None
+                                   else teacher.shardings)
         self.compute_logprobs = make_compute_logprobs(graphdef, config, self.mesh,
                                                       model_shardings, options)
         self.compute_ref_logprobs = self.compute_logprobs
@@ -506,7 +536,8 @@ class Learner(EngineDriver):
             samples = [dataclasses.replace(s, ref_logprobs=None) for s in samples]
 
         per_update, packed = self.engine.run(samples, lrs)
-        out = mean_over_applied(per_update, ACTOR_METRICS, prefix="actor/")
+        names = ACTOR_METRICS + (("teacher",) if cfg.uses_teacher else ())
+        out = mean_over_applied(per_update, names, prefix="actor/")
         applied_kl = [float(m["kl"]) for m in applied(per_update)]
         if self.state.kl.adaptive and applied_kl:
             # Sequence-level KL for seq_mean_token_sum, per-token otherwise (the reduction's).

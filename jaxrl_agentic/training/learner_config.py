@@ -10,6 +10,7 @@ from jaxrl_agentic.algos.kl import KL_ESTIMATORS
 from jaxrl_agentic.algos.losses import KERNEL_IMPLS
 from jaxrl_agentic.algos.policy_losses import get_policy_loss, policy_loss_names
 from jaxrl_agentic.algos.reductions import REDUCTIONS
+from jaxrl_agentic.algos.teacher_divergence import DIVERGENCES
 from jaxrl_agentic.models.transformer import REMAT_POLICIES
 from jaxrl_agentic.training.update import UpdateConfig, fail_first
 from pallas_kernels.segment_attention import IMPLS as ATTENTION_IMPLS
@@ -42,7 +43,11 @@ class LearnerConfig(UpdateConfig):
     (``pallas_kernels.segment_attention``). ``remat``: the
     training forward's rematerialisation, one of ``REMAT_POLICIES``
     (``models/transformer.py``; "layer" keeps only the blocks' inputs for the backward).
-    Defaults equal the run defaults (``config.default_config``).
+    ``distill_loss``: "sampled" (no teacher in the loss: its sampled estimator is an
+    advantage, ``pipeline/distillation.py``) or one of ``DIVERGENCES``, a distillation
+    teacher's whole distribution against the policy's at each loss token, added to the
+    objective as ``distill_coef·Σ w_t·D_t`` (``algos/teacher_divergence.py``; the teacher is
+    passed to the learner). Defaults equal the run defaults (``config.default_config``).
     """
 
     policy_loss: str = "ppo"
@@ -71,6 +76,8 @@ class LearnerConfig(UpdateConfig):
     kernel_impl: str = "auto"
     attention_impl: str = "auto"
     remat: str = "none"
+    distill_loss: str = "sampled"
+    distill_coef: float = 1.0
 
     def __post_init__(self):
         super().__post_init__()
@@ -78,6 +85,9 @@ class LearnerConfig(UpdateConfig):
             (self.policy_loss in policy_loss_names(), "policy_loss",
              f"choose one of {', '.join(policy_loss_names())} (or register one: "
              "algos.policy_losses.register_policy_loss)"),
+            (self.distill_loss in ("sampled", *DIVERGENCES), "distill_loss",
+             f"choose one of sampled, {', '.join(DIVERGENCES)}"),
+            (self.distill_coef >= 0, "distill_coef", "must be a number >= 0"),
             (self.remat in REMAT_POLICIES, "remat", f"choose one of {', '.join(REMAT_POLICIES)}"),
             (self.loss_reduction in REDUCTIONS, "loss_reduction",
              f"choose one of {', '.join(REDUCTIONS)}"),
@@ -140,6 +150,11 @@ class LearnerConfig(UpdateConfig):
         if self.logprob_under_sampling_filter:
             return self.top_k, self.top_p
         return 0, 1.0
+
+    @property
+    def uses_teacher(self) -> bool:
+        """Whether the loss holds a distillation teacher's whole distribution."""
+        return self.distill_loss != "sampled"
 
     @property
     def uses_reference(self) -> bool:

@@ -42,6 +42,7 @@ import numpy as np
 from flax import nnx
 from jax import lax
 
+from jaxrl_agentic.algos.teacher_divergence import DIVERGENCES
 from jaxrl_agentic.data import Sample
 from jaxrl_agentic.models.config import DTYPES
 from jaxrl_agentic.models.transformer import in_compute_dtype
@@ -56,6 +57,9 @@ from jaxrl_agentic.training.per_token import per_sample_outputs
 from pallas_kernels import compiler_options, matmul_precision
 
 DISTILL_MODES = ("add", "only")
+# "sampled": the one-token advantage (pipeline/distillation.py); the others put the teacher's
+# whole distribution in the learner's loss (algos/teacher_divergence.py).
+DISTILL_LOSSES = ("sampled", *DIVERGENCES)
 # Logits of one argmax chunk: 4M fp32 = 16 MiB (28 positions at a 151,936-token vocabulary).
 ARGMAX_CHUNK_LOGITS = 1 << 22
 
@@ -64,7 +68,9 @@ ARGMAX_CHUNK_LOGITS = 1 << 22
 class DistillationConfig:
     """``teacher``: the teacher's source ("" = no distillation); ``dtype``: its compute
     dtype; ``coef``: β; ``mode``: "add" (to the shaped task advantage) or "only";
-    ``center``: subtract the batch's mean reverse KL (``pipeline/distillation.py``).
+    ``center``: subtract the batch's mean reverse KL (``pipeline/distillation.py``);
+    ``loss``: one of ``DISTILL_LOSSES`` ("sampled": β scales that advantage; a divergence:
+    β scales it in the learner's loss, and the advantage is the task's, or 0 under "only").
     Errors name the run-config fields."""
 
     teacher: str = ""
@@ -72,8 +78,12 @@ class DistillationConfig:
     coef: float = 1.0
     mode: str = "add"
     center: bool = False
+    loss: str = "sampled"
 
     def __post_init__(self):
+        if self.loss not in DISTILL_LOSSES:
+            raise ValueError(f"distill_loss: {self.loss!r} is not allowed; choose one of "
+                             f"{', '.join(DISTILL_LOSSES)}")
         if self.mode not in DISTILL_MODES:
             raise ValueError(f"distill_mode: {self.mode!r} is not allowed; choose one of "
                              f"{', '.join(DISTILL_MODES)}")
@@ -92,6 +102,11 @@ class DistillationConfig:
     @property
     def enabled(self) -> bool:
         return bool(self.teacher)
+
+    @property
+    def dense(self) -> bool:
+        """Whether the learner's loss holds the teacher's whole distribution."""
+        return self.enabled and self.loss != "sampled"
 
 
 def mark_other_argmax(hidden, head, targets, logprobs):
@@ -119,7 +134,7 @@ class Teacher:
     def __init__(self, graphdef, params, dtype: str, config: LearnerConfig, mesh):
         params = jax.tree_util.tree_map_with_path(
             lambda path, x: in_compute_dtype(x, dtype, stacked_layer_dims(path)), params)
-        shardings = train_state_shardings(params, mesh)
+        self.shardings = shardings = train_state_shardings(params, mesh)
         self.graphdef, self.params, self.mesh = graphdef, place(params, shardings), mesh
         self.packing = config.packing
         self.keys = config.packing.batch_keys(LOGPROB_BATCH_KEYS)

@@ -351,8 +351,9 @@ def apply_if_finite(optimizer, params, opt_state, grads, loss, lr, grad_scale=1.
 class UpdateLoss:
     """What makes one trained model different from another (Tunix passes a loss function).
 
-    ``micro_sums(params, micro, state) -> (sums, denominator)``: weighted sums of one group
-    of rows (a NamedTuple of fp32 scalars) and its reduction denominator;
+    ``micro_sums(params, micro, state[, teacher]) -> (sums, denominator)``: weighted sums of
+    one group of rows (a NamedTuple of fp32 scalars) and its reduction denominator
+    (``teacher``: a frozen model's params the update step was given, when it was);
     ``objective(sums)``: the sum that carries the gradient; ``zero_sums``: the sums'
     zeros; ``metrics(state, sums, scale)``: the model's own step metrics (replicated
     scalars; ``scale = 1 / max(D, 1)``); ``advance(state)``: fields of the new state besides
@@ -384,12 +385,16 @@ def kernels_see_mesh(mesh):
 
 
 def make_update_step(loss: UpdateLoss, config: UpdateConfig, mesh, state_shardings,
-                     compiler_options: dict | None = None, frozen_shardings=None):
-    """Jitted ``update_step(state, batch, lr[, frozen]) -> (state, metrics)``: one update
-    (module doc). ``compiler_options``: XLA's, for the program (``pallas_kernels._same_bits``).
-    ``frozen`` (an argument when ``frozen_shardings`` are given): under LoRA the base
-    weights (``models/lora.py``), which the loss reads with ``state.params`` (the adapters)
-    and which are neither differentiated nor donated, so the sampler may go on reading them.
+                     compiler_options: dict | None = None, frozen_shardings=None,
+                     teacher_shardings=None):
+    """Jitted ``update_step(state, batch, lr[, frozen][, teacher]) -> (state, metrics)``: one
+    update (module doc). ``compiler_options``: XLA's, for the program
+    (``pallas_kernels._same_bits``). ``frozen`` (an argument when ``frozen_shardings`` are
+    given): under LoRA the base weights (``models/lora.py``), which the loss reads with
+    ``state.params`` (the adapters) and which are neither differentiated nor donated, so the
+    sampler may go on reading them. ``teacher`` (an argument when ``teacher_shardings`` are
+    given): a distillation teacher's params, passed to ``loss.micro_sums``, neither
+    differentiated nor donated either.
 
     ``state`` has ``step``, ``skipped``, ``params`` and ``opt_state`` (and whatever the loss
     reads); it is donated. ``batch``: dict of ``[n_micro, row_len]`` arrays. Metrics:
@@ -399,10 +404,12 @@ def make_update_step(loss: UpdateLoss, config: UpdateConfig, mesh, state_shardin
     optimizer = make_optimizer(config)
 
     @kernels_see_mesh(mesh)
-    def update_step(state, batch: dict[str, jax.Array], lr: jax.Array, frozen=None):
+    def update_step(state, batch: dict[str, jax.Array], lr: jax.Array, frozen=None,
+                    teacher=None):
         def micro_objective(params, micro):
             model = params if frozen is None else lora.combine(params, frozen)
-            sums, denominator = loss.micro_sums(model, micro, state)
+            with_teacher = () if teacher is None else (teacher,)
+            sums, denominator = loss.micro_sums(model, micro, state, *with_teacher)
             return loss.objective(sums), (sums, denominator)
 
         grad_sum, sums, denominator = accumulate_gradient_sums(
@@ -432,15 +439,22 @@ def make_update_step(loss: UpdateLoss, config: UpdateConfig, mesh, state_shardin
     repl = replicated(mesh)
     jit = functools.partial(jax.jit, out_shardings=(state_shardings, repl), donate_argnums=0,
                             compiler_options=compiler_options)
-    if frozen_shardings is None:  # no base apart: (state, batch, lr)
-        def without_base(state, batch, lr):
+    if frozen_shardings is None and teacher_shardings is None:  # (state, batch, lr)
+        def without_extras(state, batch, lr):
             return update_step(state, batch, lr)
 
-        without_base.__name__ = without_base.__qualname__ = "update_step"  # the program's name
+        without_extras.__name__ = without_extras.__qualname__ = "update_step"  # program name
+        return jit(without_extras, in_shardings=(state_shardings, batch_sharding(mesh), repl))
+    extras = tuple(s for s in (frozen_shardings, teacher_shardings) if s is not None)
 
-        return jit(without_base, in_shardings=(state_shardings, batch_sharding(mesh), repl))
-    return jit(update_step, in_shardings=(state_shardings, batch_sharding(mesh), repl,
-                                          frozen_shardings))
+    def with_extras(state, batch, lr, *args):  # (state, batch, lr[, frozen][, teacher])
+        rest = iter(args)
+        frozen = next(rest) if frozen_shardings is not None else None
+        return update_step(state, batch, lr, frozen, next(rest, None))
+
+    with_extras.__name__ = with_extras.__qualname__ = "update_step"  # the program's name
+    return jit(with_extras, in_shardings=(state_shardings, batch_sharding(mesh), repl,
+                                          *extras))
 
 
 # ----------------------------------------------------------------------------- host side
@@ -486,16 +500,19 @@ class UpdateEngine:
 
     def __init__(self, state, loss: UpdateLoss, config: UpdateConfig, mesh, state_shardings,
                  batch_keys: Sequence[str], compiler_options: dict | None = None,
-                 frozen=None, frozen_shardings=None):
-        """``frozen``: LoRA's base weights, read by every update, never changed."""
+                 frozen=None, frozen_shardings=None, teacher=None, teacher_shardings=None):
+        """``frozen``: LoRA's base weights, read by every update, never changed;
+        ``teacher``: a distillation teacher's params (placed already), likewise."""
         self.config = config
         self.mesh = mesh
         self.state_shardings = state_shardings
         self.state = place(state, state_shardings)
         self.frozen = None if frozen is None else place(frozen, frozen_shardings)
+        self.teacher = teacher
         self.batch_keys = tuple(batch_keys)
         self.update_step = make_update_step(loss, config, mesh, state_shardings,
-                                            compiler_options, frozen_shardings)
+                                            compiler_options, frozen_shardings,
+                                            None if teacher is None else teacher_shardings)
         self.np_rng = np.random.default_rng(config.seed)
 
     def run(self, samples: Sequence[Sample], learning_rates: np.ndarray
@@ -508,8 +525,8 @@ class UpdateEngine:
         per_update = []
         for batch, lr in zip(packed, learning_rates, strict=True):
             arrays = put_batch(batch, self.batch_keys, self.mesh)
-            frozen = () if self.frozen is None else (self.frozen,)
-            self.state, metrics = self.update_step(self.state, arrays, lr, *frozen)
+            extras = tuple(x for x in (self.frozen, self.teacher) if x is not None)
+            self.state, metrics = self.update_step(self.state, arrays, lr, *extras)
             per_update.append(metrics)
         return jax.device_get(per_update), packed  # one host sync for the whole step
 

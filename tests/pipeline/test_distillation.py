@@ -196,6 +196,63 @@ def test_distill_applies_the_formula_and_reports_its_metrics(teacher, narrow_tea
         assert not d.advantages[~trained].any()
 
 
+# ---- the teacher's whole distribution in the learner's loss ---------------------------------
+def _dense_learner(tiny_model_dir, teacher, kind="forward_kl", **fields):
+    from jaxrl_agentic.training.learner import Learner
+
+    graphdef, params = nnx.split(load_pretrained(tiny_model_dir)[0])
+    config = dataclasses.replace(_learner_config(), distill_loss=kind, **fields)
+    return Learner(graphdef, params, config, make_mesh(), teacher=teacher)
+
+
+def _still(samples):
+    """The samples with no task advantage: the update's only signal is the teacher's."""
+    return [dataclasses.replace(s, advantages=np.zeros_like(s.advantages)) for s in samples]
+
+
+@pytest.mark.parametrize("kind", ["forward_kl", "reverse_kl"])
+def test_the_dense_loss_is_the_mean_full_vocabulary_kl_of_two_plain_forwards(
+        kind, tiny_model_dir, teacher, narrow_teacher_dir):
+    """`actor/teacher` of one update (the loss before it moves the student) against the mean
+    over trained tokens of Σ_v p(v)·log(p(v)/q(v)) from each model's full logits of each
+    sample alone: packing, loss slots, the shift and truncation at sequence_length must all
+    line up for the two to agree. Then the same samples again: the divergence falls."""
+    samples = _still(_samples(seed=2))
+    learner = _dense_learner(tiny_model_dir, teacher, kind, learning_rate=1e-3)
+    student, narrow = load_pretrained(tiny_model_dir)[0], load_pretrained(narrow_teacher_dir)[0]
+    def logp(model, s):
+        tokens = s.tokens[None]
+        logits = model(tokens, np.arange(len(s))[None], np.ones_like(tokens))[0] / TEMPERATURE
+        return np.asarray(jax.nn.log_softmax(logits, axis=-1), np.float64)[:-1]
+
+    per_token = []
+    for s in samples:
+        lq, lt = logp(student, s), logp(narrow, s)
+        p, a, b = (lt, lt, lq) if kind == "forward_kl" else (lq, lq, lt)
+        per_token.append((np.exp(p) * (a - b)).sum(-1)[_trained(s)[1:]])
+    first = learner.step(samples, [1e-3])
+    assert first["actor/teacher"] == pytest.approx(np.concatenate(per_token).mean(), rel=1e-4)
+    later = [learner.step(samples, [1e-3])["actor/teacher"] for _ in range(3)]
+    assert later[-1] < 0.7 * first["actor/teacher"], (first["actor/teacher"], later)
+
+
+def test_a_student_that_is_its_own_teacher_has_no_dense_loss_and_no_gradient(tiny_model_dir):
+    """Teacher = the student's own weights (another copy, its own program): D_t = 0 on every
+    token, so with no task advantage and no KL the update's gradient is 0."""
+    from jaxrl_agentic.training.teacher import Teacher
+
+    graphdef, params = nnx.split(load_pretrained(tiny_model_dir)[0])
+    itself = Teacher(graphdef, params, "float32", _learner_config(), make_mesh())
+    metrics = _dense_learner(tiny_model_dir, itself).step(_still(_samples()), [1e-2])
+    assert metrics["actor/teacher"] == pytest.approx(0.0, abs=1e-6)
+    assert metrics["actor/grad_norm"] < 1e-5
+
+
+def test_a_divergence_without_a_teacher_is_an_error_naming_the_field(tiny_model_dir):
+    with pytest.raises(ValueError, match="distill_loss: a divergence needs a teacher"):
+        _dense_learner(tiny_model_dir, None)
+
+
 # ---- one-line errors --------------------------------------------------------------------------
 def test_a_teacher_with_another_tokenizer_is_one_config_error(tiny_tools_dir, student_tokenizer):
     with pytest.raises(ConfigError) as e:
@@ -209,6 +266,8 @@ def test_a_teacher_with_another_tokenizer_is_one_config_error(tiny_tools_dir, st
 @pytest.mark.parametrize("field, value, fragment", [
     ("distill_mode", "kl", "config.distill_mode: 'kl' is not allowed; choose one of add, only"),
     ("distill_coef", -1.0, "config.distill_coef: must be a number >= 0"),
+    ("distill_loss", "jsd", "config.distill_loss: 'jsd' is not allowed; choose one of sampled, "
+     "forward_kl, reverse_kl"),
     ("teacher.dtype", "fp8", "config.teacher.dtype: 'fp8' is not allowed"),
     ("teacher.temperature", 1.0, "config.teacher.temperature: unknown field"),
     ("teacher.pretrain", "/nonexistent/teacher",
