@@ -53,6 +53,10 @@ from jaxrl_agentic.serving.slots import make_pool
 from jaxrl_agentic.serving.streams import AgentEpisode, Formatters
 
 _log = logging.getLogger(__name__)
+# The gathering window (`_Rollout._gather`): at most this long, and at most GATHER_THINK_X times
+# the agents' median time between a reply and their next request.
+GATHER_MAX_S = 0.02
+GATHER_THINK_X = 2.0
 AGENT_COUNTS = ("requests", "rewritten_histories", "unappendable_messages",
                 "sampling_overridden", "failures", "timeouts", "samples")
 
@@ -121,6 +125,8 @@ class _Rollout:
         self.outcomes: dict[int, tuple[str, float]] = {}  # episode -> (how it ended, reward)
         self.keys: list[str] = []
         self.deadlines: list[float | None] = []
+        self.answered_at: dict[int, float] = {}  # episode -> when its last reply was sent
+        self.think_s: list[float] = []  # reply → next request, the latest of each agent's
 
     # ---- the agents' side (their threads and the server's) ---------------------------------
 
@@ -168,6 +174,7 @@ class _Rollout:
                     item = self._take(message)
                     if item is not None:
                         waiting.append(item)
+                waiting += self._gather(waiting, in_flight)
                 self._end_late_agents()
                 still = []
                 for item in waiting:
@@ -194,12 +201,40 @@ class _Rollout:
             self._refuse_the_rest()
         return self._trajectories()
 
-    def _messages(self, block: bool):
-        """The inbox's messages now; when `block`, waits (briefly) for the first."""
+    def _gather(self, waiting, in_flight) -> list[tuple]:
+        """The requests of agents about to ask, waited for so that they start on the same
+        decode chunk as the rest instead of one chunk later each (at a real model's chunk
+        of ~0.5 s, agents that answer in a few milliseconds otherwise trickle in one chunk
+        apart). An agent is about to ask when it has not ended and has no request waiting or
+        decoding. The wait ends when every such agent has asked, and lasts at most
+        `GATHER_MAX_S`, and at most `GATHER_THINK_X` × the agents' median time from a reply
+        to their next request (none once that is over `GATHER_MAX_S`: slow agents are not
+        waited for; their first requests are, the agents having only just started)."""
+        asking = {item[0] for item in waiting} | {key[0] for key in in_flight}
+        about = [i for i in range(len(self.specs))
+                 if i not in self.outcomes and i not in asking]
+        if not about:
+            return []
+        window = GATHER_MAX_S
+        if self.think_s:
+            think = GATHER_THINK_X * float(np.median(self.think_s))
+            window = think if think <= GATHER_MAX_S else 0.0
+        deadline, out = time.monotonic() + window, []
+        while about and (left := deadline - time.monotonic()) > 0:
+            for message in self._messages(block=True, timeout=left):
+                item = self._take(message)
+                if item is not None:
+                    out.append(item)
+            asking |= {item[0] for item in out}
+            about = [i for i in about if i not in self.outcomes and i not in asking]
+        return out
+
+    def _messages(self, block: bool, timeout: float = 0.05):
+        """The inbox's messages now; when `block`, waits (≤ `timeout`) for the first."""
         out = []
         if block:
             try:
-                out.append(self.inbox.get(timeout=0.05))
+                out.append(self.inbox.get(timeout=timeout))
             except queue.Empty:
                 return out
         while True:
@@ -221,6 +256,9 @@ class _Rollout:
             future.set_exception(RequestError(404, "this episode has ended",
                                               code="episode_not_found"))
             return None
+        if episode in self.answered_at:  # how long the agent took to ask again
+            self.think_s = [*self.think_s[-63:],
+                            time.monotonic() - self.answered_at.pop(episode)]
         ep, gen = self.episodes[episode], self.gen
         if not gen.greedy and (
                 (payload.temperature is not None and payload.temperature != gen.temperature)
@@ -259,6 +297,7 @@ class _Rollout:
                         logprobs=reply.logprobs[:len(ids)], stop_reason=stop_reason,
                         message=message, text=text, versions=versions)
         texts = [decode([t]) for t in ids] if request.logprobs else None
+        self.answered_at[episode] = time.monotonic()
         future.set_result(completion_body(
             completion_id=f"chatcmpl-{self.keys[episode][:8]}-{ep.counts['requests']}",
             model=request.model, message=message, stop_reason=stop_reason,

@@ -241,3 +241,37 @@ def test_the_agent_and_recipe_of_docs_extending_run_as_written(tiny, server, mon
     assert [t.score for t in trajs] == [1.0, 0.0] and r.stats["requests"] == 2
     assert all(t.terminated and len(t.turns) == 1 for t in trajs)
     assert "What is 7 + 8?" in tok.decode(trajs[1].tokens)
+
+
+def _gathering(think_s, asked=(), ended=()):
+    """A rollout of 3 episodes stopped before its loop: its inbox holds a request of every
+    episode not in `asked` or `ended`; `_take` is the identity on them."""
+    import queue
+
+    from jaxrl_agentic.serving.agent_runner import _Rollout
+
+    rollout = _Rollout.__new__(_Rollout)
+    rollout.specs, rollout.outcomes = [None] * 3, {i: ("ok", 0.0) for i in ended}
+    rollout.think_s, rollout.inbox = list(think_s), queue.SimpleQueue()
+    rollout._take = lambda message: (message[1], "sample")
+    for i in range(3):
+        if i not in asked and i not in ended:
+            rollout.inbox.put(("request", i, None, None))
+    return rollout
+
+
+def test_requests_about_to_come_join_the_chunk_unless_the_agents_are_slow():
+    """Agents that answer fast (or have just started) are waited for, so their requests
+    start on the same decode chunk: at a real model's shape this took the endpoint's
+    overhead from 0.49 to 0.18 (docs/benchmarks.md). Agents whose median time between a
+    reply and the next request is over the window are not waited for at all."""
+    waiting = [(0, "sample")]  # episode 0 has a request waiting for a row
+    fast = _gathering([0.001, 0.002], asked=(0,))
+    assert sorted(fast._gather(waiting, {})) == [(1, "sample"), (2, "sample")]
+    started = _gathering([], asked=(0,))  # no reply yet: the first requests are waited for
+    assert len(started._gather(waiting, {})) == 2
+    slow = _gathering([1.0, 2.0], asked=(0,))
+    assert slow._gather(waiting, {}) == [] and not slow.inbox.empty()  # taken next loop
+    # Nobody about to ask: episode 1 decoding, episode 2 ended.
+    busy = _gathering([0.001], asked=(0, 1), ended=(2,))
+    assert busy._gather(waiting, {(1, 0): None}) == []
