@@ -138,7 +138,8 @@ def test_a_teacher_is_compiled_where_the_run_reads_it(loss):
 
 @pytest.fixture(scope="module")
 def tpu_runs():
-    """The tiny recipe's update step compiled for a v5e:2x2, fsdp=4 and data-only."""
+    """The tiny recipe's update step compiled for a v5e:2x2, fsdp=4 and data-only, and the
+    distillation recipe's with a dense loss (the tiny model as its teacher), fsdp=4."""
     if not HAS_LIBTPU:
         pytest.skip("no TPU compiler here (libtpu is not installed)")
     import jax
@@ -153,10 +154,12 @@ def tpu_runs():
     jax.config.update(option, float("inf"))
     topology = aot.topology("v5e:2x2")
     runs = {}
-    for name, fsdp in (("fsdp", 4), ("data", 1)):
+    dense = ["--config.teacher.pretrain=tiny", "--config.distill_loss=forward_kl"]
+    for name, recipe, fsdp, more in (("fsdp", "frozen_lake", 4, []), ("data", "frozen_lake", 1, []),
+                                     ("teacher", "tiny_distill_frozen_lake", 4, dense)):
         with aot.traced_for("tpu"):
-            c = parse_config(["compile_tpu", "--config", "configs/frozen_lake.py",
-                              f"--config.mesh.fsdp={fsdp}"])
+            c = parse_config(["compile_tpu", "--config", f"configs/{recipe}.py",
+                              f"--config.mesh.fsdp={fsdp}", *more])
             run = run_programs(build_run_config(c), topology.devices, row_lens="longest",
                                sampler=False)
         update = run.programs[0]
@@ -168,7 +171,7 @@ def tpu_runs():
 
 def test_each_chip_holds_its_share_of_the_parameters(tpu_runs):
     run, _ = tpu_runs["fsdp"]
-    assert dict(run.mesh.shape) == {"data": 1, "fsdp": 4, "tensor": 1}
+    assert dict(run.mesh.shape) == {"data": 1, "fsdp": 4, "tensor": 1, "context": 1}
     assert run.param_bytes == _per_chip_param_bytes(_tiny_recipe_model(), 4)
     data_run, _ = tpu_runs["data"]
     assert data_run.param_bytes == data_run.param_global_bytes  # replicated over data
@@ -188,3 +191,18 @@ def test_update_step_gathers_weights_and_scatters_gradients(tpu_runs):
     assert replicated["all-reduce"] > 0
     for compiled in (fsdp, data):
         assert "tpu_custom_call" in compiled.as_text()
+
+
+def test_a_dense_teacher_is_sharded_like_the_policy_inside_the_update(tpu_runs):
+    """The teacher the update step reads (its fourth argument) holds a quarter of each matrix
+    a chip, as the policy does; the compiled step gathers its weights too, with the kernels."""
+    from jaxrl_agentic.runtime.aot import collective_counts, shard_bytes
+
+    run, compiled = tpu_runs["teacher"]
+    update = run.programs[0]
+    teacher = read_model_config(default_tiny_model_dir())  # "tiny": the head tied
+    assert shard_bytes(update.args[3]) == _per_chip_param_bytes(teacher, 4)
+    _, plain = tpu_runs["fsdp"]
+    counts, without = (collective_counts(c.as_text()) for c in (compiled, plain))
+    assert counts["all-gather"] > without["all-gather"]
+    assert "tpu_custom_call" in compiled.as_text()
