@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         # An executable compiled without a TPU client cannot be read back from the cache.
         jax.config.update("jax_enable_compilation_cache", False)
     from jaxrl_agentic.pipeline.aot_programs import PROGRAM_NAMES, run_programs
+    from jaxrl_agentic.pipeline.distillation import teacher_model_config
     from jaxrl_agentic.pipeline.run_plan import run_memory_plan
 
     try:
@@ -179,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"program": program.name, **program.shape,
                           "compile_s": round(seconds, 1), **figures,
                           "peak_bytes": int(peak)}), flush=True)
-    plan = run_memory_plan(cfg, run.model, run.mesh, hbm)
+    plan = run_memory_plan(cfg, run.model, run.mesh, hbm,
+                           teacher=teacher_model_config(cfg.distillation))
     peak, program, figures = worst
     fits = (not hbm or peak <= hbm) and not refused
     print(json.dumps({

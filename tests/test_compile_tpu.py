@@ -138,8 +138,9 @@ def test_a_teacher_is_compiled_where_the_run_reads_it(loss):
 
 @pytest.fixture(scope="module")
 def tpu_runs():
-    """The tiny recipe's update step compiled for a v5e:2x2, fsdp=4 and data-only, and the
-    distillation recipe's with a dense loss (the tiny model as its teacher), fsdp=4."""
+    """The tiny recipe's update step compiled for a v5e:2x2, fsdp=4, data-only and with its
+    rows split over a context axis of 4, and the distillation recipe's with a dense loss
+    (the tiny model as its teacher), fsdp=4."""
     if not HAS_LIBTPU:
         pytest.skip("no TPU compiler here (libtpu is not installed)")
     import jax
@@ -155,7 +156,9 @@ def tpu_runs():
     topology = aot.topology("v5e:2x2")
     runs = {}
     dense = ["--config.teacher.pretrain=tiny", "--config.distill_loss=forward_kl"]
+    context = ["--config.mesh.context=4", "--config.mesh.data=1"]
     for name, recipe, fsdp, more in (("fsdp", "frozen_lake", 4, []), ("data", "frozen_lake", 1, []),
+                                     ("context", "frozen_lake", 1, context),
                                      ("teacher", "tiny_distill_frozen_lake", 4, dense)):
         with aot.traced_for("tpu"):
             c = parse_config(["compile_tpu", "--config", f"configs/{recipe}.py",
@@ -206,3 +209,18 @@ def test_a_dense_teacher_is_sharded_like_the_policy_inside_the_update(tpu_runs):
     counts, without = (collective_counts(c.as_text()) for c in (compiled, plain))
     assert counts["all-gather"] > without["all-gather"]
     assert "tpu_custom_call" in compiled.as_text()
+
+
+def test_rows_split_over_a_context_axis_compile_for_tpu(tpu_runs):
+    """Context parallelism on four v5e chips: the keys and values all-gathered per layer and
+    their gradients reduce-scattered; a chip's temporaries are those of the data-parallel
+    step, which gives each chip as many tokens (a quarter of the rows, not of each row)."""
+    from jaxrl_agentic.runtime.aot import collective_counts, program_figures
+
+    run, compiled = tpu_runs["context"]
+    _, data = tpu_runs["data"]
+    assert dict(run.mesh.shape) == {"data": 1, "fsdp": 1, "tensor": 1, "context": 4}
+    counts = collective_counts(compiled.as_text())
+    assert counts["all-gather"] > 0 and counts["reduce-scatter"] > 0
+    split, whole = (program_figures(c)["temp_bytes"] for c in (compiled, data))
+    assert split < 1.1 * whole

@@ -30,7 +30,7 @@ def run_memory_plan(cfg, model: ModelConfig, mesh, budget: float, *, host_device
         model, row_len=packing.micro_batch_max_tokens, loss_slots=packing.loss_slots_per_row,
         remat=learner.remat, kernel_impl=learner.kernel_impl,
         reference=learner.uses_reference, attention_impl=learner.attention_impl,
-        shards=mesh.shape["fsdp"] * mesh.shape["tensor"],
+        shards=mesh.shape["fsdp"] * mesh.shape["tensor"], context=mesh.shape.get("context", 1),
         sampler_rows=cfg.train.manager.num_episodes, sampler_len=max_total_len(cfg),
         budget=budget, host_devices=host_devices,
         lora_params=lora.adapter_count(model, cfg.model.lora), teacher=teacher,

@@ -117,9 +117,14 @@ def memory_plan(cfg: ModelConfig, *, row_len: int, loss_slots: int, remat: str,
                 kernel_impl: str, reference: bool, shards: int = 1, sampler_rows: int = 0,
                 sampler_len: int = 0, budget: float = 0.0, host_devices: int = 1,
                 attention_impl: str = "auto", accumulates: bool = True,
-                lora_params: int = 0, teacher: ModelConfig | None = None) -> MemoryPlan:
-    """The plan (module doc). ``shards`` = fsdp · tensor; ``host_devices``: devices sharing
-    one host's RAM when the budget is the host's (CPU), whose states all count;
+                lora_params: int = 0, teacher: ModelConfig | None = None,
+                context: int = 1) -> MemoryPlan:
+    """The plan (module doc). ``shards`` = fsdp · tensor; ``context``: the mesh's context
+    axis, over which each row's tokens are split (a device's activations and loss slots
+    are those of ``row_len / context`` tokens, plus one layer's keys and values of the whole
+    row, all-gathered, and their gradients: ``pallas_kernels/context_attention.py``);
+    ``host_devices``: devices sharing one host's RAM when the budget is the host's (CPU),
+    whose states all count;
     ``accumulates``: whether a mini-batch may need more than one group of rows;
     ``lora_params``: the adapters' values when LoRA trains them alone (0 = full training);
     ``teacher``: on-policy distillation's teacher, its ``dtype`` the one it computes in."""
@@ -129,6 +134,11 @@ def memory_plan(cfg: ModelConfig, *, row_len: int, loss_slots: int, remat: str,
     trained = lora_params if lora_params else per
     reference = reference and not lora_params
     vocab = cfg.vocab_size if kernel_impl == "reference" else min(cfg.vocab_size, _VOCAB_CHUNK)
+    tokens = -(-row_len // max(context, 1))
+    activations = activation_bytes(cfg, tokens, remat, attention_impl)
+    if context > 1:
+        activations += 2 * row_len * 2 * cfg.num_key_value_heads * cfg.head_dim \
+            * _BYTES[cfg.dtype]
     cache = (cfg.num_hidden_layers * 2 * sampler_rows * cfg.num_key_value_heads * cfg.head_dim
              * sampler_len * _BYTES[cfg.dtype])
     items = (
@@ -139,8 +149,8 @@ def memory_plan(cfg: ModelConfig, *, row_len: int, loss_slots: int, remat: str,
         ("gradients", trained * 4),
         ("accumulator", trained * 4 if accumulates else 0.0),
         ("optimizer", 2 * trained * pb),
-        ("activations", activation_bytes(cfg, row_len, remat, attention_impl)),
-        ("lm head", loss_slots * vocab * 4 * 3),
+        ("activations", activations),
+        ("lm head", min(loss_slots, tokens) * vocab * 4 * 3),
         ("kv cache", cache / max(host_devices, 1)),
         ("sampler logits", sampler_rows * cfg.vocab_size * 4 / max(host_devices, 1)),
     )

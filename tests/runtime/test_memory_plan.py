@@ -51,6 +51,26 @@ def test_a_distillation_teacher_counts_its_matrices_in_its_compute_dtype():
     assert plan.training_state - without.training_state == 494_032_768
     assert dict(without.items)["teacher"] == 0
 
+
+
+def test_a_context_axis_splits_each_rows_activations_and_loss_slots():
+    """Qwen2.5-0.5B, 8,192-token rows under remat="layer", the context axis C = 4: a device's
+    activations are those of 2,048 tokens plus one layer's keys and values of the whole row
+    (2 kv heads × 64, bf16), gathered, and their gradients; its LM-head slots at most its
+    2,048 tokens. By hand from `layer_activation_bytes`."""
+    cfg = dataclasses.replace(qwen25_config(), dtype="bfloat16")
+    args = dict(row_len=8192, loss_slots=4096, remat="layer", kernel_impl="auto",
+                reference=False, attention_impl="blocksparse")
+    whole, split = (dict(memory_plan(cfg, context=c, **args).items) for c in (1, 4))
+    own = 2 * cfg.num_hidden_layers * 2048 * cfg.hidden_size * 2 + layer_activation_bytes(
+        cfg, 2048, "blocksparse")
+    gathered = 2 * 8192 * 2 * 2 * 64 * 2
+    assert split["activations"] == own + gathered
+    assert split["activations"] < whole["activations"] / 3
+    assert (whole["lm head"], split["lm head"]) == (4096 * 8192 * 12, 2048 * 8192 * 12)
+    assert split["parameters"] == whole["parameters"]  # the state is not split by it
+
+
 @pytest.mark.parametrize("remat", ["none", "layer", "dots"])
 @pytest.mark.parametrize("row_len", [128, 384])
 def test_activation_estimate_bounds_what_jax_keeps_for_the_backward(remat, row_len):
