@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"program": program.name, **program.shape,
                           "compile_s": round(seconds, 1), **figures,
                           "peak_bytes": int(peak)}), flush=True)
-    plan = run_memory_plan(cfg, run.model, run.mesh, hbm,
+    plan = run_memory_plan(cfg, run.model, run.mesh, hbm, platform=topology.platform,
                            teacher=teacher_model_config(cfg.distillation))
     peak, program, figures = worst
     fits = (not hbm or peak <= hbm) and not refused

@@ -20,17 +20,20 @@ def max_total_len(cfg) -> int:
 
 
 def run_memory_plan(cfg, model: ModelConfig, mesh, budget: float, *, host_devices: int = 1,
-                    teacher: ModelConfig | None = None) -> plans.MemoryPlan:
+                    teacher: ModelConfig | None = None, platform: str | None = None
+                    ) -> plans.MemoryPlan:
     """``runtime.memory_plan.memory_plan`` for run config ``cfg`` on ``mesh``, per device.
 
     ``host_devices``: devices that share one host's memory (CPU devices); ``teacher``: the
-    distillation teacher's config, when it is held beside the policy."""
+    distillation teacher's config, when it is held beside the policy; ``platform``: what
+    the programs compile for (default: the mesh's devices')."""
     learner, packing = cfg.learner, cfg.learner.packing
     return plans.memory_plan(
         model, row_len=packing.micro_batch_max_tokens, loss_slots=packing.loss_slots_per_row,
         remat=learner.remat, kernel_impl=learner.kernel_impl,
         reference=learner.uses_reference, attention_impl=learner.attention_impl,
         shards=mesh.shape["fsdp"] * mesh.shape["tensor"], context=mesh.shape.get("context", 1),
+        platform=platform or mesh.devices.flat[0].platform,
         sampler_rows=cfg.train.manager.num_episodes, sampler_len=max_total_len(cfg),
         budget=budget, host_devices=host_devices,
         lora_params=lora.adapter_count(model, cfg.model.lora), teacher=teacher,

@@ -15,6 +15,11 @@
                     (``accumulates``): the fp32 sum beside the group's own gradient
     optimizer       2 · P' · b_param                      (AdamW's first and second moments)
                     with P' = P / (fsdp · tensor), or Q with LoRA (only the adapters train)
+    update          2 · P' · 4 on a TPU: XLA:TPU holds the AdamW update's fp32 updates and
+                    new moments beside the donated state (for Qwen2.5-0.5B on v5e, v5p and
+                    v6e chips at fsdp 1, 4 and 8 the compiler's temporaries exceed the other
+                    items by 2·P'·4 plus 0.6–1.2 GiB that no sharding divides); XLA:CPU and
+                    GPU write them over the state (``tests/training/test_update_memory.py``)
     activations     one group of rows of the train step's scan, one row per device:
                       remat "none"   L · a_layer(T)
                       remat "layer"  2L · T · D · b + a_layer(T)
@@ -118,13 +123,14 @@ def memory_plan(cfg: ModelConfig, *, row_len: int, loss_slots: int, remat: str,
                 sampler_len: int = 0, budget: float = 0.0, host_devices: int = 1,
                 attention_impl: str = "auto", accumulates: bool = True,
                 lora_params: int = 0, teacher: ModelConfig | None = None,
-                context: int = 1) -> MemoryPlan:
+                context: int = 1, platform: str = "cpu") -> MemoryPlan:
     """The plan (module doc). ``shards`` = fsdp · tensor; ``context``: the mesh's context
     axis, over which each row's tokens are split (a device's activations and loss slots
     are those of ``row_len / context`` tokens, plus one layer's keys and values of the whole
     row, all-gathered, and their gradients: ``pallas_kernels/context_attention.py``);
     ``host_devices``: devices sharing one host's RAM when the budget is the host's (CPU),
-    whose states all count;
+    whose states all count; ``platform``: the backend the programs compile for ("tpu"
+    counts the optimizer update's temporaries);
     ``accumulates``: whether a mini-batch may need more than one group of rows;
     ``lora_params``: the adapters' values when LoRA trains them alone (0 = full training);
     ``teacher``: on-policy distillation's teacher, its ``dtype`` the one it computes in."""
@@ -149,6 +155,7 @@ def memory_plan(cfg: ModelConfig, *, row_len: int, loss_slots: int, remat: str,
         ("gradients", trained * 4),
         ("accumulator", trained * 4 if accumulates else 0.0),
         ("optimizer", 2 * trained * pb),
+        ("update", 2 * trained * 4 if platform == "tpu" else 0.0),
         ("activations", activations),
         ("lm head", min(loss_slots, tokens) * vocab * 4 * 3),
         ("kv cache", cache / max(host_devices, 1)),

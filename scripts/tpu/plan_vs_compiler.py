@@ -43,7 +43,7 @@ CHIPS = {"v5e:1x1": 1, "v5e:2x2": 4, "v5e:2x4": 8, "v5e:4x4": 16, "v5p:2x2x1": 4
          "v6e:2x4": 8}
 # The plan's items the update step holds (the sampler's are another program's).
 LEARNER_ITEMS = ("parameters", "reference", "teacher", "gradients", "accumulator",
-                 "optimizer", "activations", "lm head")
+                 "optimizer", "update", "activations", "lm head")
 STATE_ITEMS = ("parameters", "reference", "teacher", "optimizer")
 
 
@@ -75,7 +75,8 @@ def compile_one(model: str, lora: bool, topology: str, timeout: int) -> dict:
         "fits": total["fits"], "plan_total_gib": round(total["plan_total_bytes"] / 2**30, 2),
         "plan_learner_gib": round(plan_learner / 2**30, 2),
         "plan_state_gib": round(sum(plan.get(k, 0) for k in STATE_ITEMS) / 2**30, 2),
-        "state_gib": round(total["state_bytes"] / 2**30, 2)})
+        "state_gib": round(total["state_bytes"] / 2**30, 2),
+        "plan_gib": {k: round(v / 2**30, 3) for k, v in plan.items()}})
     if update is not None and "peak_bytes" in update:
         result.update({"compiler_peak_gib": round(update["peak_bytes"] / 2**30, 2),
                        "temp_gib": round(update["temp_bytes"] / 2**30, 2),

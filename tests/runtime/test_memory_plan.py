@@ -53,6 +53,19 @@ def test_a_distillation_teacher_counts_its_matrices_in_its_compute_dtype():
 
 
 
+def test_on_a_tpu_the_optimizer_update_holds_two_fp32_copies_of_what_trains():
+    """Qwen2.5-0.5B over fsdp 4: 2 · P/4 · 4 bytes on a TPU (what XLA:TPU's temporaries
+    showed beyond the other items), none on CPU; with LoRA, the adapters' values."""
+    cfg = qwen25_config()
+    args = dict(row_len=2048, loss_slots=512, remat="layer", kernel_impl="auto",
+                reference=False, shards=4)
+    tpu, cpu = (dict(memory_plan(cfg, platform=p, **args).items) for p in ("tpu", "cpu"))
+    assert tpu["update"] == 2 * 494_032_768 / 4 * 4 and cpu["update"] == 0
+    lora = dict(memory_plan(cfg, platform="tpu", lora_params=1000, **args).items)
+    assert lora["update"] == 2 * 1000 * 4
+    assert tpu["parameters"] == cpu["parameters"]  # not resident state
+
+
 def test_a_context_axis_splits_each_rows_activations_and_loss_slots():
     """Qwen2.5-0.5B, 8,192-token rows under remat="layer", the context axis C = 4: a device's
     activations are those of 2,048 tokens plus one layer's keys and values of the whole row
