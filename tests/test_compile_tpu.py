@@ -139,8 +139,8 @@ def test_a_teacher_is_compiled_where_the_run_reads_it(loss):
 @pytest.fixture(scope="module")
 def tpu_runs():
     """The tiny recipe's update step compiled for a v5e:2x2, fsdp=4, data-only and with its
-    rows split over a context axis of 4, and the distillation recipe's with a dense loss
-    (the tiny model as its teacher), fsdp=4."""
+    rows split over a context axis of 4, and for the eight chips of a v5e:2x4 at fsdp=8;
+    the distillation recipe's with a dense loss (the tiny model as its teacher), fsdp=4."""
     if not HAS_LIBTPU:
         pytest.skip("no TPU compiler here (libtpu is not installed)")
     import jax
@@ -153,13 +153,15 @@ def tpu_runs():
     option = "jax_persistent_cache_min_compile_time_secs"  # TPU executables: not cached
     before = getattr(jax.config, option)
     jax.config.update(option, float("inf"))
-    topology = aot.topology("v5e:2x2")
+    topologies = {"v5e:2x2": aot.topology("v5e:2x2"), "v5e:2x4": aot.topology("v5e:2x4")}
     runs = {}
     dense = ["--config.teacher.pretrain=tiny", "--config.distill_loss=forward_kl"]
     context = ["--config.mesh.context=4", "--config.mesh.data=1"]
     for name, recipe, fsdp, more in (("fsdp", "frozen_lake", 4, []), ("data", "frozen_lake", 1, []),
                                      ("context", "frozen_lake", 1, context),
+                                     ("fsdp8", "frozen_lake", 8, []),
                                      ("teacher", "tiny_distill_frozen_lake", 4, dense)):
+        topology = topologies["v5e:2x4" if fsdp == 8 else "v5e:2x2"]
         with aot.traced_for("tpu"):
             c = parse_config(["compile_tpu", "--config", f"configs/{recipe}.py",
                               f"--config.mesh.fsdp={fsdp}", *more])
@@ -173,9 +175,17 @@ def tpu_runs():
 
 
 def test_each_chip_holds_its_share_of_the_parameters(tpu_runs):
-    run, _ = tpu_runs["fsdp"]
-    assert dict(run.mesh.shape) == {"data": 1, "fsdp": 4, "tensor": 1, "context": 1}
-    assert run.param_bytes == _per_chip_param_bytes(_tiny_recipe_model(), 4)
+    """On four chips and on eight: nothing the rules shard is replicated; the compiled
+    update step's arguments hold that share and the optimizer's moments beside it."""
+    from jaxrl_agentic.runtime.aot import program_figures
+
+    for name, fsdp in (("fsdp", 4), ("fsdp8", 8)):
+        run, compiled = tpu_runs[name]
+        assert dict(run.mesh.shape) == {"data": 1, "fsdp": fsdp, "tensor": 1, "context": 1}
+        own = _per_chip_param_bytes(_tiny_recipe_model(), fsdp)
+        assert run.param_bytes == own
+        # parameters, reference and both moments, all fp32 and sharded alike, + the batch
+        assert program_figures(compiled)["argument_bytes"] >= 4 * own
     data_run, _ = tpu_runs["data"]
     assert data_run.param_bytes == data_run.param_global_bytes  # replicated over data
 
