@@ -38,14 +38,33 @@ from jax import lax
 from pallas_kernels import matmul_precision
 
 DIVERGENCES = ("forward_kl", "reverse_kl")
+# The values of `distill_loss`: "sampled", the one-token advantage (pipeline/distillation.py),
+# or a divergence over the whole distribution in the learner's loss.
+DISTILL_LOSSES = ("sampled", *DIVERGENCES)
 # Logits of one model per chunk: 4M fp32 = 16 MiB (28 positions at a 151,936-token vocabulary).
 CHUNK_LOGITS = 1 << 22
 
 
+def head_logits(hidden, head):
+    """``hidden [n, D] @ head [D, V]`` in fp32, the head cast to the hidden's dtype (as the
+    sampler and the fused kernel use it)."""
+    return jnp.dot(hidden, head.astype(hidden.dtype), preferred_element_type=jnp.float32,
+                   precision=matmul_precision(hidden.dtype))
+
+
+def over_position_chunks(fn, xs, vocab: int, chunk_logits: int = CHUNK_LOGITS):
+    """``fn(chunk)`` over the positions of ``xs`` (a tuple of ``[N, ·]`` arrays) in chunks of
+    ``chunk_logits // vocab`` positions, so that one chunk's ``[chunk, vocab]`` logits are
+    held at a time; each chunk's ``[chunk]`` results joined back to ``[N]``."""
+    n = xs[0].shape[0]
+    chunk = max(1, min(n, chunk_logits // vocab))
+    rows = tuple(jnp.pad(x, ((0, -n % chunk), (0, 0))).reshape(-1, chunk, x.shape[-1])
+                 for x in xs)
+    return lax.map(fn, rows).reshape(-1)[:n]
+
+
 def _log_softmax(hidden, head, temperature):
-    logits = jnp.dot(hidden, head.astype(hidden.dtype), preferred_element_type=jnp.float32,
-                     precision=matmul_precision(hidden.dtype))
-    return jax.nn.log_softmax(logits / temperature, axis=-1)
+    return jax.nn.log_softmax(head_logits(hidden, head) / temperature, axis=-1)
 
 
 def teacher_divergence(hidden, head, teacher_hidden, teacher_head, *, kind: str,
@@ -60,13 +79,6 @@ def teacher_divergence(hidden, head, teacher_hidden, teacher_head, *, kind: str,
         raise ValueError(f"distill_loss: the teacher's head has {teacher_head.shape[-1]} "
                          f"outputs and the student's {head.shape[-1]}; a divergence over the "
                          "vocabulary needs the same one")
-    n = hidden.shape[0]
-    chunk = max(1, min(n, chunk_logits // head.shape[-1]))
-    pad = -n % chunk
-
-    def rows(x):
-        return jnp.pad(x, ((0, pad), (0, 0))).reshape(-1, chunk, x.shape[-1])
-
     teacher_hidden, teacher_head = lax.stop_gradient((teacher_hidden, teacher_head))
 
     @jax.checkpoint  # recompute a chunk's logits in the backward instead of storing them all
@@ -78,4 +90,4 @@ def teacher_divergence(hidden, head, teacher_hidden, teacher_head, *, kind: str,
             return jnp.sum(jnp.exp(teacher) * (teacher - student), axis=-1)
         return jnp.sum(jnp.exp(student) * (student - teacher), axis=-1)
 
-    return lax.map(one, (rows(hidden), rows(teacher_hidden))).reshape(-1)[:n]
+    return over_position_chunks(one, (hidden, teacher_hidden), head.shape[-1], chunk_logits)

@@ -209,7 +209,7 @@ class _Rollout:
         decoding. The wait ends when every such agent has asked, and lasts at most
         `GATHER_MAX_S`, and at most `GATHER_THINK_X` × the agents' median time from a reply
         to their next request (none once that is over `GATHER_MAX_S`: slow agents are not
-        waited for; their first requests are, the agents having only just started)."""
+        waited for). Until one such time is known (the first turn) it is `GATHER_MAX_S`."""
         asking = {item[0] for item in waiting} | {key[0] for key in in_flight}
         about = [i for i in range(len(self.specs))
                  if i not in self.outcomes and i not in asking]

@@ -10,7 +10,7 @@ from jaxrl_agentic.algos.kl import KL_ESTIMATORS
 from jaxrl_agentic.algos.losses import KERNEL_IMPLS
 from jaxrl_agentic.algos.policy_losses import get_policy_loss, policy_loss_names
 from jaxrl_agentic.algos.reductions import REDUCTIONS
-from jaxrl_agentic.algos.teacher_divergence import DIVERGENCES
+from jaxrl_agentic.algos.teacher_divergence import DISTILL_LOSSES
 from jaxrl_agentic.models.transformer import REMAT_POLICIES
 from jaxrl_agentic.training.update import UpdateConfig, fail_first
 from pallas_kernels.segment_attention import IMPLS as ATTENTION_IMPLS
@@ -85,8 +85,8 @@ class LearnerConfig(UpdateConfig):
             (self.policy_loss in policy_loss_names(), "policy_loss",
              f"choose one of {', '.join(policy_loss_names())} (or register one: "
              "algos.policy_losses.register_policy_loss)"),
-            (self.distill_loss in ("sampled", *DIVERGENCES), "distill_loss",
-             f"choose one of sampled, {', '.join(DIVERGENCES)}"),
+            (self.distill_loss in DISTILL_LOSSES, "distill_loss",
+             f"choose one of {', '.join(DISTILL_LOSSES)}"),
             (self.distill_coef >= 0, "distill_coef", "must be a number >= 0"),
             (self.remat in REMAT_POLICIES, "remat", f"choose one of {', '.join(REMAT_POLICIES)}"),
             (self.loss_reduction in REDUCTIONS, "loss_reduction",

@@ -20,8 +20,9 @@ that position is another token than ``y_t``.
 
 **The argmax, and what it costs.** The fused kernel returns logprobs only, so the same
 program takes a chunked jnp pass over the teacher's logits at the gathered loss positions
-(:func:`mark_other_argmax`): ``[chunk, D] @ [D, V]`` then argmax, ``ARGMAX_CHUNK_LOGITS``
-fp32 logits (16 MiB) at a time. That is one more head matmul per loss token, the same
+(:func:`mark_other_argmax`): ``[chunk, D] @ [D, V]`` then argmax, ``CHUNK_LOGITS``
+fp32 logits (16 MiB) at a time (``algos.teacher_divergence.over_position_chunks``). That
+is one more head matmul per loss token, the same
 ``D·V`` multiply-adds as the kernel's own pass over the head: 74 k at the tiny model's
 128 × 576 head against its blocks' ~0.8 M per token (+9%), 136 M at Qwen2.5-0.5B's
 896 × 151,936 head against its blocks' ~360 M (+38%); prompt tokens, which run the blocks
@@ -40,9 +41,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax import lax
 
-from jaxrl_agentic.algos.teacher_divergence import DIVERGENCES
+from jaxrl_agentic.algos.teacher_divergence import (
+    DISTILL_LOSSES,
+    head_logits,
+    over_position_chunks,
+)
 from jaxrl_agentic.data import Sample
 from jaxrl_agentic.models.config import DTYPES
 from jaxrl_agentic.models.transformer import in_compute_dtype
@@ -54,14 +58,9 @@ from jaxrl_agentic.runtime.parallel import (
 from jaxrl_agentic.training.learner import LOGPROB_BATCH_KEYS, make_compute_logprobs
 from jaxrl_agentic.training.learner_config import LearnerConfig
 from jaxrl_agentic.training.per_token import per_sample_outputs
-from pallas_kernels import compiler_options, matmul_precision
+from pallas_kernels import compiler_options
 
 DISTILL_MODES = ("add", "only")
-# "sampled": the one-token advantage (pipeline/distillation.py); the others put the teacher's
-# whole distribution in the learner's loss (algos/teacher_divergence.py).
-DISTILL_LOSSES = ("sampled", *DIVERGENCES)
-# Logits of one argmax chunk: 4M fp32 = 16 MiB (28 positions at a 151,936-token vocabulary).
-ARGMAX_CHUNK_LOGITS = 1 << 22
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,16 +111,10 @@ class DistillationConfig:
 def mark_other_argmax(hidden, head, targets, logprobs):
     """``logprobs [N]`` with the sign of each position flipped where the argmax of
     ``hidden @ head`` is not ``targets`` (module doc: exact, and its cost)."""
-    n, vocab = hidden.shape[0], head.shape[1]
-    chunk = max(1, min(n, ARGMAX_CHUNK_LOGITS // vocab))
-    rows = jnp.pad(hidden, ((0, -n % chunk), (0, 0))).reshape(-1, chunk, hidden.shape[1])
+    def best(chunk):
+        return jnp.argmax(head_logits(chunk[0], head), axis=-1)
 
-    def best(h):
-        logits = jnp.dot(h, head.astype(h.dtype), preferred_element_type=jnp.float32,
-                         precision=matmul_precision(h.dtype))
-        return jnp.argmax(logits, axis=-1)
-
-    other = lax.map(best, rows).reshape(-1)[:n] != targets
+    other = over_position_chunks(best, (hidden,), head.shape[1]) != targets
     return jnp.where(other, -logprobs, jnp.minimum(logprobs, 0.0))
 
 
