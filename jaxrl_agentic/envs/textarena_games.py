@@ -55,7 +55,8 @@ from jaxrl_agentic.envs.textarena_source import (
     new_game,
 )
 
-SEAT_KINDS = ("policy", "random")
+SEAT_KINDS = ("policy", "random", "frozen:<k>", "frozen:start")
+FROZEN = "frozen:"  # the policy as it was: k versions ago, or when the run started
 NUM_SEATS = 2
 DEFAULT_MAX_STEPS = 100  # replies per seat when the game states no turn limit
 DEFAULT_FALLBACK_REPLY = "[0]"
@@ -125,6 +126,21 @@ def listed_moves(text: str) -> list[str]:
     return []
 
 
+def random_listed_move_policy(rng, **_unused):
+    """The format warm-up's text policy (`warmup.py`) for a two-player game: a random move
+    among those the newest messages list to the seat (a legal move: TicTacToe's free cells,
+    Kuhn Poker's actions), else one listed earlier in the conversation, else
+    DEFAULT_FALLBACK_REPLY. The warmed policy thereby reads the listing before it moves."""
+    seen: list[str] = []
+
+    def reply(text: str) -> str:
+        seen.append(text)
+        moves = listed_moves(text) or listed_moves("\n".join(seen))
+        return rng.choice(moves) if moves else DEFAULT_FALLBACK_REPLY
+
+    return reply
+
+
 @dataclasses.dataclass(frozen=True)
 class SeatMove:
     """What one policy seat's reply did."""
@@ -157,7 +173,13 @@ class TextArenaMatch(PythonTextEnv):
 
     @property
     def policy_seats(self) -> tuple[int, ...]:
+        """The seats trained: their turns are trajectories."""
         return tuple(i for i, kind in enumerate(self.seats) if kind == "policy")
+
+    @property
+    def model_seats(self) -> tuple[int, ...]:
+        """The seats a model plays through the sampler: the policy's and frozen snapshots'."""
+        return tuple(i for i, kind in enumerate(self.seats) if kind != "random")
 
     # ---- the game, seat by seat (rollout/seats.py) -------------------------------------------
     def start(self, seed: int) -> None:
@@ -300,15 +322,32 @@ def game_metrics(episode_metrics: Sequence[dict], prefix: str = "") -> dict[str,
     return out
 
 
+def frozen_versions_back(kind: str) -> int | None:
+    """k of a `"frozen:<k>"` seat (k >= 1), 0 for `"frozen:start"`, None for another kind;
+    a malformed `frozen:` kind is a ValueError naming the field."""
+    if not kind.startswith(FROZEN):
+        return None
+    k = kind[len(FROZEN):]
+    if k == "start":
+        return 0
+    if not k.isdigit() or int(k) < 1:
+        raise ValueError(f"seats: {kind!r}: a frozen seat is 'frozen:<k>' with k >= 1 (the "
+                         "policy k versions ago) or 'frozen:start'")
+    return int(k)
+
+
 def check_seats(seats) -> tuple[str, ...]:
     """`seats` as a tuple of NUM_SEATS known kinds, or a one-line error naming the field."""
     if isinstance(seats, str) or not isinstance(seats, Sequence) or len(seats) != NUM_SEATS:
         raise ValueError(f"seats: must list {NUM_SEATS} seat kinds (one per player, "
                          f"each of {', '.join(SEAT_KINDS)}), got {seats!r}")
-    bad = [s for s in seats if s not in SEAT_KINDS]
+    bad = [s for s in seats if not isinstance(s, str)
+           or (s not in ("policy", "random") and not s.startswith(FROZEN))]
     if bad:
         raise ValueError(f"seats: unknown seat kind {bad[0]!r}; allowed: "
                          f"{', '.join(SEAT_KINDS)}")
+    for kind in seats:
+        frozen_versions_back(kind)
     if "policy" not in seats:
         raise ValueError(f"seats: at least one seat must be 'policy', got {tuple(seats)}")
     return tuple(seats)
@@ -384,4 +423,5 @@ def two_player_builder(env_id: str, *, seats=("policy", "policy"),
                               max_steps_in_episode=int(max_steps_in_episode), **options)
 
     factory.runner = RUNNER  # rollout/runner.py: matches are played seat by seat
+    factory.seats = seats  # the kinds in play (frozen ones need policy snapshots)
     return factory

@@ -47,6 +47,7 @@ from jaxrl_agentic.rollout.conversation import ChatFormatter
 from jaxrl_agentic.rollout.groups import plan_episodes
 from jaxrl_agentic.rollout.producer import RolloutProducer
 from jaxrl_agentic.rollout.runner import make_runner
+from jaxrl_agentic.rollout.snapshots import PolicySnapshots
 from jaxrl_agentic.run_config import as_run_config
 from jaxrl_agentic.runtime import memory_plan as plans
 from jaxrl_agentic.runtime import timing
@@ -153,7 +154,7 @@ class Pipeline(BatchFilters):
         self.sampler.set_params(None)  # the learner owns the params from here on
         # One runner per tag with the tag's own env_config; a manager that overrides env
         # parameters (`env_manager(env_config=...)`) gets its own runners for its tags.
-        self.runners = {tag: self._runner(tag, dict(env.env_config))
+        self.runners = {tag: self.build_runner(tag, dict(env.env_config))
                         for tag, env in cfg.envs.items()}
         self.split_runners = {}
         for split in ("train", "val"):
@@ -163,9 +164,10 @@ class Pipeline(BatchFilters):
                     runners[tag] = self.runners[tag]
                     continue
                 try:
-                    runners[tag] = self._runner(tag, cfg.split_env_config(split, tag))
+                    runners[tag] = self.build_runner(tag, cfg.split_env_config(split, tag))
                 except ValueError as e:  # an unknown or invalid parameter, named by make()
                     raise ConfigError(f"config.{split}_env_manager.env_config: {e}") from None
+        self.snapshots = self._attach_snapshots()
         schedule = cfg.schedule
         self.lr_plan = LearningRatePlan(
             learning_rate=schedule.learning_rate, lr_scheduler_type=schedule.lr_scheduler_type,
@@ -184,7 +186,7 @@ class Pipeline(BatchFilters):
                 raise ConfigError(f"config.{field}: not supported with several processes "
                                   "(distributed.enabled)")
 
-    def _runner(self, tag: str, env_config: dict):
+    def build_runner(self, tag: str, env_config: dict):
         """The rollout runner of env tag `tag` with environment parameters `env_config`."""
         env, rollout = self.config.envs[tag], self.config.rollout
         return make_runner(
@@ -195,6 +197,22 @@ class Pipeline(BatchFilters):
             step_timeout_s=env.step_timeout_s, max_workers=env.max_workers,
             batching=rollout.batching, slots=rollout.slots,
             decode_chunk=rollout.decode_chunk_tokens, history=env.history)
+
+    def _attach_snapshots(self):
+        """One pool of earlier policy versions (`rollout/snapshots.py`) for every runner
+        whose games have frozen seats; None when none has."""
+        runners = [r for split in self.split_runners.values() for r in split.values()]
+        pool = PolicySnapshots.for_kinds(
+            [k for r in runners for k in getattr(r, "frozen_kinds", ())])
+        for r in runners:
+            if getattr(r, "frozen_kinds", ()):
+                r.snapshots = pool
+        return pool
+
+    def record_snapshot(self) -> None:
+        """The policy as it is now, kept for frozen seats (on this thread: the learner's)."""
+        if self.snapshots is not None:
+            self.snapshots.record(int(self.learner.state.step), self.sampler_params())
 
     def _memory_plan(self, model_dir: str):
         """The run's ``memory_plan`` per device, from the model's config.json alone."""
@@ -317,6 +335,7 @@ class Pipeline(BatchFilters):
         """
         cfg = self.config
         t0 = time.perf_counter()
+        self.record_snapshot()
         trajs, t_rollout, off_policy = self.train_rollout()
         self.shape_rewards(trajs)
         played, rounds = trajs, 1
@@ -490,6 +509,7 @@ class Pipeline(BatchFilters):
         """The held-out episodes, greedy (`eval_temperature` 0) or sampled at
         `eval_temperature` (RAGEN's validation samples at 0.5)."""
         t = self.config.rollout.eval_temperature
+        self.record_snapshot()
         trajs = self.rollout("val", greedy=t == 0, temperature=t or None)
         return trajectory_metrics(trajs, "eval/"), trajs
 

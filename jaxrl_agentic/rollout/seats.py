@@ -32,6 +32,15 @@ the same way, logged, with `env_error` 1.0 on its seats' trajectories. Game step
 rollout thread: TextArena's board and card games answer in microseconds, and have no
 deadline here (`step_timeout_s` is not applied).
 
+Frozen seats (`"frozen:<k>"`, `"frozen:start"`): an earlier version of the policy plays the
+seat through the same sampler and session, in its own stream, with the params the runner's
+`snapshots` (`rollout/snapshots.py`, attached by the pipeline) give for that kind when the
+run starts: one version for the whole rollout. Each round makes one sampler call per params
+in play (the policy's rows, then each frozen version's rows), with the same seed and row
+seeds as a single call would have. A frozen seat's stream is no trajectory of the run (no
+sample, no gradient): the last run's are kept in `last_opponents`, with the version they
+played in `metrics["frozen_version"]`.
+
 Lockstep only: `batching="continuous"` plays these rounds too (the setting is the run's
 for its other environments).
 """
@@ -46,6 +55,7 @@ import numpy as np
 from jaxrl_agentic.data.trajectory import Trajectory
 from jaxrl_agentic.envs import INVALID_ACTION
 from jaxrl_agentic.envs.metrics import episode_metrics
+from jaxrl_agentic.envs.textarena_games import FROZEN
 from jaxrl_agentic.rollout.groups import EpisodeSpec
 from jaxrl_agentic.rollout.turns import (
     GenerationConfig,
@@ -71,7 +81,24 @@ class SeatRolloutRunner:
         self.factory, self.sampler, self.formatter = factory, sampler, formatter
         self.tag, self.max_turns, self.max_input_length = tag, int(max_turns), max_input_length
         self.generation, self.run_seed = generation, int(run_seed)
-        self.stats = {"games": 0, "errors": 0, "opponent_moves": 0}
+        self.stats = {"games": 0, "errors": 0, "opponent_moves": 0, "frozen_moves": 0}
+        self.snapshots = None  # PolicySnapshots: the frozen seats' params (module doc)
+        self.last_opponents: list[Trajectory] = []
+
+    @property
+    def frozen_kinds(self) -> tuple[str, ...]:
+        """The frozen seat kinds this runner's games have (they need `snapshots`)."""
+        seats = getattr(self.factory, "seats", ())
+        return tuple(k for k in dict.fromkeys(seats) if k.startswith(FROZEN))
+
+    def _frozen_params(self) -> dict[str, tuple[int, object]]:
+        if not self.frozen_kinds:
+            return {}
+        if self.snapshots is None:
+            raise RuntimeError(f"{self.tag}: seats {self.frozen_kinds} are earlier policy "
+                               "versions; give the runner a rollout.snapshots."
+                               "PolicySnapshots (the pipeline attaches one)")
+        return {kind: self.snapshots.params_for(kind) for kind in self.frozen_kinds}
 
     def run(self, episodes: Sequence[EpisodeSpec], *, sample_seed: int,
             traj_id_start: int = 0, params=None, greedy: bool | None = None,
@@ -80,7 +107,7 @@ class SeatRolloutRunner:
         if hasattr(params, "current"):  # a live policy: lockstep plays one version throughout
             params = params.current()[1]
         games = _Games(self, episodes, traj_id_start)
-        games.play(gen, sample_seed=sample_seed, params=params)
+        games.play(gen, sample_seed=sample_seed, params=params, frozen=self._frozen_params())
         return games.finish()
 
     def replay_frames(self, traj: Trajectory) -> list[np.ndarray]:
@@ -89,7 +116,7 @@ class SeatRolloutRunner:
 
 
 class _Games:
-    """One `run`: the games, their policy seats' streams (session row = stream index)."""
+    """One `run`: the games, their model seats' streams (session row = stream index)."""
 
     def __init__(self, runner: SeatRolloutRunner, specs: Sequence[EpisodeSpec],
                  traj_id_start: int):
@@ -98,6 +125,7 @@ class _Games:
         self.trajs: list[Trajectory] = []
         self.row_of: dict[tuple[int, int], int] = {}  # (game, seat) -> stream
         self.game_of: list[tuple[int, int]] = []  # stream -> (game, seat)
+        self.frozen: dict[str, tuple[int, object]] = {}  # kind -> (version, params)
         with timing.span("rollout/env"):
             for g, spec in enumerate(self.specs):
                 match = runner.factory(spec, runner.run_seed)
@@ -106,16 +134,24 @@ class _Games:
                     match.start(spec.seed)
                 except Exception as e:
                     self._fail(g, "start", e)
+        # Streams of every seat a model plays: policy seats' first, then frozen ones'.
+        for frozen in (False, True):
+            self._add_streams(frozen, traj_id_start)
+        self.live = [not self.failed[g] and not m.done for g, m in enumerate(self.matches)]
+
+    def _add_streams(self, frozen: bool, traj_id_start: int) -> None:
+        """A stream per policy seat (or per frozen seat), seat 0s first."""
+        runner = self.runner
         for seat in range(max(len(m.seats) for m in self.matches) if self.matches else 0):
             for g, (spec, match) in enumerate(zip(self.specs, self.matches, strict=True)):
-                if seat < len(match.seats) and match.seats[seat] == "policy":
+                kind = match.seats[seat] if seat < len(match.seats) else "random"
+                if kind != "random" and kind.startswith(FROZEN) == frozen:
                     self.row_of[g, seat] = len(self.trajs)
                     self.game_of.append((g, seat))
                     self.trajs.append(Trajectory(
                         traj_id=traj_id_start + g + seat * SEAT_ID_STRIDE,
                         group_id=spec.group_id, tag=runner.tag, seed=spec.seed, tokens=[],
                         turns=[], member=spec.member, seat=seat))
-        self.live = [not self.failed[g] and not m.done for g, m in enumerate(self.matches)]
 
     def _fail(self, g: int, what: str, error: Exception) -> None:
         spec = self.specs[g]
@@ -135,8 +171,10 @@ class _Games:
                 return formatter.first_prompt(text)
             return formatter.next_prompt(text)
 
-    def play(self, gen: GenerationConfig, *, sample_seed: int, params) -> None:
+    def play(self, gen: GenerationConfig, *, sample_seed: int, params,
+             frozen: dict[str, tuple[int, object]]) -> None:
         runner = self.runner
+        self.frozen = frozen
         session = runner.sampler.new_session(len(self.trajs))
         round_index = 0
         while any(self.live):
@@ -155,8 +193,12 @@ class _Games:
                     self._cut(g)
             if not rows:
                 break
-            replies = generate_replies(session, rows, self.trajs, runner.formatter, gen,
-                                       params=params, seed=turn_seed(sample_seed, round_index))
+            replies = {}
+            for kind, batch in self._by_kind(rows).items():
+                replies.update(generate_replies(
+                    session, batch, self.trajs, runner.formatter, gen,
+                    params=params if kind == "policy" else frozen[kind][1],
+                    seed=turn_seed(sample_seed, round_index)))
             for row in rows:
                 g, seat = self.game_of[row]
                 match, traj = self.matches[g], self.trajs[row]
@@ -182,6 +224,17 @@ class _Games:
                 elif len(traj.turns) >= min(runner.max_turns, match.max_steps_in_episode):
                     self._cut(g)
             round_index += 1
+
+    def _kind(self, row: int) -> str:
+        g, seat = self.game_of[row]
+        return self.matches[g].seats[seat]
+
+    def _by_kind(self, rows: list[int]) -> dict[str, list[int]]:
+        """Rows by who plays them: the policy's first, then each frozen kind's."""
+        out: dict[str, list[int]] = {}
+        for row in sorted(rows, key=lambda r: self._kind(r) != "policy"):
+            out.setdefault(self._kind(row), []).append(row)
+        return out
 
     def _cut(self, g: int) -> None:
         """Ends game g before TextArena did: no winner, its seats truncated."""
@@ -212,10 +265,17 @@ class _Games:
                                 not self.failed[g] else _failed_seat_metrics(seat))
             traj.metrics["env_error"] = float(self.failed[g])
             traj.metrics["env_timeout"] = 0.0
+        policy = [t for row, t in enumerate(self.trajs) if self._kind(row) == "policy"]
+        runner.last_opponents = [t for row, t in enumerate(self.trajs)
+                                 if self._kind(row) != "policy"]
+        for row, traj in enumerate(self.trajs):
+            if self._kind(row) != "policy":
+                traj.metrics["frozen_version"] = float(self.frozen[self._kind(row)][0])
+        runner.stats["frozen_moves"] += sum(len(t.turns) for t in runner.last_opponents)
         runner.stats["games"] += len(self.matches)
         runner.stats["errors"] += int(self.failed.sum())
         runner.stats["opponent_moves"] += sum(m.opponent_moves for m in self.matches)
-        return self.trajs
+        return policy
 
 
 def _failed_seat_metrics(seat: int) -> dict[str, float]:

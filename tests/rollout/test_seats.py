@@ -248,3 +248,143 @@ def test_a_game_that_raises_ends_alone(formatter, monkeypatch):
         assert t.metrics["env_error"] == float(failed)
         assert t.terminated == (not failed) and t.truncated == failed
     assert run.stats["errors"] == 1
+
+
+class ParamsRecordingSampler(RecordingSampler):
+    """RecordingSampler that also records the params of each call (a frozen seat's calls
+    must carry its snapshot's, the policy's calls the policy's)."""
+
+    def new_session(self, num_rows):
+        session, sampler = super().new_session(num_rows), self
+        generate = session.generate
+
+        def recorded(rows, *, params=None, **kwargs):
+            sampler.calls_params = [*getattr(sampler, "calls_params", []), params]
+            return generate(rows, params=params, **kwargs)
+
+        session.generate = recorded
+        return session
+
+
+def frozen_pool(versions):
+    from jaxrl_agentic.rollout.snapshots import PolicySnapshots
+
+    pool = PolicySnapshots(keep=2)
+    for v in versions:
+        pool.record(v, {"version": np.int32(v)})
+    return pool
+
+
+def test_frozen_seat_plays_its_snapshot_in_its_own_stream_and_is_no_trajectory(formatter):
+    config = dict(seats=("policy", "frozen:2"), alternate_seats=True)
+    sampler = ParamsRecordingSampler(formatter, invalid=0.2, seed=8)
+    run = runner(formatter, sampler, config)
+    assert run.frozen_kinds == ("frozen:2",)
+    with pytest.raises(RuntimeError, match="earlier policy versions"):
+        run.run(games(2), sample_seed=0)
+    run.snapshots = frozen_pool(range(6))  # newest 5: frozen:2 is version 3
+    policy = {"version": "policy"}
+    specs = games(6)
+    sampler.calls, sampler.calls_params = [], []
+    trajs = run.run(specs, sample_seed=4, traj_id_start=10, params=policy)
+    # Only the policy's seats are trajectories (samples, gradients); alternate groups swap.
+    assert len(trajs) == len(specs)
+    assert [t.seat for t in sorted(trajs, key=lambda t: t.group_id)] == [0, 1] * 3
+    opponents = {t.group_id: t for t in run.last_opponents}
+    assert sorted(opponents) == list(range(6))
+    for t in trajs:
+        o = opponents[t.group_id]
+        assert o.seat == 1 - t.seat and o.metrics["frozen_version"] == 3.0
+        assert o.traj_id == 10 + t.group_id + o.seat * SEAT_ID_STRIDE
+        streams, rewards = replay(formatter, specs[t.group_id], {t.seat: t, o.seat: o},
+                                  {"seats": ("policy", "policy")})
+        assert t.tokens == streams[t.seat] and o.tokens == streams[o.seat]
+        assert t.score == rewards[t.seat] and rewards[0] + rewards[1] == 0.0
+    # Each call is one params' rows: the policy's with the policy, the opponent's with v3.
+    by_row = {r: k for r, k in enumerate(["policy"] * len(trajs) + ["frozen"] * len(trajs))}
+    for (rows, _, _), params in zip(sampler.calls, sampler.calls_params, strict=True):
+        kinds = {by_row[r] for r in rows}
+        assert len(kinds) == 1
+        assert params is policy if kinds == {"policy"} else int(params["version"]) == 3
+    assert run.stats["frozen_moves"] == sum(len(o.turns) for o in opponents.values())
+
+
+def test_policy_snapshots_keep_the_start_and_the_newest():
+    from jaxrl_agentic.rollout.snapshots import PolicySnapshots
+
+    pool = frozen_pool([0])
+    assert pool.params_for("frozen:2")[0] == 0  # younger than k: the start
+    for v in range(1, 8):
+        pool.record(v, {"version": np.int32(v)})
+    assert pool.versions == [0, 5, 6, 7]  # the start and keep + 1 = 3 newest
+    assert pool.params_for("frozen:1")[0] == 6 and pool.params_for("frozen:2")[0] == 5
+    assert pool.params_for("frozen:start")[0] == 0
+    pool.record(7, {"version": np.int32(99)})  # a version is recorded once
+    assert int(pool.params_for("frozen:1")[1]["version"]) == 6
+    start_only = PolicySnapshots.for_kinds(["policy", "frozen:start"])
+    for v in range(3):
+        start_only.record(v, {"version": np.int32(v)})
+    assert start_only.versions == [0]  # nothing but the start is read
+    assert PolicySnapshots.for_kinds(["policy", "random"]) is None
+    assert PolicySnapshots.for_kinds(["frozen:3"]).keep == 3
+
+
+def test_snapshot_is_a_copy_of_donated_params():
+    import jax
+    import jax.numpy as jnp
+
+    from jaxrl_agentic.rollout.snapshots import PolicySnapshots
+
+    params = {"w": jnp.arange(4.0)}
+    pool = PolicySnapshots(keep=1)
+    pool.record(0, params)
+    jax.jit(lambda p: jax.tree.map(lambda x: x + 1, p), donate_argnums=0)(params)
+    np.testing.assert_array_equal(pool.params_for("frozen:start")[1]["w"], np.arange(4.0))
+
+
+def test_frozen_seat_logprobs_are_its_versions(tiny_model_dir):
+    """Played by the real sampler, a frozen seat's sampled logprobs are those of the
+    version it claims (the full forward of its stream under that version's params), not the
+    policy's; the policy seat's are the policy's."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from jaxrl_agentic.rollout.snapshots import PolicySnapshots
+    from jaxrl_agentic.sampling import Sampler
+
+    model, tok = load_pretrained(tiny_model_dir)
+    formatter = ChatFormatter(tok)
+    graphdef, v0 = nnx.split(model)
+    noise = jax.random.PRNGKey(0)
+    v1 = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(noise, x.shape, x.dtype)
+                      if jnp.issubdtype(x.dtype, jnp.floating) else x, v0)
+    sampler = Sampler(model, tok, max_total_len=1400)
+    # Alternate seats: each side moves first in one game (the untrained model's moves are
+    # mostly invalid, and a seat may lose before the other one moved).
+    run = make_runner("textarena:TicTacToe-v0",
+                      {"seats": ("policy", "frozen:1"), "alternate_seats": True}, sampler,
+                      formatter, tag="game", max_turns=2, max_input_length=1390,
+                      generation=GenerationConfig(max_tokens_per_step=3), format_penalty=0.1)
+    run.snapshots = PolicySnapshots(keep=1)
+    run.snapshots.record(0, v0)
+    run.snapshots.record(1, v1)
+    trajs = run.run(games(2), sample_seed=1, params=v1)
+
+    def forward_logprobs(params, t):
+        logits = nnx.merge(graphdef, params)(jnp.asarray(t.tokens)[None],
+                                             jnp.arange(len(t.tokens))[None])[0]
+        lp = np.asarray(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1))
+        return np.concatenate([lp[u.context_len - 1 + np.arange(len(u.generated)),
+                                  u.generated] for u in t.turns])
+
+    def sampled(t):
+        return np.concatenate([u.logprobs for u in t.turns])
+
+    assert any(o.turns for o in run.last_opponents) and any(t.turns for t in trajs)
+    for o in (o for o in run.last_opponents if o.turns):
+        assert o.metrics["frozen_version"] == 0.0
+        np.testing.assert_allclose(sampled(o), forward_logprobs(v0, o), atol=2e-4)
+        assert np.abs(sampled(o) - forward_logprobs(v1, o)).max() > 1e-2
+    for t in (t for t in trajs if t.turns):
+        np.testing.assert_allclose(sampled(t), forward_logprobs(v1, t), atol=2e-4)
