@@ -109,7 +109,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.logging_dir = ""  # "" → <output_dir>/tensorboard
     c.render_save_dir = ""  # "" → <output_dir>/renders
     c.max_steps = 100
-    c.save_steps = 20
+    c.save_steps, c.save_total_limit = 20, 3  # checkpoints kept: the newest 3 (0: all)
     c.logging_steps = 1
     c.eval_steps = 10
     # Also evaluate before the first update (step 0): the format warm-up's success alone,
@@ -287,7 +287,7 @@ def default_config() -> ml_collections.ConfigDict:
     ))
     # environments
     c.custom_envs = ml_collections.ConfigDict({"frozen_lake": env_spec("frozen_lake")})
-    # "" = each tag's own env_type; else the environment of the run's only tag, e.g.
+    # "" = each tag's own env_type; else the one environment all tags play, e.g.
     # `--config.env_id=textarena:GuessTheNumber-v0` (one override picks another game)
     c.env_id = ""
     # Per tag, the settings a recipe tuned for its own environment and their values on any
@@ -379,9 +379,8 @@ def validate(c) -> None:
     _choice(c, "lr_scheduler_type", LR_SCHEDULER_TYPES)
     _choice(c, "reward_norm_by", REWARD_NORM_BY)
     _choice(c, "dtype", DTYPES)
-    _positive(c, "sample_align", allow_zero=True)
-    _positive(c, "row_prefixes", allow_zero=True)
-    _positive(c, "eval_transcripts", allow_zero=True)
+    for field in ("sample_align", "row_prefixes", "eval_transcripts", "save_total_limit"):
+        _positive(c, field, allow_zero=True)
     _choice(c, "param_dtype", DTYPES)
     for field in ("untie_word_embeddings", "align_when_free", "share_group_prefix",
                   "group_minibatches", "lora_train_embedding"):
@@ -440,9 +439,9 @@ def validate(c) -> None:
     except ValueError as e:
         field = "train_env_manager.group_size" if "group_size" in str(e) else "adv_estimator"
         _fail(field, str(e))
-    if c.env_id and len(c.custom_envs) != 1:
-        _fail("env_id", f"replaces the environment of the run's only tag; custom_envs has "
-              f"{len(c.custom_envs)} ({', '.join(c.custom_envs.keys())})")
+    played = sorted({spec.env_type for spec in c.custom_envs.values()})
+    if c.env_id and len(played) != 1:  # one game in several seatings is one environment
+        _fail("env_id", f"replaces the environment its tags all play; custom_envs plays {played}")
     for tag, spec in c.custom_envs.items():
         if c.env_id:
             spec = ml_collections.ConfigDict({**spec.to_dict(), "env_type": c.env_id})

@@ -279,6 +279,7 @@ class RunSettings:
     render_save_dir: str = "outputs/default/renders"
     max_steps: int = 100
     save_steps: int = 20
+    save_total_limit: int = 3  # checkpoints kept (0: all)
     logging_steps: int = 1
     eval_steps: int = 10
     eval_before_training: bool = False
@@ -508,7 +509,8 @@ def build_run_config(c) -> RunConfig:
         exp_name=c.exp_name, seed=c.seed, output_dir=out,
         logging_dir=c.logging_dir or os.path.join(out, "tensorboard"),
         render_save_dir=c.render_save_dir or os.path.join(out, "renders"),
-        max_steps=c.max_steps, save_steps=c.save_steps, logging_steps=c.logging_steps,
+        max_steps=c.max_steps, save_steps=c.save_steps, save_total_limit=c.save_total_limit,
+        logging_steps=c.logging_steps,
         eval_steps=c.eval_steps, eval_before_training=c.eval_before_training,
         eval_transcripts=c.eval_transcripts,
         resume_from_checkpoint=c.resume_from_checkpoint,

@@ -188,7 +188,8 @@ def run(c, *, log=print) -> dict[str, float]:
     if main_process:
         with open(os.path.join(r.output_dir, "config.json"), "w") as f:
             f.write(cfg.source_json)
-    checkpointer = Checkpointer(os.path.join(r.output_dir, "checkpoints"))
+    checkpointer = Checkpointer(os.path.join(r.output_dir, "checkpoints"),
+                                max_to_keep=r.save_total_limit or None)
     if r.resume_from_checkpoint:  # a bad path fails before any model is built
         directory, step = resolve_checkpoint(r.resume_from_checkpoint, r.output_dir)
     pipeline = Pipeline(cfg, log=log, run_policy=run_policy)

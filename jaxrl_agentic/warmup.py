@@ -80,10 +80,11 @@ def text_policy(env_type: str, env_config: dict):
     """The format-only text policy of a Python environment, `make(rng)` →
     `reply(new_text) -> reply_text`, or None when it has none: the calculator's random
     well-formed calls then an answer, the shop's lookup then a random calculation, a
-    TextArena game's example actions
-    (`textarena_env.random_example_policy`), a reasoning-gym dataset's answers to other
-    items (`reasoning_gym_env.another_items_answer_policy`), with the calculator as its one
-    tool sometimes a call instead (`reasoning_gym_env.call_or_guess_policy`)."""
+    TextArena game's example actions (`textarena_env.random_example_policy`; a two-player
+    game's listed legal moves, `textarena_games.random_listed_move_policy`), a reasoning-gym
+    dataset's answers to other items (`reasoning_gym_env.another_items_answer_policy`), with
+    the calculator as its one tool sometimes a call instead
+    (`reasoning_gym_env.call_or_guess_policy`)."""
     if env_type in ("calculator", "shop"):  # tool envs: calls written in the env's style
         from jaxrl_agentic.envs.calculator import random_calculator_policy
         from jaxrl_agentic.envs.shop import random_shop_policy
@@ -93,8 +94,9 @@ def text_policy(env_type: str, env_config: dict):
                                  call_style=env_config.get("call_style", "qwen"))
     if env_type.startswith("textarena:"):
         from jaxrl_agentic.envs.textarena_env import random_example_policy
+        from jaxrl_agentic.envs.textarena_games import random_listed_move_policy
 
-        return random_example_policy
+        return random_listed_move_policy if _two_player(env_type) else random_example_policy
     tools = env_config.get("tools") or ()
     tools = (tools,) if isinstance(tools, str) else tuple(tools)
     if env_type.startswith("reasoning_gym:") and tools in ((), ("calculate",)):
@@ -221,10 +223,21 @@ def warmup_cache_key(base_model_dir: str, cfg: RunConfig) -> str:
         # Only non-default settings enter the key: earlier warm-ups keep theirs.
         **({"lr_schedule": w.lr_schedule} if w.lr_schedule != "constant" else {}),
         **({"replies": list(w.replies)} if w.replies else {}),
+        # Two-player games' warm-up plays listed (legal) moves since this key entry.
+        **({"listed_moves": 1} if any(_two_player(e.env_type) for e in cfg.envs.values())
+           else {}),
         **({"system_prompt": rollout.system_prompt} if rollout.system_prompt else {}),
         **({"dtype": cfg.model.dtype} if cfg.model.dtype != "float32" else {}),
     }, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _two_player(env_type: str) -> bool:
+    if not env_type.startswith("textarena:"):
+        return False
+    from jaxrl_agentic.envs.textarena_games import is_two_player
+
+    return is_two_player(env_type.split(":", 1)[1])
 
 
 def warmup_learning_rate(w, step: int) -> float:

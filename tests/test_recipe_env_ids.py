@@ -22,8 +22,9 @@ from jaxrl_agentic.run_config import build_run_config
 from jaxrl_agentic.warmup import text_policy
 from tests.test_train import ROOT
 
-TEXTARENA, REASONING_GYM = (os.path.join(ROOT, "configs", f"{r}.py")
-                            for r in ("textarena", "reasoning_gym"))
+TEXTARENA, REASONING_GYM, SELFPLAY = (os.path.join(ROOT, "configs", f"{r}.py")
+                                      for r in ("textarena", "reasoning_gym",
+                                                "textarena_selfplay"))
 
 
 def resolved(recipe: str, *overrides: str):
@@ -111,4 +112,26 @@ def test_a_tuned_value_the_field_cannot_take_is_a_config_error():
     env_specific_settings(c, "frozen_lake", {"custom_envs.frozen_lake.max_turns": "ten"})
     c.env_id = "sokoban"
     with pytest.raises(ConfigError, match="^config.env_specific: "):
+        validate(c)
+
+
+def test_another_two_player_game_is_one_override_on_the_self_play_recipe():
+    """The recipe's three tags (self-play, against its start, against random) play one
+    game: `env_id` replaces it on all three, and TicTacToe's one-token move budget stays
+    TicTacToe's."""
+    cfg = resolved(SELFPLAY, "--config.env_id=textarena:KuhnPoker-v0")
+    assert sorted(cfg.envs) == ["game", "vs_random", "vs_start"]
+    for tag, env in cfg.envs.items():
+        assert env.env_type == "textarena:KuhnPoker-v0" and env.max_tokens_per_step == 8
+        factory = make_python_env(env.env_type, **cfg.split_env_config("val", tag))
+        match = factory(EpisodeSpec(seed=1, group_id=1, member=0), 0)
+        match.start(1)
+        assert "[check]" in match.observe()
+    assert resolved(SELFPLAY).envs["game"].max_tokens_per_step == 1
+    c = train.parse_config(["train", f"--config={TEXTARENA}",
+                            "--config.env_id=textarena:KuhnPoker-v0"])
+    with c.unlocked():
+        c.custom_envs.other = dict(c.custom_envs.game.to_dict(), env_type="textarena:Nim-v0")
+    with pytest.raises(ConfigError, match="^config.env_id: replaces the environment its "
+                                          "tags all play; custom_envs plays"):
         validate(c)

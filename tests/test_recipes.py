@@ -1,9 +1,12 @@
 """Every recipe in configs/ trains two steps at tiny size (its own module, so the test
 runner can put these runs beside the rest of tests/test_train.py)."""
 
+import json
+
 import pytest
 
 from jaxrl_agentic import train
+from tests.conftest import load_script
 from tests.test_train import RECIPES, check_outputs, tiny_overrides
 
 # tool_multistep is the calculator recipe (its settings, by recipe_config) on the shop env,
@@ -51,7 +54,7 @@ def test_the_multistep_tool_recipe_is_the_calculator_recipe_on_the_shop():
 
 
 @pytest.mark.parametrize("recipe", TINY_RUNS)
-def test_recipe_runs_at_tiny_size(recipe, tmp_path):
+def test_recipe_runs_at_tiny_size(recipe, tmp_path, capsys):
     out = str(tmp_path / recipe)
     assert train.main(["train", *tiny_overrides(recipe, out), *STAND_INS.get(recipe, [])]) == 0
     tools = "tool" in recipe
@@ -60,6 +63,9 @@ def test_recipe_runs_at_tiny_size(recipe, tmp_path):
     records = check_outputs(out, 2, gifs=not pictureless)
     assert records[1]["time/elapsed"] > records[0]["time/elapsed"]  # one uninterrupted run
     assert records[-1]["rollout/logprob_mismatch"] < 1e-2 or recipe.startswith("qwen")
+    if recipe == "textarena_selfplay":  # evaluated against its start (a frozen seat) too
+        assert {"eval/vs_start/win_rate", "eval/vs_random/win_rate"} <= set(records[-1])
+        check_elo_table(out, capsys)
     if recipe in STAND_INS:  # the teacher judged the student's tokens
         assert records[-1]["distill/tokens"] > 0 and "distill/reverse_kl" in records[-1]
     if tools:
@@ -84,3 +90,18 @@ def test_the_long_horizon_recipe_continues_episodes_past_the_context(tmp_path):
         # The re-prefilled rows sample what the learner recomputes on the new streams.
         assert r["rollout/logprob_mismatch"] < 1e-2
     assert records[-1]["eval/samples_per_episode"] > 1
+
+
+def check_elo_table(out, capsys):
+    """scripts/analysis/selfplay_elo.py over the run: the start, both checkpoints and
+    random, every pair's games played and counted."""
+    capsys.readouterr()
+    script = load_script("scripts/analysis/selfplay_elo.py")
+    assert script.main(["--run", out, "--games", "2"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    players = [r for r in lines if "player" in r]
+    assert [r["player"] for r in players] == ["start", "step_1", "step_2", "random"]
+    assert [r["step"] for r in players] == [0, 1, 2, None]
+    pairs = [r for r in lines if "a" in r]
+    assert len(pairs) == 6 and all(r["wins"] + r["draws"] + r["losses"] == 2 for r in pairs)
+    assert all(r["games"] == 6 for r in players)
