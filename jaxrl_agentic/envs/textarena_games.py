@@ -39,6 +39,7 @@ and compiles, except those that need the network (`NEEDS_NETWORK`).
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 import re
 from collections.abc import Sequence
@@ -55,8 +56,9 @@ from jaxrl_agentic.envs.textarena_source import (
     new_game,
 )
 
-SEAT_KINDS = ("policy", "random", "frozen:<k>", "frozen:start")
+SEAT_KINDS = ("policy", "random", "frozen:<k>", "frozen:start", "model:<path>")
 FROZEN = "frozen:"  # the policy as it was: k versions ago, or when the run started
+MODEL = "model:"  # another model of the policy's shapes: a directory, .gguf or training run
 NUM_SEATS = 2
 DEFAULT_MAX_STEPS = 100  # replies per seat when the game states no turn limit
 DEFAULT_FALLBACK_REPLY = "[0]"
@@ -336,18 +338,28 @@ def frozen_versions_back(kind: str) -> int | None:
     return int(k)
 
 
+def is_opponent_model(kind: str) -> bool:
+    """Whether a seat of `kind` is played through the sampler with params other than the
+    policy's (a frozen snapshot or another model)."""
+    return kind.startswith((FROZEN, MODEL))
+
+
 def check_seats(seats) -> tuple[str, ...]:
     """`seats` as a tuple of NUM_SEATS known kinds, or a one-line error naming the field."""
     if isinstance(seats, str) or not isinstance(seats, Sequence) or len(seats) != NUM_SEATS:
         raise ValueError(f"seats: must list {NUM_SEATS} seat kinds (one per player, "
                          f"each of {', '.join(SEAT_KINDS)}), got {seats!r}")
     bad = [s for s in seats if not isinstance(s, str)
-           or (s not in ("policy", "random") and not s.startswith(FROZEN))]
+           or (s not in ("policy", "random") and not is_opponent_model(s))]
     if bad:
         raise ValueError(f"seats: unknown seat kind {bad[0]!r}; allowed: "
                          f"{', '.join(SEAT_KINDS)}")
     for kind in seats:
         frozen_versions_back(kind)
+        path = os.path.expanduser(kind[len(MODEL):]) if kind.startswith(MODEL) else None
+        if path is not None and not os.path.exists(path):
+            raise ValueError(f"seats: {kind!r}: no such model directory, .gguf file or "
+                             "training run")
     if "policy" not in seats:
         raise ValueError(f"seats: at least one seat must be 'policy', got {tuple(seats)}")
     return tuple(seats)

@@ -148,16 +148,19 @@ def teacher_model_config(config: DistillationConfig):
                              untie_word_embeddings=bool(untie))
 
 
-def check_same_tokenizer(teacher_tokenizer, student_tokenizer, source: str) -> None:
-    """One ``ConfigError`` line unless both tokenizers map the same strings to the same ids."""
+def check_same_tokenizer(teacher_tokenizer, student_tokenizer, source: str, *,
+                         field: str = "config.teacher.pretrain",
+                         role: str = "the teacher") -> None:
+    """One ``ConfigError`` line unless both tokenizers map the same strings to the same ids
+    (`role` at `field`: the teacher, or a two-player game's seat model)."""
     teacher, student = teacher_tokenizer.get_vocab(), student_tokenizer.get_vocab()
     if teacher == student:
         return
     differ = sum(teacher.get(token) != i for token, i in student.items())
     raise ConfigError(
-        f"config.teacher.pretrain: {source!r} has another tokenizer than the student "
+        f"{field}: {source!r} has another tokenizer than the student "
         f"({len(teacher)} tokens against {len(student)}, {differ} of the student's mapped "
-        "otherwise); the teacher reads the student's token ids, so it must share its "
+        f"otherwise); {role} reads the student's token ids, so it must share its "
         "tokenizer")
 
 

@@ -32,11 +32,13 @@ from jaxrl_agentic.config import ConfigError
 from jaxrl_agentic.data import updates_per_step
 from jaxrl_agentic.data.samples import build_samples, trajectory_sample
 from jaxrl_agentic.data.trajectory import stamp_versions
+from jaxrl_agentic.envs.textarena_games import MODEL
 from jaxrl_agentic.models import load_pretrained, lora
 from jaxrl_agentic.models.hf_io import read_model_config
 from jaxrl_agentic.pipeline.batch_filters import BatchFilters
 from jaxrl_agentic.pipeline.distillation import distill, load_teacher, teacher_model_config
 from jaxrl_agentic.pipeline.metrics import mean_of, trajectory_metrics, version_lag_metrics
+from jaxrl_agentic.pipeline.opponents import load_seat_model
 from jaxrl_agentic.pipeline.run_checks import (
     check_python_env_options,
     check_same_model_everywhere,
@@ -68,13 +70,13 @@ class Pipeline(BatchFilters):
     """``config``: the run's :class:`RunConfig` (a flat ``ConfigDict`` is mapped onto it
     once, here). ``devices``: the learner's devices (default: all, less any reserved for the
     sampler by ``mesh.sampler_devices``); tests pass a subset to compare meshes in one
-    process. ``run_policy``: how a distillation teacher that is a training run is restored
-    (``run_loading.run_policy``; the entry points pass it)."""
+    process. ``run_policy``: how a distillation teacher or a seat model that is a training
+    run is restored (``run_loading.run_policy``; the entry points pass it)."""
 
     def __init__(self, config, *, model_dir: str | None = None, devices=None, log=print,
                  run_policy=None):
         self.config = cfg = as_run_config(config)
-        self.log = log
+        self.log, self._run_policy = log, run_policy
         check_python_env_options(cfg)  # before any weight is read: a typo costs no start-up
         if model_dir is None:
             from jaxrl_agentic.warmup import check_warmup_replies
@@ -202,8 +204,12 @@ class Pipeline(BatchFilters):
         """One pool of earlier policy versions (`rollout/snapshots.py`) for every runner
         whose games have frozen seats; None when none has."""
         runners = [r for split in self.split_runners.values() for r in split.values()]
-        pool = PolicySnapshots.for_kinds(
-            [k for r in runners for k in getattr(r, "frozen_kinds", ())])
+        kinds = list(dict.fromkeys(k for r in runners for k in getattr(r, "frozen_kinds", ())))
+        pool = PolicySnapshots.for_kinds(kinds)
+        for kind in (k for k in kinds if k.startswith(MODEL)):
+            pool.add_model(kind, load_seat_model(
+                kind, self.sampler_params(), self.config.model, self.mesh, self.tokenizer,
+                run_policy=self._run_policy))
         for r in runners:
             if getattr(r, "frozen_kinds", ()):
                 r.snapshots = pool

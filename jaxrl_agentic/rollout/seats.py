@@ -32,14 +32,15 @@ the same way, logged, with `env_error` 1.0 on its seats' trajectories. Game step
 rollout thread: TextArena's board and card games answer in microseconds, and have no
 deadline here (`step_timeout_s` is not applied).
 
-Frozen seats (`"frozen:<k>"`, `"frozen:start"`): an earlier version of the policy plays the
-seat through the same sampler and session, in its own stream, with the params the runner's
+Frozen seats (`"frozen:<k>"`, `"frozen:start"`; `"model:<path>"` likewise, another model of
+the policy's shapes): an earlier version of the policy plays the seat through the same
+sampler and session, in its own stream, with the params the runner's
 `snapshots` (`rollout/snapshots.py`, attached by the pipeline) give for that kind when the
 run starts: one version for the whole rollout. Each round makes one sampler call per params
 in play (the policy's rows, then each frozen version's rows), with the same seed and row
 seeds as a single call would have. A frozen seat's stream is no trajectory of the run (no
 sample, no gradient): the last run's are kept in `last_opponents`, with the version they
-played in `metrics["frozen_version"]`.
+played in `metrics["frozen_version"]` (−1: another model).
 
 Lockstep only: `batching="continuous"` plays these rounds too (the setting is the run's
 for its other environments).
@@ -55,7 +56,7 @@ import numpy as np
 from jaxrl_agentic.data.trajectory import Trajectory
 from jaxrl_agentic.envs import INVALID_ACTION
 from jaxrl_agentic.envs.metrics import episode_metrics
-from jaxrl_agentic.envs.textarena_games import FROZEN
+from jaxrl_agentic.envs.textarena_games import is_opponent_model
 from jaxrl_agentic.rollout.groups import EpisodeSpec
 from jaxrl_agentic.rollout.turns import (
     GenerationConfig,
@@ -87,17 +88,18 @@ class SeatRolloutRunner:
 
     @property
     def frozen_kinds(self) -> tuple[str, ...]:
-        """The frozen seat kinds this runner's games have (they need `snapshots`)."""
+        """The seat kinds of this runner's games played with other params than the
+        policy's (frozen snapshots, other models: they need `snapshots`)."""
         seats = getattr(self.factory, "seats", ())
-        return tuple(k for k in dict.fromkeys(seats) if k.startswith(FROZEN))
+        return tuple(k for k in dict.fromkeys(seats) if is_opponent_model(k))
 
     def _frozen_params(self) -> dict[str, tuple[int, object]]:
         if not self.frozen_kinds:
             return {}
         if self.snapshots is None:
-            raise RuntimeError(f"{self.tag}: seats {self.frozen_kinds} are earlier policy "
-                               "versions; give the runner a rollout.snapshots."
-                               "PolicySnapshots (the pipeline attaches one)")
+            raise RuntimeError(f"{self.tag}: seats {self.frozen_kinds} are played with other "
+                               "params than the policy's; give the runner a "
+                               "rollout.snapshots.PolicySnapshots (the pipeline attaches one)")
         return {kind: self.snapshots.params_for(kind) for kind in self.frozen_kinds}
 
     def run(self, episodes: Sequence[EpisodeSpec], *, sample_seed: int,
@@ -145,7 +147,7 @@ class _Games:
         for seat in range(max(len(m.seats) for m in self.matches) if self.matches else 0):
             for g, (spec, match) in enumerate(zip(self.specs, self.matches, strict=True)):
                 kind = match.seats[seat] if seat < len(match.seats) else "random"
-                if kind != "random" and kind.startswith(FROZEN) == frozen:
+                if kind != "random" and is_opponent_model(kind) == frozen:
                     self.row_of[g, seat] = len(self.trajs)
                     self.game_of.append((g, seat))
                     self.trajs.append(Trajectory(

@@ -24,7 +24,7 @@ from typing import Any
 
 import jax
 
-from jaxrl_agentic.envs.textarena_games import frozen_versions_back
+from jaxrl_agentic.envs.textarena_games import MODEL, frozen_versions_back, is_opponent_model
 
 
 def _copy(params: Any) -> Any:
@@ -40,13 +40,24 @@ class PolicySnapshots:
         self.keep = int(keep)
         self._versions: dict[int, Any] = {}
         self._start: int | None = None
+        self._models: dict[str, Any] = {}  # "model:<path>" -> its params
+        self.recording = True
         self._lock = threading.Lock()  # rollout threads read while the learner records
 
     @classmethod
     def for_kinds(cls, kinds) -> PolicySnapshots | None:
-        """A pool deep enough for seat `kinds` (None when none of them is frozen)."""
+        """A pool deep enough for seat `kinds` (None when none of them is frozen or another
+        model)."""
+        if not any(map(is_opponent_model, kinds)):
+            return None
         backs = [b for b in map(frozen_versions_back, kinds) if b is not None]
-        return cls(keep=max(backs)) if backs else None
+        pool = cls(keep=max(backs, default=0))
+        pool.recording = bool(backs)  # other models alone: no policy version is read
+        return pool
+
+    def add_model(self, kind: str, params: Any) -> None:
+        """The params a `"model:<path>"` seat plays with (loaded by the pipeline)."""
+        self._models[kind] = params
 
     @property
     def versions(self) -> list[int]:
@@ -63,6 +74,8 @@ class PolicySnapshots:
         """Keeps a copy of `params` as `version` (no-op for a version already kept, or when
         no seat would read it)."""
         version = int(version)
+        if not self.recording:
+            return
         with self._lock:
             if version in self._versions or (self._start is not None
                                               and not self._newest_kept):
@@ -77,7 +90,12 @@ class PolicySnapshots:
                 del self._versions[old]
 
     def params_for(self, kind: str) -> tuple[int, Any]:
-        """(version, params) a frozen seat of `kind` plays with (module doc)."""
+        """(version, params) a frozen seat of `kind` plays with (module doc); (−1, its
+        params) for a `"model:<path>"` seat."""
+        if kind.startswith(MODEL):
+            if kind not in self._models:
+                raise RuntimeError(f"seat {kind!r}: that model was not loaded")
+            return -1, self._models[kind]
         back = frozen_versions_back(kind)
         if back is None:
             raise ValueError(f"{kind!r} is not a frozen seat kind")

@@ -166,7 +166,8 @@ def test_game_metrics_rates():
 
 @pytest.mark.parametrize("config, message", [
     (dict(seats=("policy", "radnom")), "^seats: unknown seat kind 'radnom'; allowed: "
-                                        "policy, random, frozen:<k>, frozen:start$"),
+                                        "policy, random, frozen:<k>, frozen:start, "
+                                        "model:<path>$"),
     (dict(seats=("policy", "frozen:0")), "^seats: 'frozen:0': a frozen seat is"),
     (dict(seats=("policy", "frozen:last")), "^seats: 'frozen:last': a frozen seat is"),
     (dict(seats=("frozen:2", "frozen:start")), "^seats: at least one seat must be"),
@@ -201,4 +202,5 @@ def test_recipe_with_a_misspelt_seat_kind_is_one_config_error():
     with pytest.raises(ConfigError) as e:
         validate(c)
     assert str(e.value) == ("config.custom_envs.game.env_type: seats: unknown seat kind "
-                            "'radnom'; allowed: policy, random, frozen:<k>, frozen:start")
+                            "'radnom'; allowed: policy, random, frozen:<k>, frozen:start, "
+                            "model:<path>")

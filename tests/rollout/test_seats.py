@@ -280,7 +280,7 @@ def test_frozen_seat_plays_its_snapshot_in_its_own_stream_and_is_no_trajectory(f
     sampler = ParamsRecordingSampler(formatter, invalid=0.2, seed=8)
     run = runner(formatter, sampler, config)
     assert run.frozen_kinds == ("frozen:2",)
-    with pytest.raises(RuntimeError, match="earlier policy versions"):
+    with pytest.raises(RuntimeError, match="other params than the policy"):
         run.run(games(2), sample_seed=0)
     run.snapshots = frozen_pool(range(6))  # newest 5: frozen:2 is version 3
     policy = {"version": "policy"}
