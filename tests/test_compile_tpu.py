@@ -101,7 +101,8 @@ def test_an_unknown_program_is_one_line():
     assert out.returncode == 2
     assert _errors(out.stderr) == [
         "error: --programs: unknown program 'update'; choose from update_step, logprobs, "
-        "ref_logprobs, teacher_logprobs, sampler_prefill, sampler_decode"]
+        "ref_logprobs, teacher_logprobs, critic_update, critic_values, sampler_prefill, "
+        "sampler_decode, sampler_decode_chunk"]
 
 
 @pytest.mark.parametrize("loss", ["sampled", "forward_kl"])
@@ -131,6 +132,39 @@ def test_a_teacher_is_compiled_where_the_run_reads_it(loss):
     assert update.resident == run.state_bytes == own + teacher.resident
     if dense:
         update.fn.lower(*update.args)  # traces: the teacher's forward inside the update
+
+
+def test_a_critic_and_continuous_batching_add_their_programs():
+    """GAE's critic adds its update step and values program (its own train state resident
+    beside the policy's); continuous batching adds the slot decoder's chunk program over
+    the whole pool. The chunk program compiles and returns `decode_chunk_tokens` tokens for
+    every slot; the critic's programs lower with the batches built for them."""
+    import jax
+
+    from jaxrl_agentic.pipeline.aot_programs import run_programs
+    from jaxrl_agentic.run_config import build_run_config
+    from jaxrl_agentic.runtime.aot import shard_bytes
+    from jaxrl_agentic.train import parse_config
+
+    c = parse_config(["compile_tpu", "--config", "configs/frozen_lake.py",
+                      "--config.adv_estimator=gae", "--config.rollout_batching=continuous"])
+    cfg = build_run_config(c)
+    run = run_programs(cfg, jax.devices()[:1], row_lens="longest")
+    by_name = {p.name: p for p in run.programs}
+    assert list(by_name) == ["update_step", "logprobs", "ref_logprobs", "critic_update",
+                             "critic_values", "sampler_prefill", "sampler_decode",
+                             "sampler_decode_chunk"]
+    critic = by_name["critic_update"]
+    assert critic.resident == shard_bytes(critic.args[0]) > 0
+    assert run.state_bytes == by_name["update_step"].resident + critic.resident
+    for name in ("critic_update", "critic_values"):
+        by_name[name].fn.lower(*by_name[name].args)
+    chunk = by_name["sampler_decode_chunk"]
+    slots = cfg.train.manager.num_episodes
+    assert chunk.shape["rows"] == slots and chunk.shape["chunk"] == cfg.rollout.decode_chunk_tokens
+    compiled = chunk.fn.trace(*chunk.args).lower().compile()
+    tokens = compiled.out_info[1]
+    assert tokens.shape == (slots, cfg.rollout.decode_chunk_tokens)
 
 
 # ---- with libtpu ------------------------------------------------------------------------

@@ -20,9 +20,16 @@ Shapes, as the run makes them:
   ``packing.loss_slots_for(T)`` (its largest: smaller loss-slot buckets only shrink it);
 - logprobs: rows for one step's samples (episodes, × turns with step-wise samples), next
   power of two, rounded up to the shards (``per_token.per_sample_outputs``);
+- critic (GAE): its update step at each row length of the update step's shape, and its
+  values program at the logprob programs' shape (``training/critic.py``: the value model,
+  its own train state);
 - sampler (turn batching): a session of the next power of two of one tag's episodes,
   prefill of ``next_power_of_two(max_input_length)`` tokens into a cache of the run's
-  ``max_total_len``, decode of ``next_power_of_two(max_tokens_per_step)`` new tokens.
+  ``max_total_len``, decode of ``next_power_of_two(max_tokens_per_step)`` new tokens;
+  continuous batching (and in-flight updates) adds the slot decoder's chunk program
+  (``sampling/slot_decoder.py``): every slot of a pool of ``rollout.slots`` (0: one per
+  episode, the next power of two) over a fixed cache of ``max_total_len``, on a mesh
+  always the whole pool's rows, ``decode_chunk_tokens`` steps a call.
 """
 
 from __future__ import annotations
@@ -66,7 +73,8 @@ from jaxrl_agentic.training.teacher import mark_other_argmax
 from jaxrl_agentic.training.update import make_update_step
 
 PROGRAM_NAMES = ("update_step", "logprobs", "ref_logprobs", "teacher_logprobs",
-                 "sampler_prefill", "sampler_decode")
+                 "critic_update", "critic_values", "sampler_prefill", "sampler_decode",
+                 "sampler_decode_chunk")
 _INT_KEYS = ("tokens", "positions", "segment_ids", "loss_index", "prefix_ids")
 
 
@@ -244,6 +252,50 @@ def learner_programs(cfg, model: ModelConfig, mesh, row_lens: str = "all"):
             full_abs)
 
 
+def critic_programs(cfg, model: ModelConfig, mesh, row_lens: str = "all"
+                    ) -> tuple[list[Program], float]:
+    """(the critic's update-step and values programs, its train state per chip); ([], 0)
+    without a critic (module doc)."""
+    from jaxrl_agentic.models.value import ValueModel
+    from jaxrl_agentic.training.critic import (
+        CRITIC_BATCH_KEYS,
+        VALUE_BATCH_KEYS,
+        init_critic_state,
+        make_compute_values,
+        make_critic_train_step,
+    )
+
+    config = cfg.critic
+    if config is None:
+        return [], 0.0
+    graphdef, params = nnx.split(nnx.eval_shape(
+        lambda: ValueModel(model, rngs=nnx.Rngs(config.seed))))
+    state = jax.eval_shape(lambda p: init_critic_state(p, config), params)
+    shardings = train_state_shardings(state, mesh)
+    state_abs = abstract(state, shardings)
+    resident = shard_bytes(state_abs)
+    lr = jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated(mesh))
+    step = make_critic_train_step(graphdef, config, mesh, shardings)
+    keys = config.packing.batch_keys(CRITIC_BATCH_KEYS)
+    lengths = config.packing.row_lengths()[:1 if row_lens == "longest" else None]
+    programs, rows = [], _update_rows(cfg, mesh)
+    for row_len in lengths:
+        slots = config.packing.loss_slots_for(row_len)
+        programs.append(Program("critic_update", step,
+                                (state_abs, _batch(keys, rows, row_len, slots, mesh), lr),
+                                {"rows": rows, "row_len": row_len, "loss_slots": slots},
+                                resident))
+    values = make_compute_values(graphdef, mesh, shardings.params,
+                                 config.packing.row_prefixes,
+                                 config.packing.batch_keys(VALUE_BATCH_KEYS))
+    rows, row_len = _logprob_rows(cfg, mesh), lengths[0]
+    slots = config.packing.loss_slots_for(row_len)
+    batch = _batch(config.packing.batch_keys(VALUE_BATCH_KEYS), rows, row_len, slots, mesh)
+    programs.append(Program("critic_values", values, (state_abs.params, batch),
+                            {"rows": rows, "row_len": row_len}, shard_bytes(state_abs.params)))
+    return programs, resident
+
+
 def sampler_programs(cfg, model: ModelConfig, mesh, model_abs, params_abs) -> list[Program]:
     """The JAX sampler's prefill and decode at a turn-batched rollout's largest shapes
     (module doc), reading the learner's parameters in place (colocated)."""
@@ -278,7 +330,7 @@ def sampler_programs(cfg, model: ModelConfig, mesh, model_abs, params_abs) -> li
                    row_input((rows,), jnp.int32), scalar(jnp.float32), scalar(jnp.int32),
                    scalar(jnp.float32), scalar(jnp.bool_),
                    jax.ShapeDtypeStruct(stops.shape, jnp.int32, sharding=repl))
-    return [
+    programs = [
         Program("sampler_prefill", _Bound(sampler.prefill_program, {"key_len": total}),
                 prefill_args, {"rows": rows, "tokens": length, "cache_len": total}, resident),
         Program("sampler_decode", _Bound(sampler.decode_program,
@@ -286,6 +338,42 @@ def sampler_programs(cfg, model: ModelConfig, mesh, model_abs, params_abs) -> li
                 decode_args, {"rows": rows, "max_new": new_bucket, "cache_len": total},
                 resident),
     ]
+    if cfg.rollout.batching == "continuous":
+        programs.append(_decode_chunk_program(cfg, model, mesh, sampler, params_abs,
+                                              episodes, decode_args[-5:]))
+    return programs
+
+
+def _decode_chunk_program(cfg, model: ModelConfig, mesh, sampler, params_abs, episodes: int,
+                          sampling: tuple) -> Program:
+    """The slot decoder's chunk program over a pool of every slot (module doc); `sampling`:
+    the decode program's temperature, top-k, top-p, greedy and stop-id arguments."""
+    from jaxrl_agentic.rollout.loop import RolloutRunner
+    from jaxrl_agentic.sampling.slot_decoder import _chunk_program
+
+    slots = min(episodes, cfg.rollout.slots or episodes)
+    cap, max_len = next_power_of_two(slots), sampler.cache_bucket(sampler.max_total_len)
+    cache = jax.eval_shape(functools.partial(KVCache.zeros, model, cap, max_len,
+                                             sampler.cache_dtype))
+    cache = abstract(cache, jax.tree.map(lambda x: kv_cache_sharding(mesh, x.shape), cache))
+
+    def row(dtype, *trailing):
+        return jax.ShapeDtypeStruct((cap, *trailing), dtype, sharding=rows_sharding(mesh, cap))
+
+    grid = RolloutRunner.chunk_grid
+    extents = sampler.key_extents(max_len, grid)
+    chunk = cfg.rollout.decode_chunk_tokens
+    new_bucket = next_power_of_two(cfg.max_tokens_per_step)
+    args = (params_abs, cache, row(jnp.float32, model.vocab_size), row(jnp.bool_),
+            row(jnp.int32), row(jnp.int32), row(jnp.bool_), row(jnp.int32), row(jnp.int32),
+            row(jnp.uint32, 2), row(jnp.int32), *sampling, None,
+            jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated(mesh)))
+    return Program("sampler_decode_chunk",
+                   _Bound(_chunk_program(sampler), {"chunk": chunk,
+                                                    "max_new_bucket": new_bucket,
+                                                    "extents": extents}),
+                   args, {"rows": cap, "chunk": chunk, "max_new": new_bucket,
+                          "cache_len": max_len}, shard_bytes(params_abs))
 
 
 class _Bound:
@@ -312,6 +400,8 @@ def run_programs(cfg, devices, *, row_lens: str = "all", sampler: bool = True
     mesh = run_mesh(cfg, devices)
     programs, resident, params, params_global, model_abs, full_abs = learner_programs(
         cfg, model, mesh, row_lens)
+    critic, critic_state = critic_programs(cfg, model, mesh, row_lens)
+    programs, resident = programs + critic, resident + critic_state
     notes = [f"model: {source}"]
     if sampler:
         if cfg.rollout.sampler_backend != "jax":
@@ -319,10 +409,10 @@ def run_programs(cfg, devices, *, row_lens: str = "all", sampler: bool = True
         else:
             programs += sampler_programs(cfg, model, mesh, model_abs, full_abs)
             if cfg.rollout.batching == "continuous":
-                notes.append("sampler: continuous batching's decode-chunk programs are not "
-                             "compiled; prefill and decode are the turn-batched ones")
+                notes.append("sampler: continuous batching's prefill is the turn-batched "
+                             "one at the pool's rows (its compact prefills are smaller)")
     return RunPrograms(programs, mesh, model, resident, params, params_global, tuple(notes))
 
 
-__all__ = ["PROGRAM_NAMES", "Program", "RunPrograms", "learner_programs", "model_config",
-           "run_mesh", "run_programs", "sampler_programs"]
+__all__ = ["PROGRAM_NAMES", "Program", "RunPrograms", "critic_programs", "learner_programs",
+           "model_config", "run_mesh", "run_programs", "sampler_programs"]
