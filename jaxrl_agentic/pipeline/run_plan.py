@@ -37,6 +37,7 @@ def run_memory_plan(cfg, model: ModelConfig, mesh, budget: float, *, host_device
         sampler_rows=cfg.train.manager.num_episodes, sampler_len=max_total_len(cfg),
         budget=budget, host_devices=host_devices,
         lora_params=lora.adapter_count(model, cfg.model.lora), teacher=teacher,
+        critic=cfg.critic is not None,
         # A mini-batch fits one scan step (one row per batch shard) when its longest
         # possible samples do; otherwise the update accumulates over groups of rows.
         accumulates=(learner.mini_batch_size

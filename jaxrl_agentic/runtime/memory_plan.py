@@ -10,6 +10,9 @@
     teacher         P_T · min(4, b_T) / (fsdp · tensor) with on-policy distillation (its
                     matrices in its compute dtype b_T; its forward runs without a backward
                     and before the update, so its activations are not counted beside these)
+    critic          3 · P' · b_param with GAE: the value model's own copy of the backbone and
+                    its two AdamW moments (its gradients and activations live in its own
+                    update step, which runs apart from the policy's)
     gradients       P' · 4                                (one group of rows' fp32 gradient)
     accumulator     P' · 4 when a mini-batch may span several groups of rows
                     (``accumulates``): the fp32 sum beside the group's own gradient
@@ -67,7 +70,7 @@ class MemoryPlan:
 
     @property
     def training_state(self) -> float:
-        names = ("parameters", "reference", "teacher", "gradients", "optimizer")
+        names = ("parameters", "reference", "teacher", "critic", "gradients", "optimizer")
         return sum(b for n, b in self.items if n in names)
 
     @property
@@ -123,7 +126,7 @@ def memory_plan(cfg: ModelConfig, *, row_len: int, loss_slots: int, remat: str,
                 sampler_len: int = 0, budget: float = 0.0, host_devices: int = 1,
                 attention_impl: str = "auto", accumulates: bool = True,
                 lora_params: int = 0, teacher: ModelConfig | None = None,
-                context: int = 1, platform: str = "cpu") -> MemoryPlan:
+                context: int = 1, platform: str = "cpu", critic: bool = False) -> MemoryPlan:
     """The plan (module doc). ``shards`` = fsdp · tensor; ``context``: the mesh's context
     axis, over which each row's tokens are split (a device's activations and loss slots
     are those of ``row_len / context`` tokens, plus one layer's keys and values of the whole
@@ -133,7 +136,8 @@ def memory_plan(cfg: ModelConfig, *, row_len: int, loss_slots: int, remat: str,
     counts the optimizer update's temporaries);
     ``accumulates``: whether a mini-batch may need more than one group of rows;
     ``lora_params``: the adapters' values when LoRA trains them alone (0 = full training);
-    ``teacher``: on-policy distillation's teacher, its ``dtype`` the one it computes in."""
+    ``teacher``: on-policy distillation's teacher, its ``dtype`` the one it computes in;
+    ``critic``: GAE's value model (module doc)."""
     p = cfg.num_params()
     pb = _BYTES[cfg.param_dtype]
     per = p / shards
@@ -152,6 +156,7 @@ def memory_plan(cfg: ModelConfig, *, row_len: int, loss_slots: int, remat: str,
         ("reference", per * min(pb, _BYTES[cfg.dtype]) if reference else 0.0),
         ("teacher", teacher.num_params() / shards * min(4, _BYTES[teacher.dtype])
          if teacher is not None else 0.0),
+        ("critic", 3 * per * pb if critic else 0.0),
         ("gradients", trained * 4),
         ("accumulator", trained * 4 if accumulates else 0.0),
         ("optimizer", 2 * trained * pb),

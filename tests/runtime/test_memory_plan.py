@@ -52,6 +52,16 @@ def test_a_distillation_teacher_counts_its_matrices_in_its_compute_dtype():
     assert dict(without.items)["teacher"] == 0
 
 
+def test_a_critic_holds_its_own_backbone_and_moments():
+    """GAE's value model: a copy of Qwen2.5-0.5B's 494,032,768 fp32 parameters and their
+    two Adam moments, over 2 shards (its gradients live only in its own update step)."""
+    cfg = qwen25_config()
+    args = dict(row_len=2048, loss_slots=512, remat="layer", kernel_impl="auto",
+                reference=False, shards=2)
+    plan, without = memory_plan(cfg, critic=True, **args), memory_plan(cfg, **args)
+    assert dict(plan.items)["critic"] == 3 * 4 * 494_032_768 / 2
+    assert plan.training_state - without.training_state == 3 * 4 * 494_032_768 / 2
+
 
 def test_on_a_tpu_the_optimizer_update_holds_two_fp32_copies_of_what_trains():
     """Qwen2.5-0.5B over fsdp 4: 2 · P/4 · 4 bytes on a TPU (what XLA:TPU's temporaries
