@@ -268,3 +268,42 @@ def test_rows_split_over_a_context_axis_compile_for_tpu(tpu_runs):
     assert counts["all-gather"] > 0 and counts["reduce-scatter"] > 0
     split, whole = (program_figures(c)["temp_bytes"] for c in (compiled, data))
     assert split < 1.1 * whole
+
+
+def test_a_critic_and_the_decode_chunk_compile_for_tpu():
+    """GAE with continuous batching on a v5e:2x2 at fsdp=4: the critic's update step holds a
+    quarter of its backbone's matrices a chip (its train state: the fp32 params and two
+    moments of the value model, whose head is whole on each chip) and reduce-scatters their
+    gradients; the slot decoder's chunk program compiles over the whole pool."""
+    if not HAS_LIBTPU:
+        pytest.skip("no TPU compiler here (libtpu is not installed)")
+    import jax
+
+    from jaxrl_agentic.pipeline.aot_programs import run_programs
+    from jaxrl_agentic.run_config import build_run_config
+    from jaxrl_agentic.runtime import aot
+    from jaxrl_agentic.train import parse_config
+
+    topology = aot.topology("v5e:2x2")
+    with aot.traced_for("tpu"):
+        c = parse_config(["compile_tpu", "--config", "configs/frozen_lake.py",
+                          "--config.mesh.fsdp=4", "--config.adv_estimator=gae",
+                          "--config.rollout_batching=continuous"])
+        run = run_programs(build_run_config(c), topology.devices, row_lens="longest")
+    by_name = {p.name: p for p in run.programs}
+    critic, chunk = by_name["critic_update"], by_name["sampler_decode_chunk"]
+    head = _tiny_recipe_model().hidden_size + 1  # the value head's kernel and bias, fp32
+    own = _per_chip_param_bytes(_tiny_recipe_model(), 4)
+    assert aot.shard_bytes(critic.args[0].params) == own + 4 * head
+    option = "jax_persistent_cache_min_compile_time_secs"
+    before = getattr(jax.config, option)
+    jax.config.update(option, float("inf"))  # TPU executables: not cached
+    try:
+        compiled = {p.name: aot.compile_abstract(p.fn, *p.args, platform="tpu")
+                    for p in (critic, chunk)}
+    finally:
+        jax.config.update(option, before)
+    counts = aot.collective_counts(compiled["critic_update"].as_text())
+    assert counts["reduce-scatter"] > 0 and counts["all-gather"] > 0
+    tokens = compiled["sampler_decode_chunk"].out_info[1]
+    assert tokens.shape == (chunk.shape["rows"], chunk.shape["chunk"])
