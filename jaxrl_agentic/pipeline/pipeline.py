@@ -175,7 +175,7 @@ class Pipeline(BatchFilters):
             learning_rate=schedule.learning_rate, lr_scheduler_type=schedule.lr_scheduler_type,
             warmup_steps=schedule.warmup_steps, min_lr_ratio=schedule.min_lr_ratio,
             max_steps=cfg.run.max_steps, ppo_epochs=cfg.learner.ppo_epochs,
-            trajectories_per_step=self.train_manager.num_episodes,
+            trajectories_per_step=self.trajectories_per_step(),
             mini_batch_size=cfg.learner.mini_batch_size,
             chunks=ChunkEstimator.from_config(schedule.estimated_chunks_per_traj,
                                               cfg.advantages.sample_mode, cfg.max_turns))
@@ -187,6 +187,14 @@ class Pipeline(BatchFilters):
                 # Threads issuing collectives in a different order on each host deadlock.
                 raise ConfigError(f"config.{field}: not supported with several processes "
                                   "(distributed.enabled)")
+
+    def trajectories_per_step(self) -> int:
+        """Trajectories one step's rollout gives: an episode's, or one per policy seat of a
+        two-player game (self-play: two), which the schedule's chunk estimate counts."""
+        plan = plan_episodes(self.train_manager, split="train", cursor=0)
+        return sum(len(episodes) * getattr(self.split_runners["train"][tag],
+                                           "trajectories_per_episode", 1)
+                   for tag, episodes in plan.items())
 
     def build_runner(self, tag: str, env_config: dict):
         """The rollout runner of env tag `tag` with environment parameters `env_config`."""

@@ -93,6 +93,11 @@ class SeatRolloutRunner:
         seats = getattr(self.factory, "seats", ())
         return tuple(k for k in dict.fromkeys(seats) if is_opponent_model(k))
 
+    @property
+    def trajectories_per_episode(self) -> int:
+        """One trajectory per policy seat of a game (the LR schedule's chunk estimate)."""
+        return sum(kind == "policy" for kind in getattr(self.factory, "seats", ("policy",)))
+
     def _frozen_params(self) -> dict[str, tuple[int, object]]:
         if not self.frozen_kinds:
             return {}
