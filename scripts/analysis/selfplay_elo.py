@@ -144,6 +144,7 @@ def main(argv=None) -> int:
             results[a, b] = play_pair(pipeline, args.tag, players[a],
                                       "random" if b == "random" else players[b],
                                       args.games, c.eval_temperature, seed=1000 * i + j)
+            print(f"{a} vs {b}: {results[a, b]} (wins, draws, losses)", file=sys.stderr)
     elo = bradley_terry_elo(results, anchor="random")
     for p in [*names, "random"]:
         points = games = 0.0
