@@ -272,12 +272,14 @@ class _Games:
                                 not self.failed[g] else _failed_seat_metrics(seat))
             traj.metrics["env_error"] = float(self.failed[g])
             traj.metrics["env_timeout"] = 0.0
-        policy = [t for row, t in enumerate(self.trajs) if self._kind(row) == "policy"]
-        runner.last_opponents = [t for row, t in enumerate(self.trajs)
-                                 if self._kind(row) != "policy"]
+        policy, runner.last_opponents = [], []
         for row, traj in enumerate(self.trajs):
-            if self._kind(row) != "policy":
-                traj.metrics["frozen_version"] = float(self.frozen[self._kind(row)][0])
+            kind = self._kind(row)
+            if kind == "policy":
+                policy.append(traj)
+            else:
+                traj.metrics["frozen_version"] = float(self.frozen[kind][0])
+                runner.last_opponents.append(traj)
         runner.stats["frozen_moves"] += sum(len(t.turns) for t in runner.last_opponents)
         runner.stats["games"] += len(self.matches)
         runner.stats["errors"] += int(self.failed.sum())

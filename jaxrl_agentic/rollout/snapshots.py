@@ -27,7 +27,8 @@ import jax
 from jaxrl_agentic.envs.textarena_games import MODEL, frozen_versions_back, is_opponent_model
 
 
-def _copy(params: Any) -> Any:
+def copy_params(params: Any) -> Any:
+    """A copy of every array of `params`, on its devices with its sharding."""
     return jax.tree.map(lambda x: x.copy() if isinstance(x, jax.Array) else x, params)
 
 
@@ -80,7 +81,7 @@ class PolicySnapshots:
             if version in self._versions or (self._start is not None
                                               and not self._newest_kept):
                 return
-        copy = _copy(params)
+        copy = copy_params(params)
         with self._lock:
             self._versions[version] = copy
             if self._start is None:

@@ -82,9 +82,8 @@ class _OnePlayer:
 
 def _checkpoint_players(run: str):
     """(flat config, pipeline, {player: (step, params)}): the start and each checkpoint."""
-    import jax
-
     from jaxrl_agentic.pipeline import Pipeline
+    from jaxrl_agentic.rollout.snapshots import copy_params
     from jaxrl_agentic.run_config import as_run_config
     from jaxrl_agentic.run_loading import load_run_config, run_policy
     from jaxrl_agentic.runtime.checkpoint import Checkpointer
@@ -93,7 +92,7 @@ def _checkpoint_players(run: str):
     pipeline = Pipeline(as_run_config(c), run_policy=run_policy, log=lambda *a, **k: None)
 
     def copy():
-        return jax.tree.map(lambda x: x.copy(), pipeline.sampler_params())
+        return copy_params(pipeline.sampler_params())
 
     players = {"start": (0, copy())}
     checkpoints = Checkpointer(os.path.join(run, "checkpoints"))
