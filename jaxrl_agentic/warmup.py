@@ -200,7 +200,7 @@ def env_warmup_replies(factory, formatter, seed: int):
 
 def warmup_cache_key(base_model_dir: str, cfg: RunConfig) -> str:
     """What the warmed model depends on, hashed: a change to any of it builds another."""
-    envs = {tag: env.record() for tag, env in cfg.envs.items()}
+    envs = {tag: env.record() for tag, env in cfg.envs.items() if warmed(env)}
     if cfg.train.env_config:  # warm-up plays those maps too (warmup_envs)
         envs["train_env_manager"] = dict(cfg.train.env_config)
     w, rollout = cfg.format_warmup, cfg.rollout
@@ -320,13 +320,32 @@ def format_warmup(base_model_dir: str, cfg: RunConfig, out_dir: str, *,
     return metrics
 
 
+def warmed(env) -> bool:
+    """Whether the warm-up plays environment spec `env`: not an outside agent's
+    (`openai_agent`, `agent:…`: the agent writes the chat, no scripted policy can). A
+    recipe that trains an agent on the tiny model lists a built-in environment of the same
+    format beside it, for the warm-up alone (configs/agent_calculator.py)."""
+    from jaxrl_agentic.envs.outside_agent import is_outside_agent
+
+    return not is_outside_agent(env.env_type)
+
+
 def warmup_envs(cfg: RunConfig) -> list[tuple[str, dict]]:
-    """(tag, env_config) of every environment the run plays: each tag of `custom_envs` with
-    its own parameters, then each training tag with the train manager's `env_config`
-    overrides when it has any (the format is then seen on the maps RL trains on too)."""
-    envs = [(tag, dict(env.env_config)) for tag, env in cfg.envs.items()]
+    """(tag, env_config) of every environment the warm-up plays (`warmed`): each tag of
+    `custom_envs` with its own parameters, then each training tag with the train manager's
+    `env_config` overrides when it has any (the format is then seen on the maps RL trains
+    on too). An error line when that leaves none."""
+    from jaxrl_agentic.config import ConfigError
+
+    envs = [(tag, dict(env.env_config)) for tag, env in cfg.envs.items() if warmed(env)]
     if cfg.train.env_config:
-        envs += [(tag, cfg.split_env_config("train", tag)) for tag in cfg.train.manager.tags]
+        envs += [(tag, cfg.split_env_config("train", tag)) for tag in cfg.train.manager.tags
+                 if warmed(cfg.envs[tag])]
+    if not envs:
+        raise ConfigError("config.format_warmup.steps: the run plays only outside agents "
+                          "(openai_agent), which the warm-up cannot script; set "
+                          "format_warmup.steps=0, or list a built-in environment of the same "
+                          "format in custom_envs for the warm-up (configs/agent_calculator.py)")
     return envs
 
 
@@ -343,6 +362,7 @@ def warmup_runners(cfg: RunConfig, formatter) -> list:
 
     rollout, seed, w = cfg.rollout, cfg.run.seed, cfg.format_warmup
     runners = []
+    own = sum(warmed(env) for env in cfg.envs.values())  # then the train manager's maps
     for i, (tag, env_config) in enumerate(warmup_envs(cfg)):
         spec = cfg.envs[tag]
         try:
@@ -352,7 +372,7 @@ def warmup_runners(cfg: RunConfig, formatter) -> list:
             env, env_params = make(spec.env_type, format_penalty=spec.format_penalty,
                                    **env_config)
         except ValueError as e:  # past the tags: the train manager's overrides (warmup_envs)
-            if i < len(cfg.envs):
+            if i < own:
                 raise
             raise ConfigError(f"config.train_env_manager.env_config: {e}") from None
         replies = (text_policy_replies(formatter, given_replies_policy(w.replies),

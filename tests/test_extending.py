@@ -72,7 +72,8 @@ def test_a_recipe_with_its_own_advantage_estimator_trains(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["custom_policy_loss.py", "custom_advantage_estimator.py",
-                                  "custom_environment.py", "custom_tool.py"])
+                                  "custom_environment.py", "custom_tool.py",
+                                  "calculator_agent.py"])
 def test_the_examples_are_documented(name):
     with open(os.path.join(ROOT, "docs", "extending.md")) as f:
         assert f"docs/examples/{name}" in f.read()

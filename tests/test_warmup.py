@@ -221,3 +221,24 @@ def test_the_calculator_warmup_answers_a_tool_result_in_any_templates_rendering(
     answer = replies(0, formatter.tool_prompt(["42"]))
     assert answer == formatter.reply_ids("<answer>42</answer>")
     assert formatter.tool_results(tok.decode(formatter.next_prompt("no tools here"))) == []
+
+
+def test_outside_agents_are_not_warmed_up_and_do_not_change_the_cache_key():
+    """An agent writes its own chat: the warm-up plays the run's built-in environments only
+    (the agent recipe's warmed model is the built-in recipe's, one cache entry), and a run of
+    agents alone with warm-up steps is a one-line error."""
+    from jaxrl_agentic.config import ConfigError
+    from jaxrl_agentic.run_config import as_run_config
+    from jaxrl_agentic.warmup import warmup_cache_key, warmup_envs
+
+    c = default_config()
+    c.format_warmup.steps = 10
+    c.custom_envs = {"frozen_lake": env_spec("frozen_lake")}
+    key = warmup_cache_key("/m", as_run_config(c))
+    c.custom_envs["agent"] = env_spec("agent:math:hypot", tasks=[1])
+    assert [tag for tag, _ in warmup_envs(as_run_config(c))] == ["frozen_lake"]
+    assert warmup_cache_key("/m", as_run_config(c)) == key
+    c.custom_envs = {"agent": env_spec("openai_agent", agent_fn="math:hypot")}
+    c.train_env_manager.tags = c.val_env_manager.tags = ("agent",)
+    with pytest.raises(ConfigError, match="format_warmup.steps: the run plays only outside"):
+        warmup_envs(as_run_config(c))

@@ -21,7 +21,8 @@ from jaxrl_agentic.envs.gymnax_adapter import GymnaxTextAdapter, GymnaxTextParam
 from jaxrl_agentic.envs.lookup import lookup_factory
 from jaxrl_agentic.envs.metrics import episode_metrics
 from jaxrl_agentic.envs.outside_agent import ENV_TYPE as OUTSIDE_AGENT
-from jaxrl_agentic.envs.outside_agent import outside_agent_factory
+from jaxrl_agentic.envs.outside_agent import PREFIX as OUTSIDE_AGENT_PREFIX
+from jaxrl_agentic.envs.outside_agent import agent_builder, outside_agent_factory
 from jaxrl_agentic.envs.parsing import parse_action
 from jaxrl_agentic.envs.python_env import register_python_env
 
@@ -29,7 +30,7 @@ from jaxrl_agentic.envs.python_env import register_python_env
 # (`reasoning_gym:<dataset>`, `textarena:<EnvId>`); the libraries themselves are imported
 # only when one is built.
 from jaxrl_agentic.envs.reasoning_gym_env import reasoning_gym_builder  # noqa: F401
-from jaxrl_agentic.envs.registry import make, register, registered_envs
+from jaxrl_agentic.envs.registry import make, register, register_prefix, registered_envs
 from jaxrl_agentic.envs.shop import shop_factory
 from jaxrl_agentic.envs.sokoban import Sokoban, SokobanParams, SokobanState
 from jaxrl_agentic.envs.textarena_env import textarena_builder  # noqa: F401
@@ -48,6 +49,7 @@ register_python_env("lookup", lookup_factory)
 register_python_env("shop", shop_factory)
 # Agents written against the OpenAI API, played through the trainer's endpoint (`serving/`).
 register_python_env(OUTSIDE_AGENT, outside_agent_factory)
+register_prefix(OUTSIDE_AGENT_PREFIX, agent_builder)  # agent:<module>:<function>
 register_tool(CALCULATE)  # a tool any tool environment can offer (`extra_tools`)
 
 __all__ = [

@@ -13,8 +13,9 @@ pointed at its own base_url of the endpoint, and the trainer's policy answers it
             an OpenAI chat completion (tool calls parsed from it)
         the agent's return value is the reward of every sample of its episode
 
-An agent that raises, or returns something that is not a finite number, gets reward 0,
-is logged, and counts in ``agent/failures``; one past its deadline in ``agent/timeouts``.
+An agent that raises, or returns something that is neither a finite number nor a dict
+`envs.outside_agent.agent_outcome` accepts, gets reward 0, is logged, and counts in
+``agent/failures``; one past its deadline in ``agent/timeouts``.
 Each reply's noise is keyed by (`turns.turn_seed` of the sample seed and the sample's
 turn, the sample's trajectory id), as in the other rollouts.
 
@@ -38,7 +39,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from jaxrl_agentic.data.trajectory import Trajectory
-from jaxrl_agentic.envs.outside_agent import checked_reward
+from jaxrl_agentic.envs.outside_agent import AgentOutcome, run_agent
 from jaxrl_agentic.envs.python_env import PythonEnvFactory
 from jaxrl_agentic.rollout.groups import EpisodeSpec
 from jaxrl_agentic.rollout.turns import GenerationConfig, set_episode_metrics, turn_seed
@@ -122,7 +123,8 @@ class _Rollout:
                          for i, spec in enumerate(self.specs)]
         self.envs = [runner.env_factory(spec, runner.run_seed) for spec in self.specs]
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self.outcomes: dict[int, tuple[str, float]] = {}  # episode -> (how it ended, reward)
+        # episode -> (how it ended: "ok" | "failed" | "timeout", the agent's outcome if ok)
+        self.outcomes: dict[int, tuple[str, AgentOutcome | None]] = {}
         self.keys: list[str] = []
         self.deadlines: list[float | None] = []
         self.answered_at: dict[int, float] = {}  # episode -> when its last reply was sent
@@ -138,13 +140,13 @@ class _Rollout:
     def _agent(self, episode: int, base_url: str, key: str) -> None:
         env = self.envs[episode]
         try:
-            outcome = ("ok", checked_reward(env.agent(base_url, key, env.task)))
+            outcome = ("ok", run_agent(env.agent, base_url, key, env.task))
         except Exception as e:
             spec = self.specs[episode]
             _log.warning("openai_agent %r episode seed=%s member=%s: the agent failed "
                          "(%s: %s); reward 0 (agent/failures)", self.runner.tag, spec.seed,
                          spec.member, type(e).__name__, e)
-            outcome = ("failed", 0.0)
+            outcome = ("failed", None)
         self.inbox.put(("done", episode, outcome, None))
 
     # ---- the rollout's side ---------------------------------------------------------------
@@ -279,7 +281,7 @@ class _Rollout:
                 _log.warning("openai_agent %r episode seed=%s member=%s: the agent ran past "
                              "agent_timeout_s=%s; reward 0 (agent/timeouts)", self.runner.tag,
                              spec.seed, spec.member, self.envs[i].timeout_s)
-                self.outcomes[i] = ("timeout", 0.0)
+                self.outcomes[i] = ("timeout", None)
                 self.runner.server.close_episode(self.keys[i])
 
     def _answer(self, pool, key, reply, item) -> None:
@@ -314,13 +316,16 @@ class _Rollout:
         first, later = [], []
         stats = self.runner.stats
         for i, ep in enumerate(self.episodes):
-            how, reward = self.outcomes.get(i, ("timeout", 0.0))
-            trajs = ep.finish(reward, failed=how != "ok")
+            how, outcome = self._checked_outcome(i)
+            trajs = ep.finish(outcome or AgentOutcome(0.0), failed=how != "ok")
             if not trajs:  # the agent never called the endpoint: an episode without turns
                 trajs = [Trajectory(traj_id=ep.traj_id, group_id=ep.spec.group_id,
                                     tag=ep.tag, seed=ep.spec.seed, tokens=[], turns=[],
                                     truncated=True, member=ep.spec.member)]
             set_episode_metrics(trajs)
+            if outcome is not None and outcome.metrics:  # on the first sample, as the counts
+                trajs[0].metrics.update({f"agent_metric/{k}": v
+                                         for k, v in outcome.metrics.items()})
             counts = {**ep.counts, "failures": int(how == "failed"),
                       "timeouts": int(how == "timeout"), "samples": len(ep.samples)}
             for k, traj in enumerate(trajs):  # the episode's counts on its first sample
@@ -331,6 +336,22 @@ class _Rollout:
             first.append(trajs[0])
             later.extend(trajs[1:])
         return first + later
+
+
+    def _checked_outcome(self, i: int) -> tuple[str, AgentOutcome | None]:
+        """How episode `i` ended and its outcome; `turn_rewards` that do not count one per
+        reply the episode got make it a failure (logged), not a guess at which is whose."""
+        how, outcome = self.outcomes.get(i, ("timeout", None))
+        if outcome is not None and outcome.turn_rewards is not None:
+            replies = self.episodes[i].turns
+            if len(outcome.turn_rewards) != replies:
+                spec = self.specs[i]
+                _log.warning("openai_agent %r episode seed=%s member=%s: the agent returned "
+                             "%d turn_rewards for %d replies; reward 0 (agent/failures)",
+                             self.runner.tag, spec.seed, spec.member,
+                             len(outcome.turn_rewards), replies)
+                return "failed", None
+        return how, outcome
 
 
 def cut_reply(ids: list[int], stop_reason: str, max_tokens: int | None,

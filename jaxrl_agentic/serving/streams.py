@@ -77,6 +77,7 @@ class AgentEpisode:
         self.formatters = formatters
         self.max_input_length, self.max_turns = max_input_length, max_turns
         self.samples: list[AgentSample] = []
+        self.answered: list[Turn] = []  # every sample's turns, in the order answered
         self.counts = {"requests": 0, "rewritten_histories": 0, "unappendable_messages": 0,
                        "sampling_overridden": 0}
 
@@ -163,29 +164,36 @@ class AgentEpisode:
         if eos_appended:
             traj.tokens.append(eos)
         valid = "tool_calls" in message or CALL_MARK not in text
-        traj.turns.append(Turn(
+        self.answered.append(Turn(
             context_len=context_len, generated=list(ids),
             logprobs=np.asarray(logprobs, np.float32), stop_reason=stop_reason,
             eos_appended=eos_appended, reward=0.0, action=-1, action_is_valid=valid,
             action_is_effective=valid, success=False, done=False,
             state_hash=context_hash(traj.tokens[:context_len]), reply=text,
             versions=None if versions is None else np.asarray(versions, np.int32)))
+        traj.turns.append(self.answered[-1])
         sample.messages.append(canonical_message(message, len(sample.messages)))
         return eos_appended
 
-    def finish(self, reward: float, *, failed: bool) -> list[Trajectory]:
+    def finish(self, outcome, *, failed: bool) -> list[Trajectory]:
         """Every sample's trajectory, as segments 0, 1, … of the episode
-        (`Trajectory.segment`): the episode's reward on the last turn of the last segment
-        that has turns, once, so the episode counts once in its group's statistics
+        (`Trajectory.segment`): the agent's `outcome` (`envs.outside_agent.AgentOutcome`)
+        sets the rewards: its `turn_rewards`, when given, on the turns in the order they
+        were answered, and its reward added on the last turn of the last segment that has
+        turns, once, so the episode counts once in its group's statistics
         (`algos.estimators.turn_advantages` joins the segments); a failed episode ends
         truncated, the others terminated, each segment as the episode."""
         trajs = [s.trajectory for s in self.samples]
+        if outcome.turn_rewards is not None:
+            for turn, reward in zip(self.answered, outcome.turn_rewards, strict=True):
+                turn.reward = float(reward)
         last = max((k for k, t in enumerate(trajs) if t.turns), default=None)
         for k, traj in enumerate(trajs):
             traj.segment = k
             if k == last:
-                traj.turns[-1].reward = float(reward)
-                traj.turns[-1].success = reward > 0
+                traj.turns[-1].reward += float(outcome.reward)
+                traj.turns[-1].success = (outcome.reward > 0 if outcome.success is None
+                                          else outcome.success)
                 traj.turns[-1].done = not failed
             traj.terminated = not failed and not traj.truncated
             traj.truncated = traj.truncated or failed

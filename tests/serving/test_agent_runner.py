@@ -243,6 +243,34 @@ def test_the_agent_and_recipe_of_docs_extending_run_as_written(tiny, server, mon
     assert "What is 7 + 8?" in tok.decode(trajs[1].tokens)
 
 
+def test_an_async_agents_dict_sets_turn_rewards_and_a_miscount_fails_the_episode(
+        tiny, server, caplog):
+    _, tok = tiny
+    reply = ChatFormatter(tok).reply_ids("Fine.")
+
+    async def agent(base_url, api_key, task):
+        import asyncio
+
+        messages = [{"role": "user", "content": "Go."}]
+        for _ in range(2):  # the blocking client on a worker thread: the loop stays free
+            messages += [await asyncio.to_thread(_ask, base_url, messages),
+                         {"role": "user", "content": "Again."}]
+        return {"reward": 1.0, "success": False, "metrics": {"depth": float(len(task))},
+                "turn_rewards": [0.25] * len(task)}  # "ab": one per reply; "abc": one too many
+
+    r = AgentRolloutRunner(outside_agent_factory(agent_fn=agent, tasks=["ab", "abc"]),
+                           ScriptedSampler(lambda row, new_ids: reply, max_total_len=4096),
+                           tok, tag="agent", max_turns=4, max_input_length=200,
+                           server=server, generation=GenerationConfig(max_tokens_per_step=4))
+    with caplog.at_level("WARNING", logger="jaxrl_agentic.serving.agent_runner"):
+        good, bad = played(r, [EpisodeSpec(seed=2 * i, group_id=i, member=0)
+                               for i in range(2)], sample_seed=0)
+    assert [u.reward for u in good.turns] == [0.25, 1.25] and not good.metrics["success"]
+    assert good.terminated and not bad.terminated and bad.score == 0.0
+    assert r.stats["failures"] == 1 and "3 turn_rewards for 2 replies" in caplog.text
+    assert agent_metrics([good.metrics, bad.metrics])["agent_metric/depth"] == 2.0
+
+
 def _gathering(think_s, asked=(), ended=()):
     """A rollout of 3 episodes stopped before its loop: its inbox holds a request of every
     episode not in `asked` or `ended`; `_take` is the identity on them."""

@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 import transformers
 
+from jaxrl_agentic.envs.outside_agent import AgentOutcome
 from jaxrl_agentic.envs.tools import format_tool_call
 from jaxrl_agentic.pipeline.metrics import trajectory_metrics
 from jaxrl_agentic.rollout.groups import EpisodeSpec
@@ -117,7 +118,7 @@ def test_a_rewritten_history_starts_a_new_sample_that_shares_the_reward(tokenize
                          {"role": "user", "content": "so?"}]
     third, _, _ = ask(ep, mixed)
     assert third is not second and ep.counts["unappendable_messages"] == 1
-    trajs = ep.finish(0.75, failed=False)
+    trajs = ep.finish(AgentOutcome(0.75), failed=False)
     assert [t.traj_id for t in trajs] == [7, EXTRA_SAMPLE_ID_BASE + 7 * 64 + 1,
                                           EXTRA_SAMPLE_ID_BASE + 7 * 64 + 2]
     # Segments of one episode: the reward once, on the last that has a reply (the third
@@ -132,6 +133,26 @@ def test_a_rewritten_history_starts_a_new_sample_that_shares_the_reward(tokenize
     logged = trajectory_metrics(trajs + [other], "env/")
     assert (logged["env/success"], logged["env/return"], logged["env/num_turns"]) == (
         0.5, 0.375, 1.5)
+
+
+def test_turn_rewards_land_on_the_replies_in_the_order_answered(tokenizer):
+    """An agent's dict outcome: one turn reward per reply, across a rewritten history's
+    segments, the episode's reward added on the last; `success` as the agent says."""
+    ep = episode(tokenizer)
+    chat = [SYSTEM, {"role": "user", "content": "What is 2 + 3?"}]
+    first, _, ctx = ask(ep, chat)
+    reply(ep, tokenizer, first, ctx, "It is 6.")
+    second, _, ctx2 = ask(ep, chat + [first.messages[-1], {"role": "user", "content": "No."}])
+    assert second is first
+    reply(ep, tokenizer, second, ctx2, "It is 5.")
+    rewritten = chat + [{"role": "user", "content": "Once more."}]
+    third, _, ctx3 = ask(ep, rewritten)
+    assert third is not first
+    reply(ep, tokenizer, third, ctx3, "5")
+    trajs = ep.finish(AgentOutcome(1.0, success=False, turn_rewards=(-0.1, 0.2, 0.3)),
+                      failed=False)
+    assert [[u.reward for u in t.turns] for t in trajs] == [[-0.1, 0.2], [1.3]]
+    assert [u.success for t in trajs for u in t.turns] == [False, False, False]
 
 
 def test_a_prompt_over_the_length_limit_is_a_400_and_truncates(tokenizer):
