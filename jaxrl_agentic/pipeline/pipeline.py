@@ -49,7 +49,7 @@ from jaxrl_agentic.rollout.conversation import ChatFormatter
 from jaxrl_agentic.rollout.groups import plan_episodes
 from jaxrl_agentic.rollout.producer import RolloutProducer
 from jaxrl_agentic.rollout.runner import make_runner
-from jaxrl_agentic.rollout.snapshots import PolicySnapshots
+from jaxrl_agentic.rollout.snapshots import PolicySnapshots, copy_params
 from jaxrl_agentic.run_config import as_run_config
 from jaxrl_agentic.runtime import memory_plan as plans
 from jaxrl_agentic.runtime import timing
@@ -419,8 +419,7 @@ class Pipeline(BatchFilters):
         adapters alone; the frozen base is never donated, so it is shared)."""
         if not self.placement.colocated:
             return self.sampler_params()  # a replica on the sampler's devices
-        trained = jax.tree.map(lambda x: x.copy(), self.learner.state.params)
-        return full_params(trained, self.learner.engine.frozen)
+        return full_params(copy_params(self.learner.state.params), self.learner.engine.frozen)
 
     def train_rollout(self) -> tuple[list, float, dict[str, float]]:
         """(trajectories for this step, seconds of rollout, off-policy metrics).

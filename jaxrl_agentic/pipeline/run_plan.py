@@ -7,10 +7,12 @@ one function, so the two can never plan different runs.
 
 from __future__ import annotations
 
+import math
+
 from jaxrl_agentic.models import lora
 from jaxrl_agentic.models.config import ModelConfig
 from jaxrl_agentic.runtime import memory_plan as plans
-from jaxrl_agentic.runtime.parallel import num_batch_shards
+from jaxrl_agentic.runtime.parallel import kv_cache_sharding, num_batch_shards, rows_sharding
 
 
 def max_total_len(cfg) -> int:
@@ -28,13 +30,18 @@ def run_memory_plan(cfg, model: ModelConfig, mesh, budget: float, *, host_device
     distillation teacher's config, when it is held beside the policy; ``platform``: what
     the programs compile for (default: the mesh's devices')."""
     learner, packing = cfg.learner, cfg.learner.packing
+    rows = cfg.train.manager.num_episodes
     return plans.memory_plan(
         model, row_len=packing.micro_batch_max_tokens, loss_slots=packing.loss_slots_per_row,
         remat=learner.remat, kernel_impl=learner.kernel_impl,
         reference=learner.uses_reference, attention_impl=learner.attention_impl,
         shards=mesh.shape["fsdp"] * mesh.shape["tensor"], context=mesh.shape.get("context", 1),
         platform=platform or mesh.devices.flat[0].platform,
-        sampler_rows=cfg.train.manager.num_episodes, sampler_len=max_total_len(cfg),
+        sampler_rows=rows, sampler_len=max_total_len(cfg),
+        # the sampler's own placements: rows over data × fsdp, kv heads over tensor
+        cache_shards=_split(kv_cache_sharding(mesh, (rows, model.num_key_value_heads, 1, 1)),
+                            (rows, model.num_key_value_heads, 1, 1)),
+        logits_shards=_split(rows_sharding(mesh, rows), (rows, 1)),
         budget=budget, host_devices=host_devices,
         lora_params=lora.adapter_count(model, cfg.model.lora), teacher=teacher,
         critic=cfg.critic is not None,
@@ -43,3 +50,8 @@ def run_memory_plan(cfg, model: ModelConfig, mesh, budget: float, *, host_device
         accumulates=(learner.mini_batch_size
                      * min(packing.sequence_length, packing.micro_batch_max_tokens)
                      > packing.micro_batch_max_tokens * num_batch_shards(mesh)))
+
+
+def _split(sharding, shape: tuple[int, ...]) -> int:
+    """How many ways `sharding` splits an array of `shape` (1: replicated)."""
+    return math.prod(shape) // math.prod(sharding.shard_shape(shape))

@@ -126,7 +126,9 @@ def memory_plan(cfg: ModelConfig, *, row_len: int, loss_slots: int, remat: str,
                 sampler_len: int = 0, budget: float = 0.0, host_devices: int = 1,
                 attention_impl: str = "auto", accumulates: bool = True,
                 lora_params: int = 0, teacher: ModelConfig | None = None,
-                context: int = 1, platform: str = "cpu", critic: bool = False) -> MemoryPlan:
+                context: int = 1, platform: str = "cpu", critic: bool = False,
+                cache_shards: int | None = None, logits_shards: int | None = None
+                ) -> MemoryPlan:
     """The plan (module doc). ``shards`` = fsdp · tensor; ``context``: the mesh's context
     axis, over which each row's tokens are split (a device's activations and loss slots
     are those of ``row_len / context`` tokens, plus one layer's keys and values of the whole
@@ -137,7 +139,9 @@ def memory_plan(cfg: ModelConfig, *, row_len: int, loss_slots: int, remat: str,
     ``accumulates``: whether a mini-batch may need more than one group of rows;
     ``lora_params``: the adapters' values when LoRA trains them alone (0 = full training);
     ``teacher``: on-policy distillation's teacher, its ``dtype`` the one it computes in;
-    ``critic``: GAE's value model (module doc)."""
+    ``critic``: GAE's value model (module doc); ``cache_shards`` / ``logits_shards``: the
+    devices the sampler's kv cache (rows and kv heads) and its logits (rows) are split over,
+    so that a device holds that share of the ``sampler_rows`` (default: ``host_devices``)."""
     p = cfg.num_params()
     pb = _BYTES[cfg.param_dtype]
     per = p / shards
@@ -163,8 +167,9 @@ def memory_plan(cfg: ModelConfig, *, row_len: int, loss_slots: int, remat: str,
         ("update", 2 * trained * 4 if platform == "tpu" else 0.0),
         ("activations", activations),
         ("lm head", min(loss_slots, tokens) * vocab * 4 * 3),
-        ("kv cache", cache / max(host_devices, 1)),
-        ("sampler logits", sampler_rows * cfg.vocab_size * 4 / max(host_devices, 1)),
+        ("kv cache", cache / max(cache_shards or host_devices, 1)),
+        ("sampler logits", sampler_rows * cfg.vocab_size * 4
+         / max(logits_shards or host_devices, 1)),
     )
     if host_devices > 1:  # one RAM holds every device's share
         items = tuple((n, b * host_devices) for n, b in items)

@@ -36,6 +36,7 @@ the same background load; medians are reported.
     server_cpu_ms_per_request  = CPU time of the endpoint's aiohttp thread per request
                                  (/proc, 10 ms ticks: a rough figure)
     <side>_tokens_per_s   = generated tokens / that side's median wall time
+    <side>_requests_per_s = replies (requests, in process: turns) / that side's median wall time
 
     python scripts/bench/bench_agent_endpoint.py
     python scripts/bench/bench_agent_endpoint.py --episodes 64 --new-tokens 32 --repeats 5
@@ -227,6 +228,8 @@ def main() -> None:
         "overhead": round(median["endpoint"] / median["in_process"] - 1, 3),
         "ms_per_request": round((median["endpoint"] - median["in_process"]) / requests * 1e3,
                                 2),
+        "endpoint_requests_per_s": round(requests / median["endpoint"], 2),
+        "in_process_requests_per_s": round(requests / median["in_process"], 2),
         "endpoint_tokens": tokens["endpoint"],
         "in_process_tokens": tokens["in_process"],
         "endpoint_tokens_per_s": round(tokens["endpoint"] / args.repeats
