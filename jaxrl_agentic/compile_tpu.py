@@ -92,8 +92,13 @@ def _run_config(c):
     return cfg
 
 
-def _advice(name: str, figures: dict, state_bytes: float, hbm: float) -> str:
+def _advice(name: str, figures: dict, state_bytes: float, hbm: float,
+            replica_bytes: float = 0.0) -> str:
     """What to change when program ``name`` does not fit."""
+    if state_bytes > hbm and state_bytes - replica_bytes <= 0.8 * hbm:
+        return (f"the sampler's replica of the whole policy ({replica_bytes / 2**30:.2f} GiB "
+                "a chip: over several hosts every host samples from one) does not shrink "
+                "with mesh.fsdp: param_dtype='bfloat16' halves it, or use chips that hold it")
     if state_bytes > hbm:
         return ("the train state alone does not fit: shard it over more chips "
                 "(--config.mesh.fsdp=<chips>, mesh.data=1), use param_dtype='bfloat16' or "
@@ -153,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: the train state needs {run.state_bytes / aot.GIB:.2f} GiB per chip on "
               f"mesh {dict(run.mesh.shape)}, over the {hbm / aot.GIB:.1f} GiB of one "
               f"{topology.devices[0].device_kind} chip: "
-              + _advice("state", {}, run.state_bytes, hbm), file=sys.stderr)
+              + _advice("state", {}, run.state_bytes, hbm, run.replica_bytes), file=sys.stderr)
         return EXIT_DOES_NOT_FIT
     worst, refused = (0.0, None, None), []
     for program in run.programs:
@@ -198,13 +203,14 @@ def main(argv: list[str] | None = None) -> int:
         program, message = refused[0]
         print(f"error: {program.name} {program.shape} does not fit one "
               f"{topology.devices[0].device_kind} chip (the compiler: {message}): "
-              + _advice(program.name, {}, run.state_bytes, hbm), file=sys.stderr)
+              + _advice(program.name, {}, run.state_bytes, hbm, run.replica_bytes), file=sys.stderr)
         return EXIT_DOES_NOT_FIT
     if not fits:
         gib = aot.GIB
         print(f"error: {program.name} {program.shape} needs {peak / gib:.2f} GiB per chip, "
               f"over the {hbm / gib:.1f} GiB of one {topology.devices[0].device_kind} chip: "
-              + _advice(program.name, figures, run.state_bytes, hbm), file=sys.stderr)
+              + _advice(program.name, figures, run.state_bytes, hbm,
+                       run.replica_bytes), file=sys.stderr)
         return EXIT_DOES_NOT_FIT
     return 0
 

@@ -101,8 +101,8 @@ def test_an_unknown_program_is_one_line():
     assert out.returncode == 2
     assert _errors(out.stderr) == [
         "error: --programs: unknown program 'update'; choose from update_step, logprobs, "
-        "ref_logprobs, teacher_logprobs, critic_update, critic_values, sampler_prefill, "
-        "sampler_decode, sampler_decode_chunk"]
+        "ref_logprobs, teacher_logprobs, critic_update, critic_values, weight_handover, "
+        "sampler_prefill, sampler_decode, sampler_decode_chunk"]
 
 
 @pytest.mark.parametrize("loss", ["sampled", "forward_kl"])
@@ -307,3 +307,50 @@ def test_a_critic_and_the_decode_chunk_compile_for_tpu():
     assert counts["reduce-scatter"] > 0 and counts["all-gather"] > 0
     tokens = compiled["sampler_decode_chunk"].out_info[1]
     assert tokens.shape == (chunk.shape["rows"], chunk.shape["chunk"])
+
+
+def test_over_several_hosts_each_samples_from_a_replica_the_handover_gathers():
+    """The tiny recipe at fsdp=8 on a v5p:2x2x2 (two hosts of four chips): the weight
+    hand-over all-gathers the policy, every chip's output the whole of it; the sampler's
+    prefill runs on one host's four chips from that replica at half the episodes; the
+    replica is resident beside the train state, and the memory plan counts it."""
+    if not HAS_LIBTPU:
+        pytest.skip("no TPU compiler here (libtpu is not installed)")
+    import jax
+
+    from jaxrl_agentic.pipeline.aot_programs import run_programs
+    from jaxrl_agentic.pipeline.run_plan import run_memory_plan
+    from jaxrl_agentic.run_config import build_run_config
+    from jaxrl_agentic.runtime import aot
+    from jaxrl_agentic.train import parse_config
+
+    topology = aot.topology("v5p:2x2x2")
+    with aot.traced_for("tpu"):
+        c = parse_config(["compile_tpu", "--config", "configs/frozen_lake.py",
+                          "--config.mesh.fsdp=8", "--config.mesh.data=1"])
+        cfg = build_run_config(c)
+        run = run_programs(cfg, topology.devices, row_lens="longest")
+        alone = run_programs(cfg, topology.devices, row_lens="longest", sampler=False)
+    by_name = {p.name: p for p in run.programs}
+    handover, prefill = by_name["weight_handover"], by_name["sampler_prefill"]
+    whole = run.param_global_bytes
+    assert handover.shape["hosts"] == 2 and handover.shape["params_bytes"] == whole
+    assert run.param_bytes == _per_chip_param_bytes(_tiny_recipe_model(), 8)
+    assert run.state_bytes == alone.state_bytes  # the sampler's programs add no state
+    assert aot.shard_bytes(prefill.args[0]) == whole  # the replica: whole on each chip
+    assert len(prefill.args[0]["embed"]["embedding"].sharding.device_set) == 4
+    assert prefill.shape["rows"] == cfg.train.manager.num_episodes // 2
+    plan = dict(run_memory_plan(cfg, run.model, run.mesh, topology.hbm_bytes,
+                                platform="tpu").items)
+    assert plan["sampler params"] == whole
+    option = "jax_persistent_cache_min_compile_time_secs"
+    before = getattr(jax.config, option)
+    jax.config.update(option, float("inf"))  # TPU executables: not cached
+    try:
+        compiled = aot.compile_abstract(handover.fn, *handover.args, platform="tpu")
+    finally:
+        jax.config.update(option, before)
+    figures = aot.program_figures(compiled)
+    # the whole policy on each chip (+ XLA:TPU's tile padding of the small vectors: 0.06%)
+    assert whole <= figures["output_bytes"] <= 1.01 * whole
+    assert aot.collective_counts(compiled.as_text())["all-gather"] > 0

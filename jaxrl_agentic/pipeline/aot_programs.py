@@ -29,7 +29,11 @@ Shapes, as the run makes them:
   continuous batching (and in-flight updates) adds the slot decoder's chunk program
   (``sampling/slot_decoder.py``): every slot of a pool of ``rollout.slots`` (0: one per
   episode, the next power of two) over a fixed cache of ``max_total_len``, on a mesh
-  always the whole pool's rows, ``decode_chunk_tokens`` steps a call.
+  always the whole pool's rows, ``decode_chunk_tokens`` steps a call;
+- over several hosts (a topology of more than one host's chips): the weight hand-over
+  (``handover_program``: the policy all-gathered from the learner's shards, every chip's
+  output the whole policy), and the sampler's programs on one host's chips, reading that
+  replica, at its share of the episodes.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from jaxrl_agentic.models import lora
 from jaxrl_agentic.models.config import ModelConfig
 from jaxrl_agentic.models.known_shapes import known_model_config
 from jaxrl_agentic.models.transformer import KVCache, Transformer, in_compute_dtype
-from jaxrl_agentic.pipeline.run_plan import max_total_len
+from jaxrl_agentic.pipeline.run_plan import max_total_len, mesh_hosts
 from jaxrl_agentic.runtime.aot import abstract, global_bytes, shard_bytes
 from jaxrl_agentic.runtime.parallel import (
     kv_cache_sharding,
@@ -73,8 +77,8 @@ from jaxrl_agentic.training.teacher import mark_other_argmax
 from jaxrl_agentic.training.update import make_update_step
 
 PROGRAM_NAMES = ("update_step", "logprobs", "ref_logprobs", "teacher_logprobs",
-                 "critic_update", "critic_values", "sampler_prefill", "sampler_decode",
-                 "sampler_decode_chunk")
+                 "critic_update", "critic_values", "weight_handover", "sampler_prefill",
+                 "sampler_decode", "sampler_decode_chunk")
 _INT_KEYS = ("tokens", "positions", "segment_ids", "loss_index", "prefix_ids")
 
 
@@ -101,6 +105,7 @@ class RunPrograms:
     param_bytes: float  # the policy's parameters per chip
     param_global_bytes: float
     notes: tuple[str, ...]
+    replica_bytes: float = 0.0  # over several hosts: the sampler's policy replica, in the state
 
 
 def model_config(cfg) -> tuple[ModelConfig, str]:
@@ -296,14 +301,17 @@ def critic_programs(cfg, model: ModelConfig, mesh, row_lens: str = "all"
     return programs, resident
 
 
-def sampler_programs(cfg, model: ModelConfig, mesh, model_abs, params_abs) -> list[Program]:
+def sampler_programs(cfg, model: ModelConfig, mesh, model_abs, params_abs, hosts: int = 1
+                     ) -> list[Program]:
     """The JAX sampler's prefill and decode at a turn-batched rollout's largest shapes
-    (module doc), reading the learner's parameters in place (colocated)."""
+    (module doc), reading `params_abs` (the learner's parameters in place when colocated;
+    over several hosts, each host's replica on a mesh of its chips, playing its share of
+    the episodes)."""
     total = max_total_len(cfg)
     sampler = Sampler(model_abs, None, max_total_len=total, mesh=mesh,
                       eos_token_id=model.eos_token_id or 0,
                       logprob_under_filter=cfg.rollout.logprob_under_sampling_filter)
-    episodes = max(len(plan) for plan in _episodes_per_tag(cfg))
+    episodes = -(-max(len(plan) for plan in _episodes_per_tag(cfg)) // hosts)
     rows = next_power_of_two(episodes)
     cache = jax.eval_shape(functools.partial(KVCache.zeros, model, rows, total,
                                              sampler.cache_dtype))
@@ -393,6 +401,23 @@ def _episodes_per_tag(cfg) -> list[list[int]]:
     return list(plan_episodes(cfg.train.manager, split="train", cursor=0).values())
 
 
+def handover_program(mesh, full_abs) -> tuple[Program, Any, Any]:
+    """(the weight hand-over, the mesh of the first host's chips, the replica its sampler
+    reads) of a run over several hosts: every process samples its own episodes from a
+    process-local replica of the policy, refreshed once per version
+    (``SamplerPlacement.params_for_sampler``): the learner's shards all-gathered by this
+    program, whose output every chip holds, then placed, replicated, on the host's chips.
+    On one host the colocated sampler reads the learner's params in place: no program."""
+    gather = jax.jit(lambda tree: tree, out_shardings=replicated(mesh))
+    first = mesh.devices.flat[0].process_index
+    host_mesh = make_mesh(devices=[d for d in mesh.devices.flat if d.process_index == first])
+    replica = abstract(full_abs, jax.tree.map(lambda _: replicated(host_mesh), full_abs))
+    program = Program("weight_handover", gather, (full_abs,),
+                      {"hosts": mesh_hosts(mesh), "params_bytes": int(global_bytes(full_abs))},
+                      shard_bytes(full_abs))
+    return program, host_mesh, replica
+
+
 def run_programs(cfg, devices, *, row_lens: str = "all", sampler: bool = True
                  ) -> RunPrograms:
     """Every program of the run (module doc) on a mesh of ``devices``."""
@@ -403,16 +428,26 @@ def run_programs(cfg, devices, *, row_lens: str = "all", sampler: bool = True
     critic, critic_state = critic_programs(cfg, model, mesh, row_lens)
     programs, resident = programs + critic, resident + critic_state
     notes = [f"model: {source}"]
+    hosts, sampler_mesh, sampler_params = mesh_hosts(mesh), mesh, full_abs
+    if hosts > 1:  # the replica stays beside the train state between versions
+        handover, sampler_mesh, sampler_params = handover_program(mesh, full_abs)
+        programs.append(handover)
+        resident += shard_bytes(sampler_params)
+        notes.append(f"sampler: {hosts} hosts, each samples from a replica of the whole "
+                     f"policy on its chips ({shard_bytes(sampler_params) / 2**30:.2f} GiB a "
+                     "chip, in the train state)")
     if sampler:
         if cfg.rollout.sampler_backend != "jax":
             notes.append(f"sampler: backend {cfg.rollout.sampler_backend!r} is not compiled")
         else:
-            programs += sampler_programs(cfg, model, mesh, model_abs, full_abs)
+            programs += sampler_programs(cfg, model, sampler_mesh, model_abs, sampler_params,
+                                         hosts)
             if cfg.rollout.batching == "continuous":
                 notes.append("sampler: continuous batching's prefill is the turn-batched "
                              "one at the pool's rows (its compact prefills are smaller)")
-    return RunPrograms(programs, mesh, model, resident, params, params_global, tuple(notes))
+    return RunPrograms(programs, mesh, model, resident, params, params_global, tuple(notes),
+                       shard_bytes(sampler_params) if hosts > 1 else 0.0)
 
 
-__all__ = ["PROGRAM_NAMES", "Program", "RunPrograms", "critic_programs", "learner_programs",
-           "model_config", "run_mesh", "run_programs", "sampler_programs"]
+__all__ = ["PROGRAM_NAMES", "Program", "RunPrograms", "critic_programs", "handover_program",
+           "learner_programs", "model_config", "run_mesh", "run_programs", "sampler_programs"]

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+from jax.sharding import AbstractMesh
+
 from jaxrl_agentic.models import lora
 from jaxrl_agentic.models.config import ModelConfig
 from jaxrl_agentic.runtime import memory_plan as plans
@@ -42,6 +45,7 @@ def run_memory_plan(cfg, model: ModelConfig, mesh, budget: float, *, host_device
         cache_shards=_split(kv_cache_sharding(mesh, (rows, model.num_key_value_heads, 1, 1)),
                             (rows, model.num_key_value_heads, 1, 1)),
         logits_shards=_split(rows_sharding(mesh, rows), (rows, 1)),
+        sampler_replica=mesh_hosts(mesh) > 1,
         budget=budget, host_devices=host_devices,
         lora_params=lora.adapter_count(model, cfg.model.lora), teacher=teacher,
         critic=cfg.critic is not None,
@@ -55,3 +59,10 @@ def run_memory_plan(cfg, model: ModelConfig, mesh, budget: float, *, host_device
 def _split(sharding, shape: tuple[int, ...]) -> int:
     """How many ways `sharding` splits an array of `shape` (1: replicated)."""
     return math.prod(shape) // math.prod(sharding.shard_shape(shape))
+
+
+def mesh_hosts(mesh) -> int:
+    """How many hosts (processes) ``mesh``'s devices belong to; 1 for an abstract mesh."""
+    if isinstance(mesh, AbstractMesh):
+        return 1
+    return len({d.process_index for d in np.asarray(mesh.devices).flat})

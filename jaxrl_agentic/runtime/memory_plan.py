@@ -36,6 +36,9 @@
     lm head         S · min(V, 8192) · 4 · 3 (fp32 logits of a vocabulary chunk at the S loss
                     slots, their softmax and gradient; the full vocabulary with
                     ``kernel_impl="reference"``)
+    sampler params  (P + P_lora) · b_param on every device when the run spans several
+                    hosts: each host's sampler reads a replica of the whole policy,
+                    all-gathered from the learner's shards once per version
     kv cache        L · 2 · R · K · h · N · b_cache (R sampler rows, N their cache length)
     sampler logits  R · V · 4
 
@@ -70,7 +73,8 @@ class MemoryPlan:
 
     @property
     def training_state(self) -> float:
-        names = ("parameters", "reference", "teacher", "critic", "gradients", "optimizer")
+        names = ("parameters", "sampler params", "reference", "teacher", "critic",
+                 "gradients", "optimizer")
         return sum(b for n, b in self.items if n in names)
 
     @property
@@ -127,8 +131,8 @@ def memory_plan(cfg: ModelConfig, *, row_len: int, loss_slots: int, remat: str,
                 attention_impl: str = "auto", accumulates: bool = True,
                 lora_params: int = 0, teacher: ModelConfig | None = None,
                 context: int = 1, platform: str = "cpu", critic: bool = False,
-                cache_shards: int | None = None, logits_shards: int | None = None
-                ) -> MemoryPlan:
+                cache_shards: int | None = None, logits_shards: int | None = None,
+                sampler_replica: bool = False) -> MemoryPlan:
     """The plan (module doc). ``shards`` = fsdp · tensor; ``context``: the mesh's context
     axis, over which each row's tokens are split (a device's activations and loss slots
     are those of ``row_len / context`` tokens, plus one layer's keys and values of the whole
@@ -141,7 +145,9 @@ def memory_plan(cfg: ModelConfig, *, row_len: int, loss_slots: int, remat: str,
     ``teacher``: on-policy distillation's teacher, its ``dtype`` the one it computes in;
     ``critic``: GAE's value model (module doc); ``cache_shards`` / ``logits_shards``: the
     devices the sampler's kv cache (rows and kv heads) and its logits (rows) are split over,
-    so that a device holds that share of the ``sampler_rows`` (default: ``host_devices``)."""
+    so that a device holds that share of the ``sampler_rows`` (default: ``host_devices``);
+    ``sampler_replica``: every device also holds the whole policy for its host's sampler
+    (a run over several hosts: ``runtime.parallel.SamplerPlacement``)."""
     p = cfg.num_params()
     pb = _BYTES[cfg.param_dtype]
     per = p / shards
@@ -157,6 +163,7 @@ def memory_plan(cfg: ModelConfig, *, row_len: int, loss_slots: int, remat: str,
              * sampler_len * _BYTES[cfg.dtype])
     items = (
         ("parameters", (per + lora_params) * pb),
+        ("sampler params", (p + lora_params) * pb if sampler_replica else 0.0),
         ("reference", per * min(pb, _BYTES[cfg.dtype]) if reference else 0.0),
         ("teacher", teacher.num_params() / shards * min(4, _BYTES[teacher.dtype])
          if teacher is not None else 0.0),
