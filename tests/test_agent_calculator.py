@@ -42,14 +42,17 @@ def policies():
             "mute": lambda rng: (lambda text: "I am not sure.")}
 
 
-@pytest.mark.parametrize("policy", ["oracle", "mute"])
-def test_the_agent_plays_the_built_in_episode_token_for_token(recipe, tiny_tools_dir, policy):
+@pytest.mark.parametrize("policy, max_turns", [("oracle", 3), ("mute", 3), ("mute", 2)])
+def test_the_agent_plays_the_built_in_episode_token_for_token(recipe, tiny_tools_dir, policy,
+                                                              max_turns):
+    """With max_turns=2 the endpoint refuses the mute agent's third request (a 400): the
+    agent ends its episode there, as the environment's ends truncated, not as a failure."""
     tok = transformers.AutoTokenizer.from_pretrained(tiny_tools_dir)
     formatter = ChatFormatter(tok)
     built_in, agent = recipe.custom_envs.calculator, recipe.custom_envs.agent
     specs = [EpisodeSpec(seed=s, group_id=i, member=0) for i, s in enumerate((0, 2, 7))]
     gen = GenerationConfig(agent.max_tokens_per_step)
-    options = dict(max_turns=agent.max_turns, max_input_length=recipe.max_input_length,
+    options = dict(max_turns=max_turns, max_input_length=recipe.max_input_length,
                    generation=gen)
 
     def scripted():
@@ -69,9 +72,10 @@ def test_the_agent_plays_the_built_in_episode_token_for_token(recipe, tiny_tools
         assert [u.generated for u in a.turns] == [u.generated for u in b.turns]
         assert [u.context_len for u in a.turns] == [u.context_len for u in b.turns]
         assert np.isclose(a.score, b.score) and a.metrics["success"] == b.metrics["success"]
-    expected = {"oracle": (1.0, 2), "mute": (-0.3, 3)}[policy]
+    expected = {"oracle": (1.0, 2), "mute": (-0.1 * max_turns, max_turns)}[policy]
     assert all(np.isclose(t.score, expected[0]) and len(t.turns) == expected[1]
                for t in theirs)
+    assert outside.stats["failures"] == 0
     # The agent's own metric rides on the episode (mean logged as env/agent_metric/...).
     assert [t.metrics["agent_metric/tool_calls"] for t in theirs] == [
         float(policy == "oracle")] * len(specs)

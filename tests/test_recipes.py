@@ -17,9 +17,12 @@ from tests.test_train import RECIPES, check_outputs, tiny_overrides
 # their configs are validated below instead.
 REAL_MODEL_RECIPES = ("smollm2_frozen_lake", "smollm2_tool_calculator")
 # The long-horizon recipe runs once, below, with episodes long enough to outgrow the context.
+# agent_calculator: its agent and environment are checked token for token against the
+# built-in calculator's (tests/test_agent_calculator.py), and training through the endpoint
+# by tests/serving/test_agent_training.py; a tiny run of it costs ~75 s.
 TINY_RUNS = [r for r in RECIPES
              if r not in ("frozen_lake", "tool_multistep", "tiny_long_frozen_lake",
-                          *REAL_MODEL_RECIPES)]
+                          "agent_calculator", *REAL_MODEL_RECIPES)]
 # The distillation recipe's teacher is a run of configs/frozen_lake.py; at tiny size the
 # tiny model stands in (a run's directory as the teacher: tests/pipeline/test_distillation.py).
 STAND_INS = {"tiny_distill_frozen_lake": ["--config.teacher.pretrain=tiny"]}

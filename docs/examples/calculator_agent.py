@@ -95,8 +95,11 @@ def solve(base_url: str, api_key: str, task: dict) -> dict:
                            http_client=HTTP)
     messages, penalty, calls = first_messages(task), 0.0, 0
     for _ in range(MAX_REPLIES):
-        reply = client.chat.completions.create(model="policy", messages=messages,
-                                               tools=TOOLS, max_tokens=32)
+        try:
+            reply = client.chat.completions.create(model="policy", messages=messages,
+                                                   tools=TOOLS, max_tokens=32)
+        except openai.BadRequestError:  # past the server's context or turns: the episode
+            break                       # ends there, as the environment's would
         message = reply.choices[0].message
         messages.append(message.model_dump(exclude_none=True))  # sent back as it came
         if message.tool_calls:
